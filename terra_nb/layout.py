@@ -1,0 +1,129 @@
+"""The token layout of a Terra sequence, the placeholder convention, and input validation.
+
+One frame = `image_tokens` codes followed by `action_tokens` action slots (576 + 6 = 582 for
+Terra); a round holds at most `max_frames` frames (25). Everything here is pure tensor logic
+shared by the HF model, the vLLM port and the rollouts, so each check is written once.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .config import FrameLayout
+
+SEED_PLACEHOLDER = -3
+"""The seed marked action slots with -3; vLLM V1 needs an in-vocabulary id (see notebook 02)."""
+
+
+def spatio_temporal_indices(positions: torch.Tensor, frame_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot within the frame and frame number of every absolute position (pos % 582, pos // 582)."""
+    return positions % frame_len, torch.div(positions, frame_len, rounding_mode="floor")
+
+
+def action_slot_mask(seq_len: int, layout: FrameLayout) -> torch.Tensor:
+    """True where a position of an interleaved sequence holds an action vector."""
+    slot, _ = spatio_temporal_indices(torch.arange(seq_len), layout.frame_len)
+    return slot >= layout.image_tokens
+
+
+def build_prompt(frames: torch.Tensor, layout: FrameLayout, placeholder: int | None = None) -> list[int]:
+    """Image codes of `n` frames [n, image_tokens] -> token ids with action slots after every frame.
+
+    `placeholder` defaults to the in-vocabulary id; pass SEED_PLACEHOLDER for the seed's form.
+    """
+    frames = torch.as_tensor(frames)
+    if frames.dim() != 2 or frames.shape[1] != layout.image_tokens:
+        raise ValueError(f"frames must have shape [n_frames, {layout.image_tokens}], got {list(frames.shape)}")
+    ph = layout.placeholder_id if placeholder is None else placeholder
+    slots = torch.full((frames.shape[0], layout.action_tokens), ph, dtype=torch.long)
+    return torch.cat([frames.long(), slots], dim=1).flatten().tolist()
+
+
+def from_seed_prompt(token_ids: Sequence[int], layout: FrameLayout) -> list[int]:
+    """Convert a seed-style prompt (-3 in the action slots) to the in-vocabulary placeholder."""
+    return [layout.placeholder_id if t == SEED_PLACEHOLDER else int(t) for t in token_ids]
+
+
+def validate_prompt(token_ids: Sequence[int], layout: FrameLayout) -> int:
+    """Check a placeholder prompt and return its number of frames; ValueError names the problem.
+
+    Accepts -3 or the in-vocabulary id in the action slots.
+    """
+    ids = torch.as_tensor(list(token_ids), dtype=torch.long)
+    n = ids.numel()
+    if n == 0 or n % layout.frame_len:
+        raise ValueError(
+            f"prompt is not frame-aligned: {n} tokens is not a multiple of {layout.frame_len} "
+            f"({layout.image_tokens} image codes + {layout.action_tokens} action slots per frame)"
+        )
+    n_frames = n // layout.frame_len
+    if n_frames > layout.max_frames:
+        raise ValueError(f"too many frames: the prompt has {n_frames}, the model allows {layout.max_frames}")
+    grid = ids.view(n_frames, layout.frame_len)
+    slots, codes = grid[:, layout.image_tokens:], grid[:, : layout.image_tokens]
+    is_ph = (slots == SEED_PLACEHOLDER) | (slots == layout.placeholder_id)
+    if not bool(is_ph.all()):
+        f, s = (~is_ph).nonzero()[0].tolist()
+        raise ValueError(
+            f"wrong action slots: frame {f} slot {s} holds {int(slots[f, s])}, expected "
+            f"{SEED_PLACEHOLDER} or {layout.placeholder_id} in all {layout.action_tokens} slots of every frame"
+        )
+    bad = (codes < 0) | (codes >= layout.num_codes)
+    if bool(bad.any()):
+        f, p = bad.nonzero()[0].tolist()
+        raise ValueError(
+            f"image code out of range: frame {f} position {p} holds {int(codes[f, p])}, "
+            f"codes must lie in 0..{layout.num_codes - 1}"
+        )
+    return n_frames
+
+
+def validate_codes(frames: torch.Tensor, layout: FrameLayout, what: str = "context") -> torch.Tensor:
+    """Check image codes [..., n_frames, image_tokens] and return them as int64."""
+    frames = torch.as_tensor(frames)
+    if frames.dtype.is_floating_point:
+        raise ValueError(f"{what} frames must hold integer codes, got dtype {frames.dtype}")
+    if frames.dim() < 2 or frames.shape[-1] != layout.image_tokens:
+        raise ValueError(
+            f"{what} frames must have shape [..., n_frames, {layout.image_tokens}], got {list(frames.shape)}"
+        )
+    if frames.shape[-2] > layout.max_frames:
+        raise ValueError(f"too many frames: {what} has {frames.shape[-2]}, the model allows {layout.max_frames}")
+    bad = (frames < 0) | (frames >= layout.num_codes)
+    if bool(bad.any()):
+        v = int(frames[bad][0])
+        raise ValueError(f"image code out of range in {what}: {v}; codes must lie in 0..{layout.num_codes - 1}")
+    return frames.long()
+
+
+def validate_actions(actions, layout: FrameLayout, n_frames: int | None = None) -> torch.Tensor:
+    """Normalise actions to [n, action_tokens, action_dim] float32; ValueError names the problem.
+
+    Accepts the seed's flat form [n*6, 3], a stacked [n, 6, 3] tensor, or a list of [6, 3].
+    With `n_frames`, at least that many frames of actions are required.
+    """
+    a, d = layout.action_tokens, layout.action_dim
+    if isinstance(actions, (list, tuple)):
+        if not actions:
+            raise ValueError("actions is an empty list")
+        actions = [torch.as_tensor(x) for x in actions]
+        for i, x in enumerate(actions):
+            if tuple(x.shape) != (a, d):
+                raise ValueError(f"wrong action shape: item {i} has shape {list(x.shape)}, expected [{a}, {d}]")
+        actions = torch.stack(actions)
+    actions = torch.as_tensor(actions)
+    if not (actions.dtype.is_floating_point or actions.dtype in (torch.int32, torch.int64)):
+        raise ValueError(f"actions must be numbers, got dtype {actions.dtype}")
+    if actions.dim() == 2 and actions.shape[1] == d and actions.shape[0] % a == 0 and actions.shape[0] > 0:
+        actions = actions.reshape(-1, a, d)
+    if actions.dim() != 3 or tuple(actions.shape[1:]) != (a, d):
+        raise ValueError(
+            f"wrong action shape: got {list(actions.shape)}, expected [n_frames*{a}, {d}] or [n_frames, {a}, {d}]"
+        )
+    actions = actions.float()
+    if not bool(torch.isfinite(actions).all()):
+        raise ValueError("actions contain NaN or inf")
+    if n_frames is not None and actions.shape[0] < n_frames:
+        raise ValueError(f"actions cover {actions.shape[0]} frames but {n_frames} are needed")
+    return actions
