@@ -78,6 +78,19 @@ class FrameLayout:
         return self.vocab_size - 1
 
     @property
+    def grid_shape(self) -> tuple[int, int]:
+        """(rows, cols) of the code grid for rendering: Terra 576 -> (18, 32), tiny 64 -> (8, 8).
+
+        The factor pair rows <= cols whose aspect is closest to the camera's 9:16
+        (288x512 pixels, 16x16 per code).
+        """
+        import math
+
+        n = self.image_tokens
+        pairs = [(r, n // r) for r in range(1, math.isqrt(n) + 1) if n % r == 0]
+        return min(pairs, key=lambda rc: abs(math.log((rc[0] / rc[1]) / (9 / 16))))
+
+    @property
     def placeholder_id(self) -> int:
         """In-vocabulary id that fills action slots inside vLLM (262144 for Terra)."""
         return self.vocab_size - 1

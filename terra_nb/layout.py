@@ -127,3 +127,40 @@ def validate_actions(actions, layout: FrameLayout, n_frames: int | None = None) 
     if n_frames is not None and actions.shape[0] < n_frames:
         raise ValueError(f"actions cover {actions.shape[0]} frames but {n_frames} are needed")
     return actions
+
+
+def interleave_segments(past_len: int, n_codes: int, layout: FrameLayout) -> list[tuple[str, int, int]]:
+    """How `n_codes` new image codes extend an interleaved sequence that already holds `past_len` positions.
+
+    Returns the new positions in order as segments: ``("codes", i0, i1)`` is the slice
+    ``codes[i0:i1]`` of the new codes, ``("actions", frame, frame)`` the action slots of that frame
+    (`action_tokens` positions). A frame's action slots follow as soon as its last image code is
+    in: after every complete frame of a prompt, and after the last code of a frame in a decode step.
+    A sequence ending inside a frame's codes gets no action slots (the frame is still being made).
+    `past_len` must end on an image position (the HF model never stops between action slots).
+    """
+    P, F = layout.image_tokens, layout.frame_len
+    if past_len < 0 or n_codes < 0:
+        raise ValueError(f"past_len and n_codes must be >= 0, got {past_len} and {n_codes}")
+    slot = past_len % F
+    if slot >= P:
+        raise ValueError(
+            f"the sequence ends inside the action slots of frame {past_len // F} (position {past_len}, slot {slot}); "
+            f"a frame's {layout.action_tokens} action positions always come in together with its last image code"
+        )
+    segs: list[tuple[str, int, int]] = []
+    frame, i = past_len // F, 0
+    while i < n_codes:
+        take = min(P - slot, n_codes - i)
+        segs.append(("codes", i, i + take))
+        i += take
+        slot += take
+        if slot == P:
+            segs.append(("actions", frame, frame))
+            frame, slot = frame + 1, 0
+    return segs
+
+
+def segments_length(segs: list[tuple[str, int, int]], layout: FrameLayout) -> int:
+    """Number of positions the segments of `interleave_segments` occupy."""
+    return sum(b - a if kind == "codes" else layout.action_tokens for kind, a, b in segs)
