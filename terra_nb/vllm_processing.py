@@ -1,0 +1,220 @@
+"""Terra's `actions` modality for vLLM V1: data parser, processing info, dummy inputs, processor.
+
+The pieces follow vLLM's own multimodal models (`XProcessingInfo`, `XDummyInputsBuilder`,
+`XMultiModalProcessor`, registered on the model class with `MULTIMODAL_REGISTRY.register_processor`),
+for a modality that is not an image but six 3-vectors per frame.
+
+**Prompt.** Terra has no tokenizer (`skip_tokenizer_init=True`): a prompt is token ids, every frame
+being `image_tokens` codes followed by `action_tokens` *action slots* (576 + 6 = 582):
+
+    [c_0 ... c_575, s, s, s, s, s, s,  c_0 ... c_575, s, s, s, s, s, s,  ...]
+
+A slot holds the in-vocabulary placeholder id (`layout.placeholder_id` = vocab_size - 1, Terra's
+bos/eos/pad id 262144) or the seed's `-3`; the processor rewrites `-3` to the placeholder id, since
+V1 embeds every prompt id and an id of -3 cannot be embedded (with a tokenizer, vLLM would even
+reject it before the processor runs; with `skip_tokenizer_init=True` it reaches the processor).
+Image codes 0 .. vocab_size-2 are all ordinary tokens (code 0 too).
+
+**Items.** `multi_modal_data={"actions": a}` with `a` a float tensor `[n_frames*6, 3]` (the seed's
+form), `[n_frames, 6, 3]`, or a list of per-frame `[6, 3]` tensors. The parser splits it into one
+*item per frame*; the processor's prompt update matches frame k's run of six slots to item k. vLLM
+hashes every item on its own, so when a rollout re-submits its prompt with one more frame, the
+earlier frames' blocks hash exactly as before and the prefix cache reuses them.
+
+**Checks.** Wrong action shape, NaN/inf, codes out of range, a prompt that is not frame-aligned or
+has a wrong slot, more frames than the engine can extend, a frame/action count mismatch: each is a
+`ValueError` naming the problem, raised here (in the front end, before the request reaches the
+engine core), so the engine keeps serving.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+
+import torch
+from transformers import BatchFeature
+from vllm.inputs import MultiModalDataDict, MultiModalInput
+from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems
+from vllm.multimodal.parse import ModalityDataItems, MultiModalDataItems, MultiModalDataParser
+from vllm.multimodal.processing import (
+    BaseDummyInputsBuilder,
+    BaseMultiModalProcessor,
+    BaseProcessingInfo,
+    ProcessorInputs,
+    PromptReplacement,
+    PromptUpdate,
+)
+
+from .config import FrameLayout, LlamaActionConfig
+from .layout import SEED_PLACEHOLDER, from_seed_prompt, validate_actions, validate_prompt
+from .vllm_compat import DummyOptions, TokenIdsDummyInputsMixin, TokenizerFreeProcessorMixin
+
+MODALITY = "actions"
+
+
+def max_prompt_frames(layout: FrameLayout, max_model_len: int) -> int:
+    """Most frames a prompt may hold so that one more frame can still be generated.
+
+    A round holds at most `max_frames` frames (25), so a prompt holds at most 24; a shorter
+    `max_model_len` lowers that: the prompt plus `image_tokens` new codes must fit.
+    """
+    return max(0, min(layout.max_frames - 1, (max_model_len - layout.image_tokens) // layout.frame_len))
+
+
+class ActionItems(ModalityDataItems[torch.Tensor, torch.Tensor]):
+    """The actions of a prompt, one item per frame: `data` is float32 `[n_frames, 6, 3]`.
+
+    The tensor goes to the model as it is ("passthrough" data: no HF processor is involved).
+    """
+
+    def __init__(self, data: torch.Tensor) -> None:
+        super().__init__(data, MODALITY)
+
+    def get_count(self) -> int:
+        return int(self.data.shape[0])
+
+    def get(self, index: int) -> torch.Tensor:
+        return self.data[index]
+
+    def get_processor_data(self) -> Mapping[str, object]:
+        return {}
+
+    def get_passthrough_data(self) -> Mapping[str, object]:
+        return {MODALITY: self.data}
+
+
+class TerraDataParser(MultiModalDataParser):
+    """`MultiModalDataParser` with an `actions` subparser (the other modalities stay as in vLLM)."""
+
+    def __init__(self, layout: FrameLayout, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.layout = layout
+
+    def _parse_action_data(self, data: object) -> ActionItems | None:
+        if data is None:
+            return None
+        # One [6, 3] row per frame, float32, finite; ValueError names what is wrong.
+        frames = validate_actions(data, self.layout)
+        return ActionItems(frames.contiguous())
+
+    def _get_subparsers(self):
+        return {**super()._get_subparsers(), MODALITY: self._parse_action_data}
+
+
+class TerraProcessingInfo(BaseProcessingInfo):
+    def get_hf_config(self) -> LlamaActionConfig:
+        return self.ctx.get_hf_config(LlamaActionConfig)
+
+    @cached_property
+    def layout(self) -> FrameLayout:
+        return FrameLayout.from_config(self.get_hf_config())
+
+    @cached_property
+    def max_prompt_frames(self) -> int:
+        return max_prompt_frames(self.layout, self.ctx.model_config.max_model_len)
+
+    def get_data_parser(self) -> MultiModalDataParser:
+        return TerraDataParser(self.layout)
+
+    def get_supported_mm_limits(self) -> Mapping[str, int | None]:
+        # One item per frame of the prompt.
+        return {MODALITY: self.max_prompt_frames}
+
+    def get_mm_max_tokens_per_item(self, seq_len: int, mm_counts: Mapping[str, int]) -> Mapping[str, int]:
+        # Every item fills the six action slots of its frame.
+        return {MODALITY: self.layout.action_tokens}
+
+
+class TerraDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBuilder[TerraProcessingInfo]):
+    """Profiling inputs: `mm_counts["actions"]` whole frames with their action slots.
+
+    The worst case vLLM asks for is the limit, 24 frames: 24 * 6 = 144 action tokens in a prompt of
+    24 * 582 = 13968 tokens (vLLM pads the dummy sequence to `max_model_len` itself).
+    """
+
+    def get_dummy_text(self, mm_counts: Mapping[str, int]) -> str:
+        return ""  # no tokenizer; the prompt is `get_dummy_prompt_ids`
+
+    def get_dummy_prompt_ids(self, seq_len: int, mm_counts: Mapping[str, int]) -> list[int]:
+        layout = self.info.layout
+        n = mm_counts.get(MODALITY, 0)
+        g = torch.Generator().manual_seed(0)
+        codes = torch.randint(0, layout.num_codes, (n, layout.image_tokens), generator=g)
+        slots = torch.full((n, layout.action_tokens), layout.placeholder_id, dtype=torch.long)
+        return torch.cat([codes, slots], dim=1).flatten().tolist()
+
+    def get_dummy_mm_data(
+        self, seq_len: int, mm_counts: Mapping[str, int], mm_options: DummyOptions | None = None
+    ) -> MultiModalDataDict:
+        layout = self.info.layout
+        n = mm_counts.get(MODALITY, 0)
+        # A plausible trajectory: straight ahead, 2 m and 0.5 s per step.
+        k = torch.arange(layout.action_tokens, dtype=torch.float32)
+        one = torch.stack([torch.zeros_like(k), 2.0 * k, 0.5 * k], dim=1)[:, : layout.action_dim]
+        return {MODALITY: one.repeat(n, 1)}  # the seed's flat form [n*6, 3]
+
+
+class TerraMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProcessor[TerraProcessingInfo]):
+    """Checks a Terra prompt against its actions and maps frame k's six slots to action item k."""
+
+    def _get_mm_fields_config(
+        self, hf_inputs: BatchFeature, hf_processor_mm_kwargs: Mapping[str, object]
+    ) -> Mapping[str, MultiModalFieldConfig]:
+        # `actions` [n_frames, 6, 3]: item k is row k.
+        return {MODALITY: MultiModalFieldConfig.batched(MODALITY)}
+
+    def _get_prompt_updates(
+        self,
+        mm_items: MultiModalDataItems,
+        hf_processor_mm_kwargs: Mapping[str, object],
+        out_mm_kwargs: MultiModalKwargsItems,
+    ) -> Sequence[PromptUpdate]:
+        layout = self.info.layout
+        slots = [layout.placeholder_id] * layout.action_tokens
+        # The slots are already in the prompt: locate the k-th run for item k and keep it as it is;
+        # all six positions receive the item's embeddings.
+        return [PromptReplacement(modality=MODALITY, target=slots, replacement=slots)]
+
+    def validate_request(self, prompt: Sequence[int], mm_items: MultiModalDataItems) -> list[int]:
+        """Check a prompt and its parsed actions; return the prompt with -3 slots rewritten."""
+        layout = self.info.layout
+        if isinstance(prompt, str):
+            raise ValueError(
+                "Terra prompts are token ids (image codes with action slots); "
+                "pass {'prompt_token_ids': [...]} with skip_tokenizer_init=True"
+            )
+        ids = from_seed_prompt(prompt, layout)
+        n_frames = validate_prompt(ids, layout)
+        if n_frames > self.info.max_prompt_frames:
+            raise ValueError(
+                f"too many frames: the prompt holds {n_frames}, this engine extends prompts of at most "
+                f"{self.info.max_prompt_frames} frames (a round is {layout.max_frames} frames of "
+                f"{layout.frame_len} tokens, max_model_len {self.info.ctx.model_config.max_model_len})"
+            )
+        n_items = mm_items.get_count(MODALITY, strict=False)
+        if n_items != n_frames:
+            raise ValueError(
+                f"actions do not match the prompt: the prompt holds {n_frames} frames with "
+                f"{layout.action_tokens} action slots each, the actions cover {n_items} frames; "
+                f"pass one [{layout.action_tokens}, {layout.action_dim}] per frame of the prompt"
+            )
+        return ids
+
+    def apply(self, inputs: ProcessorInputs, timing_ctx) -> MultiModalInput:
+        prompt = inputs.prompt
+        if len(prompt) or len(inputs.mm_data_items):  # vLLM's dummy for zero items is empty
+            prompt = self.validate_request(prompt, inputs.mm_data_items)
+        return super().apply(dataclasses.replace(inputs, prompt=prompt), timing_ctx)
+
+
+__all__ = [
+    "MODALITY",
+    "SEED_PLACEHOLDER",
+    "ActionItems",
+    "TerraDataParser",
+    "TerraDummyInputsBuilder",
+    "TerraMultiModalProcessor",
+    "TerraProcessingInfo",
+    "max_prompt_frames",
+]

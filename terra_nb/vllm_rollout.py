@@ -1,0 +1,225 @@
+"""Rollouts on vLLM: frame by frame, many rollouts per `generate` call, rounds of at most 25 frames.
+
+    llm = make_llm(checkpoint_dir)                       # sensible defaults for CPU and GPU
+    frames = vllm_rollout(llm, context, actions, n_frames=22, sampling=SamplingConfig(...))
+
+`vllm_rollout` has the signature of `rollout.hf_rollout` and returns the same thing
+(`[B, n_frames, P]` codes, or `[n_frames, P]` for one unbatched rollout). Per round
+(`rollout.run_rollout` plans them: 25 frames at most, later rounds start from the last 3 frames,
+positions restarting at 0), it generates one frame per step:
+
+* the prompt of rollout b is its frames so far, each followed by six placeholder slots
+  (`layout.build_prompt`), with `multi_modal_data={"actions": the actions of those frames}`;
+* all B rollouts go into **one** `llm.generate` call, with `max_tokens=P` and `ignore_eos=True`
+  (exactly P codes; `min_tokens` is not used: it cost ~20% on the GPU) and the placeholder id
+  suppressed (`logit_bias`, as `suppress_tokens` does for HF), so only image codes are sampled;
+* the new frame is appended with its six slots and the next step re-submits the longer prompt;
+  vLLM's prefix cache finds every earlier block (the action items are hashed per frame), so each
+  step prefills only the newest frame.
+
+Sampling: `SamplingConfig.temperature == 0` is greedy; otherwise each request gets its own
+`SamplingParams.seed`, derived from `(sampling.seed, rollout index, frame index in the video)`,
+so a seeded rollout is reproducible and the rollouts of a batch draw different noise.
+
+Validation happens before anything reaches the engine (`rollout.prepare_inputs` for shapes,
+dtypes, NaN/inf and code ranges; here for the engine's length); the processor checks every
+request again for users who call `llm.generate` themselves.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import FrameLayout
+from .layout import build_prompt
+from .rollout import SamplingConfig, prepare_inputs, run_rollout
+from .vllm_compat import prefix_cache_counters
+from .vllm_processing import MODALITY, max_prompt_frames
+
+__all__ = [
+    "RolloutStats",
+    "engine_layout",
+    "frame_request",
+    "make_llm",
+    "request_seed",
+    "sampling_params",
+    "vllm_rollout",
+]
+
+# Below this, a placeholder logit is never sampled in practice (vLLM clamps biases to +-100).
+SUPPRESS_BIAS = -100.0
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
+    """Build a `vllm.LLM` for a Terra checkpoint folder (released `config.json` + safetensors).
+
+    Defaults (each can be overridden by keyword):
+
+    * `skip_tokenizer_init=True` (prompts are token ids), `enable_prefix_caching=True`;
+    * `max_model_len = max_frames * frame_len` (25 * 582 = 14550 for Terra: one round);
+      `max_frames` defaults to the config's `num_temporal_embeddings`;
+    * `limit_mm_per_prompt={"actions": max_frames - 1}` (one item per prompt frame);
+    * `dtype`: the checkpoint's `torch_dtype` (`"auto"`);
+    * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
+      for the KV cache; the default asks for more than is free) and `max_num_seqs=32`;
+      on a GPU vLLM's own defaults, CUDA graphs included (`enforce_eager=False`).
+    """
+    import vllm
+
+    from .config import LlamaActionConfig
+
+    cfg = LlamaActionConfig.from_pretrained(str(checkpoint_dir))
+    layout = FrameLayout.from_config(cfg)
+    frames = layout.max_frames if max_frames is None else int(max_frames)
+    if not 2 <= frames <= layout.max_frames:
+        raise ValueError(f"max_frames must lie in 2..{layout.max_frames}, got {frames}")
+    kwargs = dict(
+        model=str(checkpoint_dir),
+        skip_tokenizer_init=True,
+        enable_prefix_caching=True,
+        max_model_len=frames * layout.frame_len,
+        limit_mm_per_prompt={MODALITY: frames - 1},
+        dtype="auto",
+    )
+    if _on_cpu():
+        kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=32)
+    kwargs.update(overrides)
+    return vllm.LLM(**kwargs)
+
+
+def engine_layout(llm) -> tuple[FrameLayout, int]:
+    """The model's layout and the most frames a prompt may hold in this engine."""
+    model_config = llm.model_config
+    layout = FrameLayout.from_config(model_config.hf_config)
+    return layout, max_prompt_frames(layout, model_config.max_model_len)
+
+
+def request_seed(seed: int, rollout: int, frame: int) -> int:
+    """The `SamplingParams.seed` of rollout `rollout`'s request for video frame `frame`."""
+    return int(np.random.SeedSequence([int(seed), int(rollout), int(frame)]).generate_state(1, np.uint32)[0])
+
+
+def sampling_params(sampling: SamplingConfig, layout: FrameLayout, seed: int | None = None):
+    """`vllm.SamplingParams` generating one frame: P codes, no EOS, the placeholder id suppressed."""
+    from vllm import SamplingParams
+
+    kw = dict(
+        max_tokens=layout.image_tokens,
+        ignore_eos=True,
+        detokenize=False,
+        logit_bias={layout.placeholder_id: SUPPRESS_BIAS},
+    )
+    if sampling.greedy:
+        kw.update(temperature=0.0)
+    else:
+        kw.update(temperature=float(sampling.temperature), top_k=int(sampling.top_k or 0),
+                  top_p=float(sampling.top_p), seed=seed)
+    return SamplingParams(**kw)
+
+
+def frame_request(frames: torch.Tensor, actions: torch.Tensor, layout: FrameLayout) -> dict:
+    """The `llm.generate` prompt extending `frames` [n, P]: codes + slots, and n frames of actions."""
+    return {
+        "prompt_token_ids": build_prompt(frames, layout),
+        "multi_modal_data": {MODALITY: actions[: frames.shape[0]].contiguous()},
+    }
+
+
+@dataclasses.dataclass
+class RolloutStats:
+    """What the engine reported over a rollout (filled in by `vllm_rollout(..., stats=...)`)."""
+
+    generate_calls: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    """Sum of `RequestOutput.num_cached_tokens`: prompt tokens served from the prefix cache."""
+    per_call_cached: list = dataclasses.field(default_factory=list)
+    """`num_cached_tokens` of every request, one list per `generate` call."""
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def vllm_rollout(
+    llm,
+    context,
+    actions,
+    n_frames: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    overlap: int = 3,
+    progress: bool = True,
+    stats: RolloutStats | None = None,
+) -> torch.Tensor:
+    """Roll out Terra on a `vllm.LLM` built for a Terra checkpoint (see `make_llm`).
+
+    Same inputs, output and validation as `rollout.hf_rollout`: `context` `[n_ctx, P]` or
+    `[B, n_ctx, P]` codes, `actions` `[T, 6, 3]` / `[T*6, 3]` (shared) or `[B, T, 6, 3]` with
+    `T >= n_ctx + n_frames - 1`. Pass a `RolloutStats` to collect prefix-cache numbers.
+    """
+    layout, engine_frames = engine_layout(llm)
+    context_t, actions_t, _ = prepare_inputs(context, actions, n_frames, layout)  # raises before the engine
+    B, n_ctx = context_t.shape[:2]
+    longest_prompt = min(n_ctx + n_frames, layout.max_frames) - 1  # frames in the last step's prompt
+    if longest_prompt > engine_frames:
+        raise ValueError(
+            f"too many frames for this engine: prompts of up to {longest_prompt} frames are needed "
+            f"({n_ctx} context + {n_frames} new, rounds of {layout.max_frames}), but its max_model_len "
+            f"({llm.model_config.max_model_len}) holds {engine_frames}; build it with make_llm"
+        )
+    stats = stats if stats is not None else RolloutStats()
+    done = {"frames": 0}  # frames of the video generated so far (for the seeds)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_frames, unit="frame", desc=f"vLLM rollout x{B}")
+
+    def generate_round(window: torch.Tensor, window_actions: torch.Tensor, n_new: int) -> torch.Tensor:
+        frames = [window[b] for b in range(B)]
+        for _ in range(n_new):
+            video_frame = n_ctx + done["frames"]  # index in the whole video of the frame being made
+            requests = [frame_request(frames[b], window_actions[b], layout) for b in range(B)]
+            params = [
+                sampling_params(sampling, layout, None if sampling.seed is None else request_seed(sampling.seed, b, video_frame))
+                for b in range(B)
+            ]
+            outputs = llm.generate(requests, params, use_tqdm=False)
+            stats.generate_calls += 1
+            stats.requests += len(outputs)
+            cached = []
+            for b, out in enumerate(outputs):
+                ids = list(out.outputs[0].token_ids)
+                if len(ids) != layout.image_tokens:
+                    raise RuntimeError(f"rollout {b}: the engine returned {len(ids)} codes, expected {layout.image_tokens}")
+                frames[b] = torch.cat([frames[b], torch.tensor(ids, dtype=torch.long)[None]], dim=0)
+                stats.prompt_tokens += len(out.prompt_token_ids)
+                cached.append(int(out.num_cached_tokens or 0))
+            stats.cached_prompt_tokens += sum(cached)
+            stats.per_call_cached.append(cached)
+            done["frames"] += 1
+            if bar is not None:
+                bar.update(1)
+        w = window.shape[1]
+        return torch.stack([f[w:] for f in frames])
+
+    try:
+        return run_rollout(generate_round, context, actions, n_frames, layout, overlap, progress=False)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def prefix_cache_summary(llm) -> dict | None:
+    """Engine-wide prefix-cache counters (needs `disable_log_stats=False`), see `vllm_compat`."""
+    return prefix_cache_counters(llm)
