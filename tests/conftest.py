@@ -18,3 +18,15 @@ def tiny_ckpt_v2(tmp_path_factory):
     from terra_nb.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_v2", preset="tiny", seed=0, variant="v2")
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Run a module's torch work on one CPU thread (tiny models on a shared 2-core machine run
+    ~30x faster than with threads spinning against other processes); restores the count after."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -20,6 +20,8 @@ from terra_nb.config import FrameLayout
 from terra_nb.data import SAMPLE_FILE, build_sample_json, load_sample, scene_codes, trajectory
 from terra_nb.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 def released_names(n_layers: int, variant: str) -> set[str]:
     names = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",

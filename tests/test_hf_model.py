@@ -22,6 +22,8 @@ from terra_nb.hf_model import (
 from terra_nb.layout import action_slot_mask
 from terra_nb.rollout import SamplingConfig, hf_generate_kwargs, hf_rollout
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 ATOL = 1e-4
 P, A, FL = 64, 6, 70  # tiny preset: codes per frame, action slots, frame length
 
