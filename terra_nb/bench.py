@@ -1,0 +1,316 @@
+"""The benchmark: HF `generate` vs our vLLM port vs stock vLLM Llama, seconds per generated frame.
+
+Each engine runs in its own process (a vLLM engine does not hand its GPU memory back reliably),
+so a run is a few invocations that each write a *part*, merged into one results file:
+
+    python -m terra_nb.bench run --rows hf,vllm_eager --out part_a.json
+    python -m terra_nb.bench run --rows vllm,vllm_b8,vllm_b32 --out part_b.json
+    python -m terra_nb.bench run --rows stock_llama --out part_c.json
+    python -m terra_nb.bench merge part_a.json part_b.json part_c.json --out results/benchmark_h200.json
+
+Workload (`Workload`): 3 context frames from the sample, then frames generated with the sample
+trajectory's actions, temperature 0.9 (the public generator's default), warm-up excluded, the
+median of repeated trials. Lengths are forced the cheap way: `eos_token_id=None` in HF and
+`ignore_eos=True` in vLLM (never `min_new_tokens` / `min_tokens`: both slow decoding down).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .checkpoints import write_random_checkpoint
+from .config import FrameLayout, LlamaActionConfig
+from .data import load_sample
+from .rollout import SamplingConfig, hf_generate_kwargs
+
+ROW_NAMES = ("hf", "vllm_eager", "vllm", "stock_llama", "vllm_b8", "vllm_b32")
+SEED_FIGURES = {"seed HF (11.03 s)": 11.03, "seed vLLM 0.6 eager (4.25 s)": 4.25}
+
+
+@dataclasses.dataclass
+class Workload:
+    preset: str = "terra"
+    n_ctx: int = 3
+    temperature: float = 0.9
+    seed: int = 0
+    short_frames: int = 4  # HF and eager rows: slow, so fewer frames
+    short_repeats: int = 2
+    long_frames: int = 22  # the seed's clip: 22 frames after 3 context frames
+    long_repeats: int = 3
+    batch_repeats: int = 1
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t0
+
+
+def _row(name: str, batch: int, frames: int, trials: list[float], **extra) -> dict:
+    med = statistics.median(trials)
+    return dict(name=name, batch=batch, frames=frames, repeats=len(trials), trials_s=[round(t, 3) for t in trials],
+                s_per_frame=med / frames, frames_per_s=batch * frames / med, **extra)
+
+
+def checkpoint(root: Path, wl: Workload, variant: str = "v1") -> Path:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return write_random_checkpoint(root / f"{wl.preset}_{variant}", preset=wl.preset, seed=wl.seed,
+                                   variant=variant, device=device)
+
+
+def stock_llama_checkpoint(terra_dir: Path, out: Path) -> Path:
+    """The same backbone as a plain `LlamaForCausalLM` (no action path, no learned PE): the ceiling."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "model.safetensors").exists():
+        return out
+    cfg = json.loads((terra_dir / "config.json").read_text())
+    terra_only = {"auto_map", "num_spatio_embeddings", "num_temporal_embeddings", "num_image_patches",
+                  "num_action_embeddings", "num_action_tokens", "action_dim"}
+    keep = {k: v for k, v in cfg.items() if k not in terra_only}
+    keep.update(architectures=["LlamaForCausalLM"], model_type="llama")
+    (out / "config.json").write_text(json.dumps(keep, indent=2))
+    with safe_open(str(terra_dir / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(("model.", "lm_head."))}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
+    """HF `generate` with the KV cache, one call for all frames, as the seed ran it."""
+    from transformers import AutoModelForCausalLM
+
+    import terra_nb  # noqa: F401  (registers the Auto classes)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto").to(device).eval()
+    load_s = time.perf_counter() - t0
+    layout = FrameLayout.from_config(model.config)
+    sample = load_sample(wl.preset)
+    ids = sample.context[: wl.n_ctx].reshape(1, -1).to(device)
+    actions = sample.actions[None].to(device)
+    kw = hf_generate_kwargs(SamplingConfig(temperature=wl.temperature, seed=wl.seed), layout)
+
+    def gen(n_tokens: int):
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, actions=actions, max_new_tokens=n_tokens, **kw)
+        assert out.shape[1] == ids.shape[1] + n_tokens, out.shape
+
+    _timed(lambda: gen(32))  # warm-up: kernels, allocator
+    torch.manual_seed(wl.seed)
+    trials = [_timed(lambda: gen(wl.short_frames * layout.image_tokens)) for _ in range(wl.short_repeats)]
+    del model
+    return [_row("hf", 1, wl.short_frames, trials, load_s=round(load_s, 1))]
+
+
+def _engine(ckpt: Path, **kw):
+    from .vllm_rollout import make_llm
+
+    t0 = time.perf_counter()
+    llm = make_llm(ckpt, disable_log_stats=False, **kw)
+    return llm, time.perf_counter() - t0
+
+
+def _rollout_trials(llm, wl: Workload, batch: int, frames: int, repeats: int):
+    from .vllm_rollout import RolloutStats, vllm_rollout
+
+    sample = load_sample(wl.preset)
+    ctx = sample.context[: wl.n_ctx].expand(batch, -1, -1).contiguous()
+    sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
+    vllm_rollout(llm, ctx[:1], sample.actions, 1, sampling, progress=False)  # warm-up
+    trials, stats = [], []
+    for r in range(repeats):
+        st = RolloutStats()
+        s = dataclasses.replace(sampling, seed=wl.seed + 1 + r)  # a fresh draw; the prompt prefix is shared
+        trials.append(_timed(lambda: vllm_rollout(llm, ctx, sample.actions, frames, s, progress=False, stats=st)))
+        stats.append(st)
+    return trials, stats
+
+
+def hit_rate_after_first(stats, n_ctx: int, frame_len: int) -> float:
+    """Share of prompt tokens served from the prefix cache in the frame steps after the first.
+
+    Step k of a one-round rollout submits prompts of (n_ctx + k) frames; step 0 can only hit
+    what an earlier rollout left in the cache, so it is left out.
+    """
+    cached = prompt = 0
+    for st in stats:
+        for k, per_request in enumerate(st.per_call_cached[1:], start=1):
+            cached += sum(per_request)
+            prompt += len(per_request) * (n_ctx + k) * frame_len
+    return cached / prompt if prompt else float("nan")
+
+
+def _frame_len(ckpt: Path) -> int:
+    return FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))).frame_len
+
+
+def bench_vllm(ckpt: Path, wl: Workload, rows: list[str]) -> list[dict]:
+    out = []
+    if "vllm_eager" in rows:
+        llm, start = _engine(ckpt, enforce_eager=True)
+        trials, _ = _rollout_trials(llm, wl, 1, wl.short_frames, wl.short_repeats)
+        out.append(_row("vllm_eager", 1, wl.short_frames, trials, engine_start_s=round(start, 1)))
+        del llm
+    graph_rows = [r for r in rows if r in ("vllm", "vllm_b8", "vllm_b32")]
+    if graph_rows:
+        llm, start = _engine(ckpt)
+        for name in graph_rows:
+            batch = {"vllm": 1, "vllm_b8": 8, "vllm_b32": 32}[name]
+            repeats = wl.long_repeats if batch == 1 else wl.batch_repeats
+            trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, repeats)
+            out.append(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+                            prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt))))
+    return out
+
+
+def bench_stock(ckpt: Path, wl: Workload) -> list[dict]:
+    """Stock vLLM Llama, same shape, plain token prompts, the same frame-by-frame loop."""
+    import vllm
+
+    from .vllm_rollout import _config_dtype
+
+    stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
+    layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
+    t0 = time.perf_counter()
+    extra = {} if torch.cuda.is_available() else dict(gpu_memory_utilization=0.2)  # see make_llm
+    llm = vllm.LLM(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
+                   max_model_len=layout.max_len, dtype=_config_dtype(LlamaActionConfig.from_pretrained(str(ckpt))),
+                   **extra)
+    start = time.perf_counter() - t0
+    from .layout import build_prompt
+
+    ctx = load_sample(wl.preset).context[: wl.n_ctx]
+
+    def roll(frames: int, seed: int):
+        prompt = build_prompt(ctx, layout)
+        for k in range(frames):
+            p = vllm.SamplingParams(temperature=wl.temperature, max_tokens=layout.image_tokens,
+                                    ignore_eos=True, seed=seed + k, detokenize=False)
+            out = llm.generate([{"prompt_token_ids": prompt}], p, use_tqdm=False)[0]
+            prompt = prompt + list(out.outputs[0].token_ids) + [layout.placeholder_id] * layout.action_tokens
+
+    roll(1, 0)
+    trials = [_timed(lambda: roll(wl.long_frames, 100 + r)) for r in range(wl.long_repeats)]
+    return [_row("stock_llama", 1, wl.long_frames, trials, engine_start_s=round(start, 1))]
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def run(rows: list[str], wl: Workload, ckpt_root: Path) -> dict:
+    from .show import environment_info
+
+    bad = [r for r in rows if r not in ROW_NAMES]
+    if bad:
+        raise ValueError(f"unknown rows {bad}; choose from {ROW_NAMES}")
+    ckpt = checkpoint(ckpt_root, wl)
+    groups = [
+        ("hf", lambda: bench_hf(ckpt, wl)),
+        ("vllm", lambda: bench_vllm(ckpt, wl, rows)),
+        ("stock_llama", lambda: bench_stock(ckpt, wl)),
+    ]
+    results, errors = [], []
+    for prefix, measure in groups:
+        if not any(r.startswith(prefix) for r in rows):
+            continue
+        try:  # a device lease is scarce: one broken group must not lose the others' figures
+            results += measure()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            errors.append(dict(group=prefix, error=f"{type(e).__name__}: {e}"))
+    env = environment_info()
+    return dict(env=env, workload=dataclasses.asdict(wl), dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype),
+                command=" ".join(shlex.quote(a) for a in sys.argv), rows=results, errors=errors)
+
+
+def merge(parts: list[dict]) -> dict:
+    """One results file from the parts of one lease; each row says which call measured it."""
+    env = parts[0]["env"]
+    rows, errors = [], []
+    for i, p in enumerate(parts):
+        errors += [dict(e, part=i) for e in p.get("errors", [])]
+        for r in p["rows"]:
+            rows.append(dict(r, part=i, command=p["command"]))
+    by = {r["name"]: r for r in rows}
+    speedup = by["hf"]["s_per_frame"] / by["vllm"]["s_per_frame"] if {"hf", "vllm"} <= by.keys() else None
+    hit = by["vllm"].get("prefix_cache_hit_rate") if "vllm" in by else None
+    return dict(
+        device=env["device"],
+        versions={k: env[k] for k in ("vllm", "torch", "transformers", "python")},
+        dtype=parts[0]["dtype"],
+        workload=parts[0]["workload"],
+        command=[p["command"] for p in parts],
+        date=env["date"],
+        env=env,
+        rows=rows,
+        errors=errors,
+        speedup_vs_hf=speedup,
+        prefix_cache_hit_rate=hit,
+        ratios={
+            "vllm_vs_stock": by["vllm"]["s_per_frame"] / by["stock_llama"]["s_per_frame"]
+            if {"vllm", "stock_llama"} <= by.keys() else None,
+            "eager_vs_hf": by["hf"]["s_per_frame"] / by["vllm_eager"]["s_per_frame"]
+            if {"hf", "vllm_eager"} <= by.keys() else None,
+        },
+    )
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m terra_nb.bench", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="measure some rows, write one part")
+    r.add_argument("--rows", required=True, help=f"comma-separated, from {','.join(ROW_NAMES)}")
+    r.add_argument("--preset", default="terra")
+    r.add_argument("--ckpt-root", default="checkpoints")
+    r.add_argument("--out", required=True)
+    for f in dataclasses.fields(Workload):
+        if f.name != "preset":
+            r.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    m = sub.add_parser("merge", help="merge parts into results/benchmark_<gpu>.json (+ PNG chart)")
+    m.add_argument("parts", nargs="+")
+    m.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "run":
+        wl = Workload(preset=a.preset, **{f.name: getattr(a, f.name) for f in dataclasses.fields(Workload) if f.name != "preset"})
+        res = run(a.rows.split(","), wl, Path(a.ckpt_root))
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(res, indent=2))
+        print(json.dumps(res["rows"], indent=2))
+    else:
+        res = merge([json.loads(Path(p).read_text()) for p in a.parts])
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=2))
+        from .viz import bar_chart_benchmark
+
+        bar_chart_benchmark(res["rows"], SEED_FIGURES, note=f"{res['device']}, vLLM {res['versions']['vllm']}",
+                            save=out.with_suffix(".png"))
+        print(json.dumps({k: res[k] for k in ("device", "speedup_vs_hf", "prefix_cache_hit_rate", "ratios")}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
