@@ -24,10 +24,10 @@ Differences handled here (each detected by feature, not by version number):
 3. **No HF processor.** Terra's actions bypass any HF processor (they are "passthrough" data).
    0.32 skips the HF processor when a modality has no processor data; 0.26's
    `_apply_hf_processor_mm_only` still loads and calls `AutoProcessor`, so it is overridden.
-4. **Names.** The dummy-options type is `MultiModalDummyOptions` in 0.32 and a plain mapping of
-   `BaseDummyOptions` in 0.26 (`DummyOptions` here); the multimodal validation error of 0.32
-   (`VLLMValidationError`) is no longer a `ValueError` (it was in 0.26), so terra-nb raises its own
-   `ValueError`s before vLLM's checks run.
+4. **Names and types.** The dummy-options type is `MultiModalDummyOptions` in 0.32 and a plain
+   mapping of `BaseDummyOptions` in 0.26 (`DummyOptions` here). vLLM's request-validation error
+   (`VLLMValidationError`, which the OpenAI server maps to HTTP 400) is a `ValueError` in 0.26 but
+   not in 0.32; `RequestValidationError` here is both on either release.
 5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens`; the
    Prometheus counters (`vllm:prefix_cache_queries` / `_hits`) need `disable_log_stats=False`.
    `prefix_cache_counters(llm)` reads them where available.
@@ -45,10 +45,12 @@ from vllm.multimodal.processing import processor as _processor_mod
 __all__ = [
     "VLLM_VERSION",
     "DummyOptions",
+    "RequestValidationError",
     "HAS_PROCESSOR_DUMMY_INPUTS",
     "PROMPT_UPDATES_NEED_TOKENIZER_ARG",
     "TokenIdsDummyInputsMixin",
     "TokenizerFreeProcessorMixin",
+    "dummy_mm_inputs",
     "prefix_cache_counters",
     "version_tuple",
 ]
@@ -82,6 +84,20 @@ try:  # 0.32
     from vllm.config.multimodal import MultiModalDummyOptions as DummyOptions
 except ImportError:  # 0.26: a plain Mapping[str, BaseDummyOptions]
     DummyOptions = Mapping[str, Any]  # type: ignore[misc]
+
+
+# (4) One error type that vLLM's server and plain `except ValueError` both recognise.
+from vllm.exceptions import VLLMValidationError as _VLLMValidationError
+
+if issubclass(_VLLMValidationError, ValueError):  # 0.26
+
+    class RequestValidationError(_VLLMValidationError):
+        """A bad request: a `VLLMValidationError`, and a `ValueError`."""
+
+else:  # 0.32
+
+    class RequestValidationError(_VLLMValidationError, ValueError):  # type: ignore[no-redef]
+        """A bad request: a `VLLMValidationError`, and a `ValueError`."""
 
 
 class TokenIdsDummyInputsMixin:
@@ -159,6 +175,21 @@ class TokenizerFreeProcessorMixin:
 
         def _find_mm_placeholders(self, new_token_ids, mm_prompt_updates):
             return _processor_mod.find_mm_placeholders(new_token_ids, mm_prompt_updates, None)
+
+
+def dummy_mm_inputs(processor, mm_counts: Mapping[str, int]):
+    """Run vLLM's own profiling-input path for `mm_counts` (what the engine does at start-up).
+
+    0.32: `processor.get_dummy_mm_inputs(mm_counts)`; 0.26:
+    `MULTIMODAL_REGISTRY.get_dummy_mm_inputs(model_config, mm_counts, processor=processor)`.
+    """
+    if hasattr(processor, "get_dummy_mm_inputs"):
+        return processor.get_dummy_mm_inputs(mm_counts)
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    return MULTIMODAL_REGISTRY.get_dummy_mm_inputs(
+        processor.info.ctx.model_config, mm_counts, processor=processor
+    )
 
 
 def prefix_cache_counters(llm) -> dict[str, float] | None:

@@ -48,7 +48,12 @@ from vllm.multimodal.processing import (
 
 from .config import FrameLayout, LlamaActionConfig
 from .layout import SEED_PLACEHOLDER, from_seed_prompt, validate_actions, validate_prompt
-from .vllm_compat import DummyOptions, TokenIdsDummyInputsMixin, TokenizerFreeProcessorMixin
+from .vllm_compat import (
+    DummyOptions,
+    RequestValidationError,
+    TokenIdsDummyInputsMixin,
+    TokenizerFreeProcessorMixin,
+)
 
 MODALITY = "actions"
 
@@ -124,6 +129,24 @@ class TerraProcessingInfo(BaseProcessingInfo):
     def get_mm_max_tokens_per_item(self, seq_len: int, mm_counts: Mapping[str, int]) -> Mapping[str, int]:
         # Every item fills the six action slots of its frame.
         return {MODALITY: self.layout.action_tokens}
+
+    def validate_num_items(self, modality: str, num_items: int) -> None:
+        """vLLM's per-prompt item limit, with the message in frames (it runs before the processor)."""
+        if modality != MODALITY:
+            return super().validate_num_items(modality, num_items)
+        limit = min(self.max_prompt_frames, self.allowed_mm_limits.get(MODALITY, 0))
+        if num_items > limit:
+            why = (
+                f"limit_mm_per_prompt={{'actions': {limit}}}"
+                if limit < self.max_prompt_frames
+                else f"a round is {self.layout.max_frames} frames and the last one is generated; "
+                f"max_model_len {self.ctx.model_config.max_model_len}"
+            )
+            raise RequestValidationError(
+                f"too many frames: actions for {num_items} frames, this engine takes prompts of at most "
+                f"{limit} frames ({why})",
+                parameter=MODALITY,
+            )
 
 
 class TerraDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBuilder[TerraProcessingInfo]):

@@ -68,7 +68,8 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
     * `max_model_len = max_frames * frame_len` (25 * 582 = 14550 for Terra: one round);
       `max_frames` defaults to the config's `num_temporal_embeddings`;
     * `limit_mm_per_prompt={"actions": max_frames - 1}` (one item per prompt frame);
-    * `dtype`: the checkpoint's `torch_dtype` (`"auto"`);
+    * `dtype`: the checkpoint's `torch_dtype`, spelled out (vLLM's `"auto"` turns float32 into
+      bfloat16 on the CPU backend, which breaks fp32 parity with HF);
     * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
       for the KV cache; the default asks for more than is free) and `max_num_seqs=32`;
       on a GPU vLLM's own defaults, CUDA graphs included (`enforce_eager=False`).
@@ -88,12 +89,17 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
         enable_prefix_caching=True,
         max_model_len=frames * layout.frame_len,
         limit_mm_per_prompt={MODALITY: frames - 1},
-        dtype="auto",
+        dtype=_config_dtype(cfg),
     )
     if _on_cpu():
         kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=32)
     kwargs.update(overrides)
     return vllm.LLM(**kwargs)
+
+
+def _config_dtype(cfg) -> str:
+    dt = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "auto"
+    return str(dt).replace("torch.", "")
 
 
 def engine_layout(llm) -> tuple[FrameLayout, int]:
