@@ -35,7 +35,7 @@ from transformers import LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .config import FrameLayout, LlamaActionConfig
-from .layout import interleave_segments, segments_length, spatio_temporal_indices
+from .layout import codes_before, interleave_segments, segments_length, spatio_temporal_indices
 
 IGNORE_INDEX = -100
 
@@ -106,7 +106,10 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
     Generation: `model.generate(input_ids=codes [B, n_ctx*P], actions=..., max_new_tokens=k*P,
     eos_token_id=None, do_sample=...)` with the default `DynamicCache` returns `[B, n_ctx*P + k*P]`
     image codes. `actions` must cover frames `0 .. n_ctx+k-2` (the last new frame's actions are never
-    consumed); extra rows are ignored. The prompt must be whole frames for the positions to line up.
+    consumed); extra rows are ignored. Prompts are normally whole frames (a partial last frame works
+    too: it is continued). Pass `eos_token_id=None` for exactly `max_new_tokens` codes and `top_k=0`
+    to turn off generate's default top-k of 50 (`rollout.hf_generate_kwargs` does both).
+    Padding/left-padded batches are not supported: all rollouts of a batch have the same length.
     """
 
     config_class = LlamaActionConfig
@@ -245,7 +248,9 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
             raise ValueError("generate() with inputs_embeds is not supported; pass input_ids (image codes)")
         past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
         if past_len > 0:
-            input_ids = input_ids[:, -1:]
+            # the codes not yet in the cache: the newest one in a decode step, more if a caller
+            # continues from a cache of its own
+            input_ids = input_ids[:, codes_before(past_len, self.layout):]
         return {
             "input_ids": input_ids.contiguous(),
             "actions": actions,

@@ -164,3 +164,9 @@ def interleave_segments(past_len: int, n_codes: int, layout: FrameLayout) -> lis
 def segments_length(segs: list[tuple[str, int, int]], layout: FrameLayout) -> int:
     """Number of positions the segments of `interleave_segments` occupy."""
     return sum(b - a if kind == "codes" else layout.action_tokens for kind, a, b in segs)
+
+
+def codes_before(position: int, layout: FrameLayout) -> int:
+    """How many image codes precede absolute `position` of an interleaved sequence (= codes in a cache of that length)."""
+    frame, slot = divmod(position, layout.frame_len)
+    return frame * layout.image_tokens + min(slot, layout.image_tokens)

@@ -316,3 +316,16 @@ def test_generate_kwargs_turn_off_hf_defaults():
     assert kw["top_k"] == 0 and kw["top_p"] == 1.0 and kw["do_sample"] and kw["eos_token_id"] is None
     assert kw["suppress_tokens"] == [512]
     assert hf_generate_kwargs(SamplingConfig(temperature=0), layout)["do_sample"] is False
+
+
+def test_prepare_inputs_feeds_only_codes_missing_from_the_cache(m1):
+    ids, a = codes(2 * P + 12, seed=9), acts(3, seed=9)
+    cache = DynamicCache(config=m1.config)
+    assert m1.prepare_inputs_for_generation(ids, past_key_values=cache, actions=a)["input_ids"].shape == (1, 2 * P + 12)
+    with torch.no_grad():
+        m1(input_ids=ids[:, : 2 * P + 10], actions=a, past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 2 * FL + 10
+    inputs = m1.prepare_inputs_for_generation(ids, past_key_values=cache, actions=a, cache_position=None)
+    assert torch.equal(inputs["input_ids"], ids[:, 2 * P + 10 :])
+    assert inputs["actions"] is a and inputs["logits_to_keep"] == 1
+    assert "attention_mask" not in inputs and "position_ids" not in inputs and "cache_position" not in inputs

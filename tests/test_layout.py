@@ -152,3 +152,9 @@ def test_grid_shape():
     assert TERRA.grid_shape == (18, 32)
     assert TINY.grid_shape == (8, 8)
     assert FrameLayout(image_tokens=12).grid_shape[0] * FrameLayout(image_tokens=12).grid_shape[1] == 12
+
+
+def test_codes_before():
+    from terra_nb.layout import codes_before
+
+    assert [codes_before(p, TINY) for p in (0, 5, 64, 66, 70, 71, 140)] == [0, 5, 64, 64, 64, 65, 128]
