@@ -207,8 +207,8 @@ class TerraMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProces
                 "Terra prompts are token ids (image codes with action slots); "
                 "pass {'prompt_token_ids': [...]} with skip_tokenizer_init=True"
             )
+        n_frames = validate_prompt(prompt, layout)  # on the user's ids, so messages show what they sent
         ids = from_seed_prompt(prompt, layout)
-        n_frames = validate_prompt(ids, layout)
         if n_frames > self.info.max_prompt_frames:
             raise ValueError(
                 f"too many frames: the prompt holds {n_frames}, this engine extends prompts of at most "

@@ -23,9 +23,14 @@ P, A, FL = 64, 6, 70
 GREEDY = SamplingConfig(temperature=0)
 
 
+def gpu_share() -> dict:
+    """On a GPU (vLLM 0.26 there), leave room for the next module's engine and the HF model."""
+    return {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
+
+
 @pytest.fixture(scope="module")
 def llm(tiny_ckpt):
-    engine = make_llm(tiny_ckpt, disable_log_stats=False)
+    engine = make_llm(tiny_ckpt, disable_log_stats=False, **gpu_share())
     yield engine
     shutdown_llm(engine)
 

@@ -18,9 +18,14 @@ from terra_nb.vllm_rollout import RolloutStats, make_llm, vllm_rollout
 GREEDY = SamplingConfig(temperature=0)
 
 
+def gpu_share() -> dict:
+    """On a GPU (vLLM 0.26 there), leave room for the next module's engine and the HF model."""
+    return {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
+
+
 @pytest.fixture(scope="module")
 def llm(tiny_ckpt_v2):
-    engine = make_llm(tiny_ckpt_v2)
+    engine = make_llm(tiny_ckpt_v2, **gpu_share())
     yield engine
     shutdown_llm(engine)
 
