@@ -1,0 +1,206 @@
+"""Write, execute and check the workbook's notebooks from Python.
+
+The .ipynb files in notebooks/ are the source of truth (they are what readers open). This module
+only makes creating and refreshing them uniform:
+
+    import sys; sys.path.insert(0, "tools")
+    from nb import write_notebook
+    write_notebook("notebooks/03_actions_modality.ipynb", [
+        ("md", "# 03 - The actions modality\\n\\n**What you will learn** ..."),
+        ("params", 'device = "cpu"\\npreset = "tiny"\\nn_frames = 3\\nout_dir = None'),
+        ("code", "import terra_nb\\n..."),
+        ("code", "# NBVAL_CHECK_OUTPUT\\nprint(...)"),   # output compared by nbval
+        ("md", "## Summary\\n...\\n\\n## Pitfalls\\n..."),
+    ], execute=True)
+
+Cells are ('md', text), ('code', source) or ('params', source) (the papermill `parameters`
+cell); an optional third item is a list of extra tags. `execute=True` runs the notebook in a
+kernel of this interpreter with notebooks/ as the working directory and stores the outputs:
+nbval compares the `# NBVAL_CHECK_OUTPUT` cells against those stored outputs.
+
+CLI:
+    python tools/nb.py execute notebooks/02_placeholder_design.ipynb   # refresh stored outputs
+    python tools/nb.py check [notebooks/*.ipynb]                        # the conventions below
+    python tools/nb.py cells notebooks/02_placeholder_design.ipynb      # dump as (kind, source)
+"""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import textwrap
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED_PARAMETERS = ("device", "preset", "out_dir")
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+NAME_RE = re.compile(r"^\d\d_[a-z0-9_]+\.ipynb$")
+
+Cell = tuple  # ('md'|'code'|'params', source[, tags])
+
+
+def _clean(src: str) -> str:
+    return textwrap.dedent(src).strip("\n")
+
+
+def make_notebook(cells: Iterable[Cell]) -> nbformat.NotebookNode:
+    """Build a v4 notebook: python3 kernelspec, papermill `parameters` tag, stable cell ids."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, item in enumerate(cells):
+        kind, src, *rest = item
+        tags = list(rest[0]) if rest else []
+        src = _clean(src)
+        if kind == "md":
+            cell = nbformat.v4.new_markdown_cell(src)
+        elif kind in ("code", "params"):
+            cell = nbformat.v4.new_code_cell(src)
+            if kind == "params":
+                tags = ["parameters", *tags]
+        else:
+            raise ValueError(f"cell {i}: kind must be 'md', 'code' or 'params', got {kind!r}")
+        if tags:
+            cell.metadata["tags"] = list(dict.fromkeys(tags))
+        cell["id"] = f"c{i:02d}"
+        nb.cells.append(cell)
+    nbformat.validate(nb)
+    return nb
+
+
+def run_notebook(nb: nbformat.NotebookNode, cwd: Path | str | None = None, timeout: int = 900,
+            parameters: dict | None = None) -> nbformat.NotebookNode:
+    """Run `nb` in a kernel of this interpreter (cwd: notebooks/) and keep the outputs.
+
+    `parameters` (optional) are assigned in a temporary cell after the parameters cell, as
+    papermill would; that cell is removed again so the stored notebook stays clean.
+    """
+    from nbclient import NotebookClient
+
+    sys.path.insert(0, str(REPO))
+    from terra_nb.reproduce import KERNEL_NAME, CurrentEnvKernelManager, kernel_env
+
+    kernel_env()
+    injected = None
+    if parameters:
+        idx = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+        injected = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items()))
+        injected["id"] = "injected"
+        nb.cells.insert(idx + 1, injected)
+    client = NotebookClient(
+        nb, kernel_name=KERNEL_NAME, kernel_manager_class=CurrentEnvKernelManager, timeout=timeout,
+        record_timing=False, store_widget_state=True,
+        resources={"metadata": {"path": str(cwd or REPO / "notebooks")}},
+    )
+    client.execute()
+    if injected is not None:
+        nb.cells.remove(injected)
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    return nb
+
+
+def write_notebook(path, cells: Sequence[Cell], *, execute: bool = False, timeout: int = 900) -> Path:
+    """Write `cells` as a notebook at `path`; with `execute=True` also run it and store outputs."""
+    path = Path(path)
+    nb = make_notebook(cells)
+    if execute:
+        nb = run_notebook(nb, cwd=path.parent.resolve(), timeout=timeout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path
+
+
+def execute_in_place(path, timeout: int = 900) -> Path:
+    """Re-run a notebook file and store its fresh outputs (e.g. after the package changed)."""
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    nb = run_notebook(nb, cwd=path.parent.resolve(), timeout=timeout)
+    nbformat.write(nb, path)
+    return path
+
+
+def read_cells(path) -> list[Cell]:
+    """The notebook as (kind, source[, tags]) tuples, the inverse of `make_notebook`."""
+    out = []
+    for c in nbformat.read(path, as_version=4).cells:
+        tags = [t for t in c.metadata.get("tags", []) if t != "parameters"]
+        kind = "md" if c.cell_type == "markdown" else ("params" if "parameters" in c.metadata.get("tags", []) else "code")
+        out.append((kind, c.source, tags) if tags else (kind, c.source))
+    return out
+
+
+def _assigned_names(src: str) -> set[str]:
+    names = set()
+    for node in ast.parse(src).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def check_conventions(path) -> list[str]:
+    """Problems with a workbook notebook (empty list: it follows the conventions)."""
+    path = Path(path)
+    problems = []
+    if not NAME_RE.match(path.name):
+        problems.append(f"name {path.name!r} is not NN_lower_snake.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as e:
+        problems.append(f"invalid notebook: {e.message}")
+    if nb.metadata.get("kernelspec", {}).get("name") != "python3":
+        problems.append("kernelspec must be python3")
+    cells = nb.cells
+    params = [c for c in cells if "parameters" in c.metadata.get("tags", [])]
+    if len(params) != 1 or params[0].cell_type != "code":
+        problems.append(f"needs exactly one code cell tagged 'parameters', found {len(params)}")
+    else:
+        missing = [p for p in REQUIRED_PARAMETERS if p not in _assigned_names(params[0].source)]
+        if missing:
+            problems.append(f"parameters cell does not set {missing}")
+        if "out_dir = None" not in params[0].source:
+            problems.append("out_dir must default to None (running by hand writes no files)")
+    if not cells or cells[0].cell_type != "markdown" or "learn" not in cells[0].source.lower():
+        problems.append("the first cell must be Markdown saying what the reader will learn")
+    if not cells or cells[-1].cell_type != "markdown" or not all(
+        w in cells[-1].source.lower() for w in ("summary", "pitfall")
+    ):
+        problems.append("the last cell must be Markdown with a summary and pitfalls")
+    for i, c in enumerate(cells):
+        if c.cell_type != "code":
+            continue
+        if any(o.get("output_type") == "error" for o in c.get("outputs", [])):
+            problems.append(f"cell #{i + 1} has a stored error output")
+        if "NBVAL_CHECK_OUTPUT" in c.source and (c.get("execution_count") is None or not c.get("outputs")):
+            problems.append(f"cell #{i + 1} is NBVAL_CHECK_OUTPUT but has no stored output: run "
+                            f"`python tools/nb.py execute {path}`")
+    return problems
+
+
+def _main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("execute", "check", "cells"):
+        print(__doc__.split("CLI:")[1])
+        return 2
+    cmd, paths = argv[0], [Path(p) for p in argv[1:]]
+    if cmd == "check" and not paths:
+        paths = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    status = 0
+    for p in paths:
+        if cmd == "execute":
+            execute_in_place(p)
+            print(f"executed {p}")
+        elif cmd == "cells":
+            for cell in read_cells(p):
+                print(repr(cell))
+        else:
+            problems = check_conventions(p)
+            print(f"{p}: " + ("ok" if not problems else "\n  " + "\n  ".join(problems)))
+            status |= bool(problems)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
