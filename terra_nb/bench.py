@@ -33,7 +33,7 @@ from .config import FrameLayout, LlamaActionConfig
 from .data import load_sample
 from .rollout import SamplingConfig, hf_generate_kwargs
 
-ROW_NAMES = ("hf", "vllm_eager", "vllm", "stock_llama", "vllm_b8", "vllm_b32")
+ROW_NAMES = ("hf", "vllm_eager", "vllm", "vllm_b8", "vllm_b32", "stock_llama", "stock_llama_b8", "stock_llama_b32")
 SEED_FIGURES = {"seed HF (11.03 s)": 11.03, "seed vLLM 0.6 eager (4.25 s)": 4.25}
 
 
@@ -119,7 +119,9 @@ def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
             out = model.generate(input_ids=ids, actions=actions, max_new_tokens=n_tokens, **kw)
         assert out.shape[1] == ids.shape[1] + n_tokens, out.shape
 
-    _timed(lambda: gen(32))  # warm-up: kernels, allocator
+    # Warm-up at the full trial length: the first pass through each new cache size pays for the
+    # allocator's growth (measured on an H200: 102 s for the first 4-frame call, 36 s after).
+    _timed(lambda: gen(wl.short_frames * layout.image_tokens))
     torch.manual_seed(wl.seed)
     trials = [_timed(lambda: gen(wl.short_frames * layout.image_tokens)) for _ in range(wl.short_repeats)]
     del model
@@ -130,7 +132,7 @@ def _engine(ckpt: Path, **kw):
     from .vllm_rollout import make_llm
 
     t0 = time.perf_counter()
-    llm = make_llm(ckpt, disable_log_stats=False, **kw)
+    llm = make_llm(ckpt, **kw)
     return llm, time.perf_counter() - t0
 
 
@@ -164,6 +166,14 @@ def hit_rate_after_first(stats, n_ctx: int, frame_len: int) -> float:
     return cached / prompt if prompt else float("nan")
 
 
+def _probe_port(llm, wl: Workload) -> dict:
+    from .vllm_rollout import engine_layout, frame_request
+
+    layout, _ = engine_layout(llm)
+    sample = load_sample(wl.preset)
+    return decode_probe(llm, frame_request(sample.context[: wl.n_ctx], sample.actions, layout), layout, wl)
+
+
 def _frame_len(ckpt: Path) -> int:
     return FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))).frame_len
 
@@ -184,38 +194,84 @@ def bench_vllm(ckpt: Path, wl: Workload, rows: list[str]) -> list[dict]:
             trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, repeats)
             out.append(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
                             prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt))))
+        out[0]["probe"] = _probe_port(llm, wl)
+        out[0]["greedy_tokens"] = greedy_tokens(llm, wl)
     return out
 
 
-def bench_stock(ckpt: Path, wl: Workload) -> list[dict]:
+def bench_stock(ckpt: Path, wl: Workload, rows: list[str]) -> list[dict]:
     """Stock vLLM Llama, same shape, plain token prompts, the same frame-by-frame loop."""
     import vllm
 
+    from .layout import build_prompt
     from .vllm_rollout import _config_dtype
 
     stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
-    layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
-    t0 = time.perf_counter()
+    cfg = LlamaActionConfig.from_pretrained(str(ckpt))
+    layout = FrameLayout.from_config(cfg)
     extra = {} if torch.cuda.is_available() else dict(gpu_memory_utilization=0.2)  # see make_llm
+    t0 = time.perf_counter()
     llm = vllm.LLM(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
-                   max_model_len=layout.max_len, dtype=_config_dtype(LlamaActionConfig.from_pretrained(str(ckpt))),
-                   **extra)
+                   max_model_len=layout.max_len, dtype=_config_dtype(cfg), **extra)
     start = time.perf_counter() - t0
-    from .layout import build_prompt
+    ctx = build_prompt(load_sample(wl.preset).context[: wl.n_ctx], layout)
 
-    ctx = load_sample(wl.preset).context[: wl.n_ctx]
-
-    def roll(frames: int, seed: int):
-        prompt = build_prompt(ctx, layout)
+    def roll(batch: int, frames: int, seed: int):
+        prompts = [list(ctx) for _ in range(batch)]
         for k in range(frames):
-            p = vllm.SamplingParams(temperature=wl.temperature, max_tokens=layout.image_tokens,
-                                    ignore_eos=True, seed=seed + k, detokenize=False)
-            out = llm.generate([{"prompt_token_ids": prompt}], p, use_tqdm=False)[0]
-            prompt = prompt + list(out.outputs[0].token_ids) + [layout.placeholder_id] * layout.action_tokens
+            params = [vllm.SamplingParams(temperature=wl.temperature, max_tokens=layout.image_tokens,
+                                          ignore_eos=True, seed=seed + 1000 * b + k, detokenize=False)
+                      for b in range(batch)]
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            for p, out in zip(prompts, outs):
+                p += list(out.outputs[0].token_ids) + [layout.placeholder_id] * layout.action_tokens
 
-    roll(1, 0)
-    trials = [_timed(lambda: roll(wl.long_frames, 100 + r)) for r in range(wl.long_repeats)]
-    return [_row("stock_llama", 1, wl.long_frames, trials, engine_start_s=round(start, 1))]
+    roll(1, 1, 0)
+    out = []
+    for name in [r for r in rows if r.startswith("stock_llama")]:
+        batch = {"stock_llama": 1, "stock_llama_b8": 8, "stock_llama_b32": 32}[name]
+        repeats = wl.long_repeats if batch == 1 else wl.batch_repeats
+        trials = [_timed(lambda: roll(batch, wl.long_frames, 100 + r)) for r in range(repeats)]
+        out.append(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1)))
+    out[0]["probe"] = decode_probe(llm, {"prompt_token_ids": ctx}, layout, wl)
+    return out
+
+
+def decode_probe(llm, request: dict, layout: FrameLayout, wl: Workload, repeats: int = 5) -> dict:
+    """Split a frame's time into per-call overhead and per-token decode (prompt fully cached).
+
+    One `generate` of 1 token costs the call overhead (input processing, scheduling, prefill of
+    the uncached tail); one of a whole frame adds P-1 decode steps. Medians of `repeats`.
+    """
+    import vllm
+
+    def once(n: int) -> float:
+        p = vllm.SamplingParams(temperature=wl.temperature, max_tokens=n, ignore_eos=True, seed=7,
+                                detokenize=False, **_suppress(layout))
+        return _timed(lambda: llm.generate([request], p, use_tqdm=False))
+
+    once(2)  # caches the prompt
+    call = statistics.median(once(2) for _ in range(repeats))
+    frame = statistics.median(once(layout.image_tokens) for _ in range(max(2, repeats // 2)))
+    return dict(call_s=round(call, 4), frame_s=round(frame, 4),
+                decode_ms_per_token=round(1000 * (frame - call) / (layout.image_tokens - 2), 4))
+
+
+def _suppress(layout: FrameLayout) -> dict:
+    from .vllm_rollout import sampling_params
+
+    bias = sampling_params(SamplingConfig(temperature=0.0), layout).logit_bias
+    return {"logit_bias": bias} if bias else {}
+
+
+def greedy_tokens(llm, wl: Workload, frames: int = 3) -> list[list[int]]:
+    """Greedy codes of a short rollout, to compare engines (e.g. TP=1 vs TP=2)."""
+    from .vllm_rollout import vllm_rollout
+
+    sample = load_sample(wl.preset)
+    out = vllm_rollout(llm, sample.context[: wl.n_ctx], sample.actions, frames, SamplingConfig(temperature=0.0),
+                       progress=False)
+    return out.tolist()
 
 
 # ----------------------------------------------------------------------------- results
@@ -231,7 +287,7 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path) -> dict:
     groups = [
         ("hf", lambda: bench_hf(ckpt, wl)),
         ("vllm", lambda: bench_vllm(ckpt, wl, rows)),
-        ("stock_llama", lambda: bench_stock(ckpt, wl)),
+        ("stock_llama", lambda: bench_stock(ckpt, wl, rows)),
     ]
     results, errors = [], []
     for prefix, measure in groups:
@@ -245,6 +301,26 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path) -> dict:
     env = environment_info()
     return dict(env=env, workload=dataclasses.asdict(wl), dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype),
                 command=" ".join(shlex.quote(a) for a in sys.argv), rows=results, errors=errors)
+
+
+def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None) -> dict:
+    """Our default engine with `tensor_parallel_size=tp`: greedy tokens vs TP=1, and its timing."""
+    from .show import environment_info
+
+    ckpt = checkpoint(ckpt_root, wl)
+    llm, start = _engine(ckpt, tensor_parallel_size=tp)
+    tokens = greedy_tokens(llm, wl)
+    trials, stats = _rollout_trials(llm, wl, 1, wl.long_frames, 1)
+    row = _row(f"vllm_tp{tp}", 1, wl.long_frames, trials, engine_start_s=round(start, 1), tp=tp,
+               prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)), greedy_tokens=tokens)
+    if ref is not None:
+        ref_tokens = next(r["greedy_tokens"] for r in ref["rows"] if "greedy_tokens" in r)
+        a, b = torch.tensor(ref_tokens), torch.tensor(tokens)
+        row["greedy_vs_tp1"] = dict(equal=bool(torch.equal(a, b)), agreement=float((a == b).float().mean()),
+                                    first_mismatch=int((a != b).flatten().nonzero()[0]) if not torch.equal(a, b) else None)
+    return dict(env=environment_info(), workload=dataclasses.asdict(wl),
+                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype),
+                command=" ".join(shlex.quote(a) for a in sys.argv), rows=[row], errors=[])
 
 
 def merge(parts: list[dict]) -> dict:
@@ -290,6 +366,12 @@ def main(argv=None):
     for f in dataclasses.fields(Workload):
         if f.name != "preset":
             r.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    t = sub.add_parser("tp", help="tensor parallelism: greedy tokens vs TP=1 (from --ref) and timing")
+    t.add_argument("--tp", type=int, default=2)
+    t.add_argument("--ref", help="a part or results file holding TP=1 greedy_tokens")
+    t.add_argument("--preset", default="terra")
+    t.add_argument("--ckpt-root", default="checkpoints")
+    t.add_argument("--out", required=True)
     m = sub.add_parser("merge", help="merge parts into results/benchmark_<gpu>.json (+ PNG chart)")
     m.add_argument("parts", nargs="+")
     m.add_argument("--out", required=True)
@@ -300,6 +382,12 @@ def main(argv=None):
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print(json.dumps(res["rows"], indent=2))
+    elif a.cmd == "tp":
+        ref = json.loads(Path(a.ref).read_text()) if a.ref else None
+        res = tensor_parallel(Workload(preset=a.preset), Path(a.ckpt_root), a.tp, ref)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(res, indent=2))
+        print(json.dumps({k: v for k, v in res["rows"][0].items() if k != "greedy_tokens"}, indent=2))
     else:
         res = merge([json.loads(Path(p).read_text()) for p in a.parts])
         out = Path(a.out)

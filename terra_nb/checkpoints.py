@@ -54,6 +54,24 @@ PRESETS: dict[str, dict] = {
         num_temporal_embeddings=25,
         torch_dtype="float32",
     ),
+    # Terra's frame layout and vocabulary around a tiny backbone: profiles the per-frame
+    # overhead of the port (prompt processing of 25 x 582 tokens) on a CPU.
+    "terra_layout": dict(
+        hidden_size=128,
+        intermediate_size=344,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        vocab_size=262145,
+        max_position_embeddings=14550,
+        num_image_patches=576,
+        num_action_tokens=6,
+        num_action_embeddings=6,
+        num_spatio_embeddings=582,
+        num_temporal_embeddings=25,
+        torch_dtype="float32",
+    ),
     "terra": dict(
         hidden_size=2048,
         intermediate_size=5632,
