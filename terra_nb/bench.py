@@ -355,6 +355,71 @@ def merge(parts: list[dict]) -> dict:
     )
 
 
+# ----------------------------------------------------------------------------- rendering
+
+ROW_LABELS = {
+    "hf": "HF `generate` + KV cache (the seed's baseline)",
+    "vllm_eager": "our port, `enforce_eager=True` (the seed's setting)",
+    "vllm": "our port, CUDA graphs + prefix caching (default)",
+    "vllm_b8": "our port, 8 rollouts at once",
+    "vllm_b32": "our port, 32 rollouts at once",
+    "stock_llama": "stock vLLM Llama, same shape (ceiling)",
+    "stock_llama_b8": "stock vLLM Llama, 8 at once",
+    "stock_llama_b32": "stock vLLM Llama, 32 at once",
+}
+
+
+def load_results(results_dir: Path | None = None) -> dict[str, dict]:
+    """Committed GPU results: {file stem: results}, from results/benchmark_*.json."""
+    from .paths import RESULTS
+
+    folder = Path(results_dir) if results_dir is not None else RESULTS
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("benchmark_*.json"))}
+
+
+def results_table(res: dict) -> str:
+    """A Markdown table of one results file, with the seed's figures beside ours."""
+    hf = next((r["s_per_frame"] for r in res["rows"] if r["name"] == "hf"), None)
+    lines = ["| row | batch | frames | s / frame | frames / s | vs HF |", "|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        ratio = f"{hf / r['s_per_frame']:.1f}x" if hf else ""
+        lines.append(f"| {ROW_LABELS.get(r['name'], r['name'])} | {r['batch']} | {r['frames']} | "
+                     f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} | {ratio} |")
+    lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x |")
+    lines.append(f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | | 2.6x |")
+    v = res["versions"]
+    foot = (f"\n{res['device']}, vLLM {v['vllm']}, torch {v['torch']}, transformers {v['transformers']}, "
+            f"{res['dtype']}, {res['date']}. Medians of repeated trials, warm-up excluded; "
+            f"temperature {res['workload']['temperature']}, {res['workload']['n_ctx']} context frames.")
+    if res.get("speedup_vs_hf"):
+        foot += f" Speed-up of our default over HF: {res['speedup_vs_hf']:.1f}x."
+    if res.get("prefix_cache_hit_rate") is not None:
+        foot += f" Prefix-cache hits after the first frame: {100 * res['prefix_cache_hit_rate']:.1f}% of prompt tokens."
+    return "\n".join(lines) + "\n" + foot
+
+
+README_START, README_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+
+
+def readme_section(results: dict[str, dict]) -> str:
+    if not results:
+        return "No GPU results are committed yet (`results/benchmark_<gpu>.json`)."
+    return "\n\n".join(f"`results/{stem}.json`:\n\n{results_table(res)}" for stem, res in results.items())
+
+
+def update_readme(readme: Path | None = None, results: dict[str, dict] | None = None) -> bool:
+    """Rewrite the README's benchmark section from the committed JSON; True if it changed."""
+    from .paths import REPO
+
+    readme = Path(readme) if readme is not None else REPO / "README.md"
+    text = readme.read_text()
+    a, b = text.index(README_START) + len(README_START), text.index(README_END)
+    new = text[:a] + "\n" + readme_section(load_results() if results is None else results) + "\n" + text[b:]
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m terra_nb.bench", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -372,6 +437,7 @@ def main(argv=None):
     t.add_argument("--preset", default="terra")
     t.add_argument("--ckpt-root", default="checkpoints")
     t.add_argument("--out", required=True)
+    sub.add_parser("readme", help="rewrite the README's benchmark table from results/benchmark_*.json")
     m = sub.add_parser("merge", help="merge parts into results/benchmark_<gpu>.json (+ PNG chart)")
     m.add_argument("parts", nargs="+")
     m.add_argument("--out", required=True)
@@ -382,6 +448,8 @@ def main(argv=None):
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print(json.dumps(res["rows"], indent=2))
+    elif a.cmd == "readme":
+        print("README updated" if update_readme() else "README already up to date")
     elif a.cmd == "tp":
         ref = json.loads(Path(a.ref).read_text()) if a.ref else None
         res = tensor_parallel(Workload(preset=a.preset), Path(a.ckpt_root), a.tp, ref)

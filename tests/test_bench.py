@@ -1,0 +1,74 @@
+"""The benchmark's bookkeeping: merging parts, ratios, hit rates and the README table."""
+import json
+
+import pytest
+
+from terra_nb import bench
+from terra_nb.vllm_rollout import RolloutStats
+
+
+def _part(rows, command="python -m terra_nb.bench run"):
+    env = dict(device="NVIDIA H200", vllm="0.26.0", torch="2.11.0", transformers="5.17.0", python="3.12",
+               date="2026-11-22 00:00 UTC")
+    return dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16", command=command,
+                rows=rows, errors=[])
+
+
+def _row(name, batch, frames, trials):
+    return bench._row(name, batch, frames, trials)
+
+
+def test_row_is_median_per_frame():
+    r = _row("vllm", 1, 22, [30.0, 22.0, 24.2])
+    assert r["s_per_frame"] == pytest.approx(24.2 / 22)
+    assert r["frames_per_s"] == pytest.approx(22 / 24.2)
+    assert _row("vllm_b8", 8, 22, [44.0])["frames_per_s"] == pytest.approx(4.0)
+
+
+def test_merge_ratios_and_sources():
+    a = _part([_row("hf", 1, 4, [36.0, 34.0])], "cmd a")
+    b = _part([_row("vllm", 1, 22, [22.0, 24.2, 26.0]), _row("stock_llama", 1, 22, [22.0, 22.0, 22.0])], "cmd b")
+    b["rows"][0]["prefix_cache_hit_rate"] = 0.99
+    res = bench.merge([a, b])
+    assert res["speedup_vs_hf"] == pytest.approx((35.0 / 4) / (24.2 / 22))
+    assert res["ratios"]["vllm_vs_stock"] == pytest.approx(24.2 / 22.0)
+    assert [r["part"] for r in res["rows"]] == [0, 1, 1] and res["rows"][0]["command"] == "cmd a"
+    assert res["device"] == "NVIDIA H200" and res["versions"]["vllm"] == "0.26.0"
+    assert res["prefix_cache_hit_rate"] == 0.99
+
+
+def test_hit_rate_skips_first_step_and_weights_by_tokens():
+    st = RolloutStats()
+    st.per_call_cached = [[0], [3 * 10], [4 * 10 - 5]]  # steps 1 and 2: prompts of 4 and 5 frames of 10
+    assert bench.hit_rate_after_first([st], n_ctx=3, frame_len=10) == pytest.approx((30 + 35) / (40 + 50))
+
+
+def test_readme_section_is_generated_from_results(tmp_path):
+    res = bench.merge([_part([_row("hf", 1, 4, [36.0]), _row("vllm", 1, 22, [22.0])])])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{bench.README_START}\nstale\n{bench.README_END}\nend\n")
+    assert bench.update_readme(readme, {"benchmark_h200": res})
+    text = readme.read_text()
+    assert "stale" not in text and "| our port, CUDA graphs + prefix caching (default) | 1 | 22 | 1.000 |" in text
+    assert "9.0x" in text and "11.03" in text
+    assert not bench.update_readme(readme, {"benchmark_h200": res})  # idempotent
+
+
+def test_committed_readme_matches_committed_results():
+    from terra_nb.paths import REPO
+
+    text = (REPO / "README.md").read_text()
+    a = text.index(bench.README_START) + len(bench.README_START)
+    assert text[a:text.index(bench.README_END)].strip() == bench.readme_section(bench.load_results()).strip(), \
+        "README's benchmark table is stale: run `python -m terra_nb.bench readme`"
+
+
+def test_committed_results_have_the_required_fields():
+    for stem, res in bench.load_results().items():
+        for key in ("device", "versions", "dtype", "workload", "command", "date", "rows", "speedup_vs_hf",
+                    "prefix_cache_hit_rate"):
+            assert key in res, f"{stem}: missing {key}"
+        assert {"vllm", "torch", "transformers"} <= res["versions"].keys()
+        for r in res["rows"]:
+            assert {"name", "batch", "s_per_frame", "frames_per_s"} <= r.keys()
+        json.dumps(res)
