@@ -29,9 +29,13 @@ helpers that work the same on both:
    mapping of `BaseDummyOptions` in 0.26 (`DummyOptions` here). vLLM's request-validation error
    (`VLLMValidationError`, which the OpenAI server maps to HTTP 400) is a `ValueError` in 0.26 but
    not in 0.32; `RequestValidationError` here is both on either release.
-5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens`; the
-   Prometheus counters (`vllm:prefix_cache_queries` / `_hits`) need `disable_log_stats=False`.
-   `prefix_cache_counters(llm)` reads them where available.
+5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens` per
+   request (what `vllm_rollout`'s `RolloutStats` sums); use that. The Prometheus counters
+   (`vllm:prefix_cache_queries` / `_hits`, read by `prefix_cache_counters(llm)`, needing
+   `disable_log_stats=False`) are exact on 0.32, but 0.26 records scheduler stats only for steps
+   that return outputs and resets them every step, so with async scheduling (its default on GPU)
+   they undercount - they stayed at 0 for a whole rollout on the H200 while
+   `num_cached_tokens` showed the hits. `PROMETHEUS_PREFIX_COUNTERS_EXACT` says which case holds.
 6. **Shutting an engine down.** Neither release has `LLM.shutdown()`; both stop the engine core
    (and free its memory) with `llm.llm_engine.engine_core.shutdown()`, see `shutdown_llm`.
 """
@@ -50,6 +54,7 @@ __all__ = [
     "DummyOptions",
     "RequestValidationError",
     "HAS_PROCESSOR_DUMMY_INPUTS",
+    "PROMETHEUS_PREFIX_COUNTERS_EXACT",
     "PROMPT_UPDATES_NEED_TOKENIZER_ARG",
     "TokenIdsDummyInputsMixin",
     "TokenizerFreeProcessorMixin",
@@ -82,6 +87,9 @@ HAS_PROCESSOR_DUMMY_INPUTS: bool = hasattr(BaseMultiModalProcessor, "get_dummy_i
 PROMPT_UPDATES_NEED_TOKENIZER_ARG: bool = (
     "tokenizer" in inspect.signature(_processor_mod.apply_token_matches).parameters
 )
+
+# (5) A behaviour, not an API, so by release: see the module docstring.
+PROMETHEUS_PREFIX_COUNTERS_EXACT: bool = VLLM_VERSION >= (0, 32)
 
 # (4) The dummy-options type.
 try:  # 0.32

@@ -7,10 +7,15 @@ Structure as in vLLM's multimodal models (e.g. `paligemma.py`), on vLLM's `Llama
   embedding per frame. vLLM scatters them into the six action slots of their frame
   (`embed_input_ids(..., is_multimodal=...)`); every other position embeds its token id
   (image codes 0 .. vocab-2 as themselves, code 0 included).
-* **The spatio-temporal position embedding** is added in `forward` from vLLM's `positions`
-  tensor: `spatio[pos % 582] + temporal[pos // 582]`. That is a gather of fixed shape, with no
-  host sync and no data-dependent shapes, so it runs inside CUDA graphs and `torch.compile`
-  (the seed had to use `enforce_eager=True` because of `nonzero()` on the placeholder ids).
+* **The spatio-temporal position embedding** is added from vLLM's `positions` tensor,
+  `spatio[pos % 582] + temporal[pos // 582]`, at the top of the backbone's forward
+  (`LlamaActionModel`, a `@support_torch_compile` subclass of vLLM's `LlamaModel`, the pattern of
+  vLLM's `MistralModel`). It is a gather of fixed shape, with no host sync and no data-dependent
+  shapes, so it is compiled and captured with the rest (the seed had to use `enforce_eager=True`
+  because of `nonzero()` on the placeholder ids). It must live *inside* the compiled module:
+  piecewise CUDA graphs replay on the addresses of the runner's persistent `inputs_embeds` /
+  `positions` buffers, so a tensor computed outside and passed in would be silently ignored on
+  replay (seen on vLLM 0.26 with CUDA graphs: every token wrong, while eager mode matched HF).
   RoPE inside the backbone uses the same absolute positions, as in HF.
 * **Tensor parallelism.** The backbone and `lm_head` are vLLM's TP layers. The action projection
   (`ReplicatedLinear`) and the two position tables (plain `nn.Embedding`, 607 rows for Terra) are
@@ -26,6 +31,7 @@ from typing import Annotated, Literal
 
 import torch
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import get_pp_group
 from vllm.model_executor.layers.linear import ReplicatedLinear
@@ -48,7 +54,13 @@ from .vllm_processing import (
     TerraProcessingInfo,
 )
 
-__all__ = ["LlamaActionForCausalLM", "LlamaActionV2ForCausalLM", "TerraActionInputs", "WeightLoadingError"]
+__all__ = [
+    "LlamaActionForCausalLM",
+    "LlamaActionModel",
+    "LlamaActionV2ForCausalLM",
+    "TerraActionInputs",
+    "WeightLoadingError",
+]
 
 
 class WeightLoadingError(ValueError):
@@ -100,8 +112,54 @@ _STACKED_PARAMS = (
     (".gate_up_proj", ".up_proj", 1),
 )
 _SHARDS_OF = {".qkv_proj": {"q", "k", "v"}, ".gate_up_proj": {0, 1}}
+# HF prefix -> vLLM prefix for modules that moved.
+_RENAMED_PREFIXES = (("pos_embedding_spatio_temporal.", "model.pos_embedding_spatio_temporal."),)
 # Buffers some Llama checkpoints carry; vLLM recomputes them.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+def _with_checkpoint_name(param_name: str) -> str:
+    """'model.x.qkv_proj.weight' -> "model.x.qkv_proj.weight (checkpoint: model.x.{q,k,v}_proj.weight)"."""
+    hf = param_name
+    for hf_prefix, param_prefix in _RENAMED_PREFIXES:
+        if hf.startswith(param_prefix):
+            hf = hf_prefix + hf[len(param_prefix):]
+    for param_suffix, parts in ((".qkv_proj", ".{q,k,v}_proj"), (".gate_up_proj", ".{gate,up}_proj")):
+        hf = hf.replace(param_suffix, parts)
+    return param_name if hf == param_name else f"{param_name} (checkpoint: {hf})"
+
+
+@support_torch_compile(
+    dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0, "inputs_embeds": 0}
+)
+class LlamaActionModel(LlamaModel):
+    """vLLM's `LlamaModel` plus Terra's learned spatio-temporal position embedding.
+
+    On the first pipeline stage, `forward` adds `spatio[pos % S] + temporal[pos // S]` to the input
+    embeddings (token, or action for the slots) before the decoder layers, exactly where the HF
+    model adds it. The two tables are replicated on every tensor-parallel rank.
+    """
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        config = vllm_config.model_config.hf_config
+        self.pos_embedding_spatio_temporal = LearnableFactorizedSpatioTemporalPositionalEmbedding(
+            config.num_spatio_embeddings, config.num_temporal_embeddings, config.hidden_size
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        if get_pp_group().is_first_rank:
+            if inputs_embeds is None:
+                inputs_embeds = self.embed_input_ids(input_ids)
+            pos_emb = self.pos_embedding_spatio_temporal(positions)
+            inputs_embeds = inputs_embeds + pos_emb.to(inputs_embeds.dtype)
+        return super().forward(None, positions, intermediate_tensors, inputs_embeds)
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -145,10 +203,7 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
             )
 
         with self._mark_language_model(vllm_config):
-            self.model = LlamaModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-            self.pos_embedding_spatio_temporal = LearnableFactorizedSpatioTemporalPositionalEmbedding(
-                config.num_spatio_embeddings, config.num_temporal_embeddings, config.hidden_size
-            )
+            self.model = LlamaActionModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
             if get_pp_group().is_last_rank:
                 self.lm_head = ParallelLMHead(
                     config.vocab_size,
@@ -181,7 +236,7 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         if action_input is None:
             return []
         data = action_input["data"]
-        dtype = self.pos_embedding_spatio_temporal.spatio_embeddings.weight.dtype
+        dtype = next(self.action_projection.parameters()).dtype
         return self.action_projection(data.to(dtype))
 
     def embed_input_ids(
@@ -210,13 +265,9 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         **kwargs: object,
     ) -> torch.Tensor | IntermediateTensors:
         if intermediate_tensors is not None:
-            inputs_embeds = None  # a later pipeline stage: the embeddings were added on the first
-        else:
-            if inputs_embeds is None:
-                inputs_embeds = self.embed_input_ids(input_ids)
-            pos_emb = self.pos_embedding_spatio_temporal(positions)
-            inputs_embeds = inputs_embeds + pos_emb.to(inputs_embeds.dtype)
-        return self.model(None, positions, intermediate_tensors, inputs_embeds=inputs_embeds)
+            inputs_embeds = None  # a later pipeline stage
+        # The backbone adds the spatio-temporal position embedding (inside the compiled graph).
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds=inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
@@ -226,9 +277,11 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         """Load the released HF names; raise `WeightLoadingError` listing any mismatch.
 
         `model.layers.N.self_attn.{q,k,v}_proj` -> `...qkv_proj` (shards q/k/v),
-        `model.layers.N.mlp.{gate,up}_proj` -> `...gate_up_proj` (shards 0/1); every other name
-        (`model.*`, `lm_head.weight`, `action_projection.*`, `pos_embedding_spatio_temporal.*`)
-        is the vLLM parameter of the same name. `rotary_emb.inv_freq`-style buffers are skipped.
+        `model.layers.N.mlp.{gate,up}_proj` -> `...gate_up_proj` (shards 0/1),
+        `pos_embedding_spatio_temporal.*` -> `model.pos_embedding_spatio_temporal.*` (the tables
+        live in the compiled backbone); every other name (`model.*`, `lm_head.weight`,
+        `action_projection.*`) is the vLLM parameter of the same name. `rotary_emb.inv_freq`-style
+        buffers are skipped.
         """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
@@ -240,9 +293,12 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
             if self.config.tie_word_embeddings and name.startswith("lm_head."):
                 continue  # the same tensor as model.embed_tokens
             target, shard, fused = name, None, None
+            for hf_prefix, param_prefix in _RENAMED_PREFIXES:
+                if target.startswith(hf_prefix):
+                    target = param_prefix + target[len(hf_prefix):]
             for param_suffix, hf_suffix, shard_id in _STACKED_PARAMS:
-                if hf_suffix in name:
-                    target, shard, fused = name.replace(hf_suffix, param_suffix), shard_id, param_suffix
+                if hf_suffix in target:
+                    target, shard, fused = target.replace(hf_suffix, param_suffix), shard_id, param_suffix
                     break
             if is_pp_missing_parameter(target, self):
                 continue  # lives on another pipeline stage
@@ -260,7 +316,7 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
                 got.add(shard)
                 if got == _SHARDS_OF[fused]:
                     loaded.add(target)
-        missing = sorted(set(params) - loaded)
+        missing = [_with_checkpoint_name(n) for n in sorted(set(params) - loaded)]
         if unused or missing:
             partial = {t: sorted(map(str, s)) for t, s in shards.items() if t not in loaded}
             lines = [f"checkpoint and {type(self).__name__} disagree:"]

@@ -97,9 +97,13 @@ def test_every_checkpoint_weight_loads_into_every_parameter(build, ckpt):
     assert torch.equal(qkv, torch.cat(hf))
     gate_up = dict(model.named_parameters())["model.layers.0.mlp.gate_up_proj.weight"]
     assert torch.equal(gate_up, torch.cat([sd["model.layers.0.mlp.gate_proj.weight"], sd["model.layers.0.mlp.up_proj.weight"]]))
-    for name in ("pos_embedding_spatio_temporal.spatio_embeddings.weight", "lm_head.weight", "model.embed_tokens.weight"):
-        param = dict(model.named_parameters())[name]  # vocab tables are padded to a multiple of 64 rows
-        assert torch.equal(param[: sd[name].shape[0]], sd[name])
+    params = dict(model.named_parameters())
+    for name in ("lm_head.weight", "model.embed_tokens.weight"):  # vocab tables are padded to 64-row multiples
+        assert torch.equal(params[name][: sd[name].shape[0]], sd[name])
+    # the position tables live in the compiled backbone
+    for table in ("spatio", "temporal"):
+        name = f"pos_embedding_spatio_temporal.{table}_embeddings.weight"
+        assert torch.equal(params["model." + name], sd[name])
 
 
 def test_tampered_checkpoints_fail_and_name_the_weights(build, ckpt):
@@ -114,7 +118,7 @@ def test_tampered_checkpoints_fail_and_name_the_weights(build, ckpt):
         model.load_weights(unused.items())
 
     missing = {k: v for k, v in sd.items() if k != "pos_embedding_spatio_temporal.temporal_embeddings.weight"}
-    with pytest.raises(WeightLoadingError, match=r"not loaded \(1\): \['pos_embedding_spatio_temporal.temporal_embeddings.weight'\]"):
+    with pytest.raises(WeightLoadingError, match=r"not loaded \(1\): \['model.pos_embedding_spatio_temporal.temporal_embeddings.weight \(checkpoint: pos_embedding_spatio_temporal.temporal_embeddings.weight\)'\]"):
         model.load_weights(missing.items())
 
     no_k = {k: v for k, v in sd.items() if k != "model.layers.1.self_attn.k_proj.weight"}
@@ -161,7 +165,7 @@ def test_position_tables_and_action_projection_are_replicated(build, tiny_ckpt_v
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
     model, _ = build(tiny_ckpt_v2)
-    pe = model.pos_embedding_spatio_temporal
+    pe = model.model.pos_embedding_spatio_temporal
     assert type(pe.spatio_embeddings) is torch.nn.Embedding and pe.spatio_embeddings.weight.shape == (70, 128)
     assert type(pe.temporal_embeddings) is torch.nn.Embedding and pe.temporal_embeddings.weight.shape == (25, 128)
     linears = [m for m in model.action_projection.modules() if isinstance(m, torch.nn.Module) and hasattr(m, "weight")]
