@@ -46,7 +46,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import vllm
-from vllm.multimodal.processing import BaseDummyInputsBuilder, BaseMultiModalProcessor, ProcessorInputs
+from vllm.exceptions import VLLMValidationError as _VLLMValidationError
+from vllm.multimodal.processing import BaseMultiModalProcessor, ProcessorInputs
 from vllm.multimodal.processing import processor as _processor_mod
 
 __all__ = [
@@ -99,8 +100,6 @@ except ImportError:  # 0.26: a plain Mapping[str, BaseDummyOptions]
 
 
 # (4) One error type that vLLM's server and plain `except ValueError` both recognise.
-from vllm.exceptions import VLLMValidationError as _VLLMValidationError
-
 if issubclass(_VLLMValidationError, ValueError):  # 0.26
 
     class RequestValidationError(_VLLMValidationError):

@@ -36,7 +36,6 @@ import torch
 from .config import FrameLayout
 from .layout import build_prompt
 from .rollout import SamplingConfig, prepare_inputs, run_rollout
-from .vllm_compat import prefix_cache_counters
 from .vllm_processing import MODALITY, max_prompt_frames
 
 __all__ = [
@@ -73,6 +72,12 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
     * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
       for the KV cache; the default asks for more than is free) and `max_num_seqs=32`;
       on a GPU vLLM's own defaults, CUDA graphs included (`enforce_eager=False`).
+
+    On a GPU: pass `gpu_memory_utilization` below 0.9 when an HF model shares the GPU, and free an
+    engine with `vllm_compat.shutdown_llm(llm)` before building the next one in the same process.
+    The first start compiles the backbone and captures CUDA graphs (minutes for Terra; later starts
+    reuse vLLM's compile cache). On vLLM 0.26 the engine runs with its "V2" model runner, in
+    process when `VLLM_ENABLE_V1_MULTIPROCESSING=0` (see shared/gpu/README.md).
     """
     import vllm
 
@@ -224,8 +229,3 @@ def vllm_rollout(
     finally:
         if bar is not None:
             bar.close()
-
-
-def prefix_cache_summary(llm) -> dict | None:
-    """Engine-wide prefix-cache counters (needs `disable_log_stats=False`), see `vllm_compat`."""
-    return prefix_cache_counters(llm)
