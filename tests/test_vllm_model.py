@@ -13,7 +13,17 @@ pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+pytestmark = [
+    pytest.mark.usefixtures("single_thread"),
+    pytest.mark.skipif(not _on_cpu(), reason="builds the model in-process for the CPU backend; "
+                       "on a GPU the engine tests cover the same code"),
+]
 
 
 @pytest.fixture(scope="module")
