@@ -420,6 +420,84 @@ def update_readme(readme: Path | None = None, results: dict[str, dict] | None = 
     return new != text
 
 
+# ----------------------------------------------------------------------------- measuring from a notebook
+
+
+def engine_groups(rows: list[str]) -> list[list[str]]:
+    """Split rows into one group per engine (each group runs in its own process, so every engine's
+    memory is freed before the next starts); `hf` rides along with the first group."""
+    bad = [r for r in rows if r not in ROW_NAMES]
+    if bad:
+        raise ValueError(f"unknown rows {bad}; choose from {ROW_NAMES}")
+    kinds = [("vllm_eager",), ("vllm", "vllm_b8", "vllm_b32"), ("stock_llama", "stock_llama_b8", "stock_llama_b32")]
+    groups = [[r for r in kind if r in rows] for kind in kinds]
+    groups = [g for g in groups if g]
+    if "hf" in rows:
+        groups = [["hf", *groups[0]], *groups[1:]] if groups else [["hf"]]
+    return groups
+
+
+def workload_for(preset: str, **overrides) -> Workload:
+    """The benchmark's workload for a preset: the full one (`Workload()`, the issue's sizes) for
+    "terra", a small one for CPU-sized presets (3 + 2 repeats of HF, 6 frames x 3 of vLLM, 1 batch
+    repeat), so that a CPU run takes about a minute. Keyword overrides win."""
+    base = Workload(preset=preset)
+    if preset != "terra":
+        base = dataclasses.replace(base, short_frames=3, short_repeats=2, long_frames=6, long_repeats=3)
+    return dataclasses.replace(base, **overrides)
+
+
+def default_rows(device: str) -> list[str]:
+    """Rows a notebook measures: all of them on a GPU; HF and the default port on a CPU (each
+    engine costs about a minute to start there, and the other rows say nothing on a CPU)."""
+    if str(device).startswith("cuda"):
+        return ["hf", "vllm_eager", "vllm", "vllm_b8", "vllm_b32", "stock_llama"]
+    return ["hf", "vllm"]
+
+
+def report_rows(res: dict) -> list[dict]:
+    """The seed's two figures followed by a results file's rows, as plain dicts for
+    `results.record_result` (the report renders them as one table)."""
+    s_hf = SEED_FIGURES["seed HF (11.03 s)"]
+    out = [{"row": name, "batch": 1, "frames": 22, "s_per_frame": s, "frames_per_s": round(1 / s, 4),
+            "x_hf": round(s_hf / s, 2)} for name, s in SEED_FIGURES.items()]
+    hf = next((r for r in res.get("rows", []) if r["name"] == "hf"), None)
+    for r in res.get("rows", []):
+        out.append({"row": r["name"], "batch": r.get("batch", 1), "frames": r.get("frames"),
+                    "s_per_frame": round(r["s_per_frame"], 4), "frames_per_s": round(r["frames_per_s"], 3),
+                    "x_hf": round(r["frames_per_s"] / hf["frames_per_s"], 2) if hf else None})
+    return out
+
+
+def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path | str,
+            timeout: float | None = None) -> dict:
+    """Run `rows` with `python -m terra_nb.bench run`, one fresh process per engine group
+    (`engine_groups`), and merge the parts (see `merge`). Part files land in `work_dir`.
+
+    A process that fails raises `RuntimeError` with the end of its output; a row group that fails
+    inside a process is listed in the result's `errors` (as `run` records it).
+    """
+    import subprocess
+
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for i, group in enumerate(engine_groups(rows)):
+        out = work_dir / f"part_{i}.json"
+        out.unlink(missing_ok=True)  # a stale part must not pass for this run's
+        cmd = [sys.executable, "-m", "terra_nb.bench", "run", "--rows", ",".join(group), "--preset", wl.preset,
+               "--ckpt-root", str(ckpt_root), "--out", str(out)]
+        for f in dataclasses.fields(Workload):
+            if f.name != "preset":
+                cmd += ["--" + f.name.replace("_", "-"), str(getattr(wl, f.name))]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            raise RuntimeError(f"benchmark process for rows {group} failed (exit {proc.returncode}):\n{tail}")
+        parts.append(json.loads(out.read_text()))
+    return merge(parts)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m terra_nb.bench", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -1,0 +1,42 @@
+"""Measuring from a notebook: rows grouped one engine per process, run and merged (HF row only here)."""
+from __future__ import annotations
+
+import pytest
+
+from terra_nb import bench
+
+
+def test_engine_groups_one_process_per_engine():
+    assert bench.engine_groups(["hf", "vllm"]) == [["hf", "vllm"]]
+    assert bench.engine_groups(["vllm_b8", "hf", "stock_llama", "vllm_eager", "vllm"]) == [
+        ["hf", "vllm_eager"], ["vllm", "vllm_b8"], ["stock_llama"]]
+    assert bench.engine_groups(["hf"]) == [["hf"]]
+    with pytest.raises(ValueError, match="unknown rows"):
+        bench.engine_groups(["hf", "vllm_b64"])
+
+
+def test_measure_runs_the_cli_in_a_subprocess_and_merges(tmp_path):
+    wl = bench.Workload(preset="tiny", short_frames=1, short_repeats=1)
+    res = bench.measure(["hf"], wl, tmp_path / "ckpt", tmp_path / "parts", timeout=600)
+    (row,) = res["rows"]
+    assert row["name"] == "hf" and row["frames"] == 1 and row["repeats"] == 1 and row["s_per_frame"] > 0
+    assert res["workload"]["preset"] == "tiny" and res["errors"] == [] and "--short-frames 1" in row["command"]
+    assert (tmp_path / "ckpt" / "tiny_v1" / "config.json").exists()
+    assert "| HF `generate` + KV cache" in bench.results_table(res)
+
+
+def test_workload_for_presets():
+    assert bench.workload_for("terra") == bench.Workload()
+    tiny = bench.workload_for("tiny")
+    assert (tiny.short_frames, tiny.short_repeats, tiny.long_frames, tiny.long_repeats) == (3, 2, 6, 3)
+    assert bench.workload_for("tiny", long_frames=4).long_frames == 4
+    assert bench.default_rows("cpu") == ["hf", "vllm"] and "stock_llama" in bench.default_rows("cuda")
+
+
+def test_report_rows_put_the_seed_first():
+    res = {"rows": [bench._row("hf", 1, 4, [36.0]), bench._row("vllm_b8", 8, 22, [22.0])]}
+    rows = bench.report_rows(res)
+    assert [r["row"] for r in rows[:2]] == list(bench.SEED_FIGURES)
+    assert rows[1]["x_hf"] == round(11.03 / 4.25, 2)
+    assert rows[2]["x_hf"] == 1.0 and rows[3]["x_hf"] == round(8.0 / (4 / 36.0), 2)
+    assert bench.report_rows({"rows": []})[0]["s_per_frame"] == 11.03
