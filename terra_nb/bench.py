@@ -379,10 +379,11 @@ def load_results(results_dir: Path | None = None) -> dict[str, dict]:
 
 def results_table(res: dict) -> str:
     """A Markdown table of one results file, with the seed's figures beside ours."""
-    hf = next((r["s_per_frame"] for r in res["rows"] if r["name"] == "hf"), None)
-    lines = ["| row | batch | frames | s / frame | frames / s | vs HF |", "|---|---:|---:|---:|---:|---:|"]
+    hf = next((r["frames_per_s"] for r in res["rows"] if r["name"] == "hf"), None)
+    lines = ["| row | batch | frames | s / frame (per rollout) | frames / s (all rollouts) | throughput vs HF |",
+             "|---|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
-        ratio = f"{hf / r['s_per_frame']:.1f}x" if hf else ""
+        ratio = f"{r['frames_per_s'] / hf:.1f}x" if hf else ""
         lines.append(f"| {ROW_LABELS.get(r['name'], r['name'])} | {r['batch']} | {r['frames']} | "
                      f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} | {ratio} |")
     lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x |")
@@ -395,6 +396,8 @@ def results_table(res: dict) -> str:
         foot += f" Speed-up of our default over HF: {res['speedup_vs_hf']:.1f}x."
     if res.get("prefix_cache_hit_rate") is not None:
         foot += f" Prefix-cache hits after the first frame: {100 * res['prefix_cache_hit_rate']:.1f}% of prompt tokens."
+    for note in res.get("notes", []):
+        foot += f"\n- {note}"
     return "\n".join(lines) + "\n" + foot
 
 
