@@ -136,7 +136,8 @@ def traced_llm(tiny_ckpt):
     from terra_nb.vllm_rollout import make_llm
 
     # a small token budget splits the 3-frame prompt (210 tokens) into two forward passes
-    engine = make_llm(tiny_ckpt, worker_extension_cls=TRACE_EXTENSION, max_num_batched_tokens=128, max_num_seqs=4)
+    engine = make_llm(tiny_ckpt, worker_extension_cls=TRACE_EXTENSION, enable_chunked_prefill=True,
+                      max_num_batched_tokens=128, max_num_seqs=4)
     yield engine
     shutdown_llm(engine)
 
