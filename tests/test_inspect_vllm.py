@@ -1,0 +1,265 @@
+"""`terra_nb.inspect_vllm` on vLLM's real front end, without starting an engine.
+
+The engine's pieces these helpers read (`llm.renderer`, `llm.llm_engine.vllm_config`) are built
+here the way `LLM` builds them: a `VllmConfig` from `EngineArgs` for the tiny checkpoint and
+vLLM's renderer for it. So `engine_input` runs vLLM's own rendering and processing code, and
+`profiling_plan` vLLM's own `MultiModalBudget`, in seconds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import terra_nb  # noqa: F401
+from terra_nb import inspect_vllm as I
+from terra_nb.checkpoints import preset_config
+from terra_nb.config import FrameLayout
+from terra_nb.data import load_sample
+from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
+
+P, A, FL = 64, 6, 70  # tiny: codes per frame, action slots, frame length
+PH = 512
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_ckpt):
+    """An object with the attributes of `vllm.LLM` the helpers use, minus the engine core."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.plugins import load_general_plugins
+    from vllm.renderers import renderer_from_config
+
+    load_general_plugins()
+    cfg = EngineArgs(model=str(tiny_ckpt), skip_tokenizer_init=True, dtype="float32", max_model_len=25 * FL,
+                     limit_mm_per_prompt={"actions": 24}, max_num_seqs=32,
+                     enable_prefix_caching=True).create_engine_config()
+    return SimpleNamespace(renderer=renderer_from_config(cfg), llm_engine=SimpleNamespace(vllm_config=cfg),
+                           model_config=cfg.model_config)
+
+
+@pytest.fixture(scope="module")
+def layout(llm):
+    return FrameLayout.from_config(llm.model_config.hf_config)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_sample("tiny")
+
+
+def request(context, actions):
+    return {"prompt_token_ids": build_prompt(context, FrameLayout.from_config(preset_config("tiny")),
+                                             placeholder=SEED_PLACEHOLDER),
+            "multi_modal_data": {"actions": actions}}
+
+
+# ---------------------------------------------------------------------------- APIs and tables
+def test_seed_api_is_gone_and_v1_api_is_there():
+    assert {r["in this vLLM"] for r in I.api_presence(I.SEED_API)} == {"gone"}
+    assert {r["in this vLLM"] for r in I.api_presence(I.V1_API)} == {"yes"}
+    assert I.api_presence([("no_such_module:x", "r"), ("torch:nn.Linear", "r")])[0]["in this vLLM"] == "gone"
+    assert I.api_presence([("torch:nn.Linear", "r")])[0] == {"name": "torch.nn.Linear", "in this vLLM": "yes",
+                                                            "role": "r"}
+
+
+def test_text_table():
+    out = I.text_table([{"a": 1, "b": "x"}, {"a": 22222, "c": 0.5}])
+    assert out.splitlines() == ["a       b  c", "------  -  ----", "1       x", "22,222     0.50"]
+
+
+# ---------------------------------------------------------------------------- one request
+def test_engine_processor_is_the_ports(llm):
+    from terra_nb.vllm_processing import TerraMultiModalProcessor
+
+    assert isinstance(I.engine_processor(llm), TerraMultiModalProcessor)
+
+
+def test_engine_input_items_kwargs_and_hashes(llm, layout, sample):
+    mi = I.engine_input(llm, request(sample.context, sample.actions[:3]))
+    assert mi["prompt_token_ids"] == build_prompt(sample.context, layout)  # -3 became 512
+    rows = I.item_rows(mi, layout)
+    assert [(r["item"], r["offset"], r["length"], r["frame"]) for r in rows] == [(k, k * FL + P, A, k) for k in range(3)]
+    assert all(r["ids there"] == [PH] and r["slots in frame"] == "64..69" for r in rows)
+    assert all(r["actions"] == "(6, 3) float32" and len(r["hash"]) == 12 for r in rows)
+    kw = I.model_kwargs(mi)
+    assert list(kw) == ["actions"] and torch.equal(kw["actions"], sample.actions[:3])
+    # per-frame hashes: one more frame keeps the first three
+    longer = I.engine_input(llm, request(torch.cat([sample.context, sample.context[:1]]), sample.actions[:4]))
+    assert longer["mm_hashes"]["actions"][:3] == mi["mm_hashes"]["actions"]
+
+
+def test_bad_requests_each_raise_the_named_value_error(llm, layout, sample):
+    expected = {
+        "wrong action shape": "wrong action shape",
+        "NaN in the actions": "NaN",
+        "too few frames of actions": "actions do not match the prompt",
+        "image code out of range": "image code out of range",
+        "prompt not frame-aligned": "not frame-aligned",
+        "wrong action slots": "wrong action slots",
+        "too many frames": "too many frames",
+    }
+    bad = I.bad_requests(sample.context, sample.actions, layout)
+    assert list(bad) == list(expected)
+    for name, req in bad.items():
+        with pytest.raises(ValueError, match=expected[name]):
+            I.engine_input(llm, req)
+    assert len(I.engine_input(llm, request(sample.context, sample.actions[:3]))["mm_placeholders"]["actions"]) == 3
+
+
+def test_probe_request_reports_errors_and_tokens():
+    from terra_nb.vllm_compat import RequestValidationError
+
+    def failing(*a, **k):
+        raise RequestValidationError("too many frames: x", parameter="actions")
+
+    p = I.probe_request(SimpleNamespace(generate=failing), {}, None)
+    assert (p.ok, p.error, p.message) == (False, "RequestValidationError", "too many frames: x")
+    out = SimpleNamespace(outputs=[SimpleNamespace(token_ids=[3, 1, 2])])
+    p = I.probe_request(SimpleNamespace(generate=lambda *a, **k: [out]), {}, None)
+    assert p.ok and p.tokens == (3, 1, 2) and p.line() == "ok, tokens [3, 1, 2]"
+
+
+def test_predicted_cached_tokens_follow_blocks_and_item_hashes(layout, sample):
+    g = torch.Generator().manual_seed(0)
+    frames = torch.randint(0, P, (4, P), generator=g)
+    a = sample.actions[:4]
+    old = build_prompt(frames[:3], layout) + frames[3].tolist()  # 3-frame prompt + the generated frame
+    new = build_prompt(frames, layout)
+    assert I.predicted_cached_tokens(old, a[:3], new, a, layout, 128) == 256
+    assert I.predicted_cached_tokens(old, a[:3], new, a, layout, 16) == 272  # 274 shared -> 17 blocks
+    for frame, want in ((1, 128), (0, 0)):
+        changed = a.clone()
+        changed[frame, 0, 0] += 1.0
+        assert I.predicted_cached_tokens(old, a[:3], new, changed, layout, 128) == want
+    assert I.predicted_cached_tokens(new, a, new, a, layout, 16) == 272  # never the whole prompt: 279 -> 272
+
+
+# ---------------------------------------------------------------------------- start-up
+def test_worst_case_from_the_config():
+    terra = FrameLayout.from_config(preset_config("terra"))
+    assert I.worst_case(terra) == {
+        "prompt_frames": 24, "image_codes": 13824, "action_tokens": 144, "prompt_tokens": 13968,
+        "generated_tokens": 576, "request_tokens": 14544, "max_model_len": 14550, "spare_tokens": 6,
+    }
+    tiny = FrameLayout.from_config(preset_config("tiny"))
+    wc = I.worst_case(tiny)
+    assert (wc["prompt_frames"], wc["action_tokens"], wc["prompt_tokens"], wc["max_model_len"]) == (24, 144, 1680, 1750)
+    assert I.worst_case(tiny, 10 * FL)["prompt_frames"] == 9
+
+
+def test_profiling_plan_is_vllms_budget(llm):
+    plan = I.profiling_plan(llm)
+    sched = llm.llm_engine.vllm_config.scheduler_config
+    assert (plan["limit_per_prompt"], plan["tokens_per_item"], plan["items_per_prompt"]) == (24, 6, 24)
+    assert plan["action_tokens_per_prompt"] == 144
+    assert plan["lm_tokens"] == sched.max_num_batched_tokens and plan["max_model_len"] == 25 * FL
+    assert plan["encoder_items"] == min(plan["encoder_budget_tokens"] // 6, sched.max_num_seqs * 24)
+    batch = I.encoder_profile_batch(llm, n_items=5)
+    one = I.engine_processor(llm).dummy_inputs.get_dummy_mm_data(0, {"actions": 1})["actions"]
+    assert list(batch) == ["actions"] and batch["actions"].shape == (5, A, 3)
+    assert torch.equal(batch["actions"][4], one)
+
+
+def test_kv_cache_report_and_requests_that_fit(llm, layout):
+    cc = llm.llm_engine.vllm_config.cache_config
+    cc.num_gpu_blocks, cc.block_size = 100, 16  # what the engine core reports back
+    cc.kv_cache_size_tokens, cc.kv_cache_max_concurrency = 1750, 1.0
+    rep = I.kv_cache_report(llm)
+    assert rep.bytes_per_token == I.kv_bytes_per_token(preset_config("tiny"), 4) == 2 * 2 * 1 * 64 * 4
+    assert (rep.block_tokens, rep.kv_bytes, rep.kv_dtype) == (1600, 1600 * 1024, "float32")
+    assert rep.blocks_for(17) == 2 and rep.as_dict()["block_tokens"] == 1600
+    rows = I.requests_that_fit(rep, layout)
+    assert [r["prompt_frames"] for r in rows] == list(range(1, 25))
+    assert rows[0] == {"prompt_frames": 1, "tokens": 134, "blocks": 9, "fit_in_kv": 11, "concurrent": 11}
+    assert rows[-1]["fit_in_kv"] == 100 // 109 == 0
+    assert I.kv_bytes_per_token(preset_config("terra"), 2) == 22528
+
+
+def test_plots(llm, layout, sample, tmp_path):
+    from matplotlib.figure import Figure
+
+    mi = I.engine_input(llm, request(sample.context, sample.actions[:3]))
+    fig = I.plot_placeholders(mi, layout, save=tmp_path / "p.png")
+    assert isinstance(fig, Figure) and (tmp_path / "p.png").stat().st_size > 0
+    cc = llm.llm_engine.vllm_config.cache_config
+    cc.num_gpu_blocks, cc.block_size = 9000, 128
+    fig = I.plot_kv_budget(I.kv_cache_report(llm), layout, I.profiling_plan(llm), save=tmp_path / "k.png")
+    assert isinstance(fig, Figure) and (tmp_path / "k.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------- vLLM 0.26.0
+VLLM026_SRC = Path(os.environ.get("TERRA_VLLM026_SRC", "/tmp/vllm026/src"))
+
+_PROBE = r"""
+import json, os, sys
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+from types import SimpleNamespace
+import terra_nb, vllm
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.renderers import renderer_from_config
+from terra_nb import inspect_vllm as I
+from terra_nb.config import FrameLayout
+from terra_nb.data import load_sample
+from terra_nb.layout import build_prompt
+
+mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=1750,
+                 limit_mm_per_prompt={"actions": 24})
+sc = SchedulerConfig(max_model_len=1750, is_encoder_decoder=False, max_num_seqs=32, max_num_batched_tokens=2048,
+                     enable_chunked_prefill=False)
+cfg = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=CacheConfig(block_size=16),
+                 device_config=DeviceConfig(device="cpu"))
+llm = SimpleNamespace(renderer=renderer_from_config(cfg), llm_engine=SimpleNamespace(vllm_config=cfg), model_config=mc)
+s = load_sample("tiny")
+lay = FrameLayout.from_config(mc.hf_config)
+mi = I.engine_input(llm, {"prompt_token_ids": build_prompt(s.context, lay, -3), "multi_modal_data": {"actions": s.actions[:3]}})
+out = {"version": vllm.__version__, "ids": list(mi["prompt_token_ids"]),
+       "rows": [{k: v for k, v in r.items() if k != "hash"} for r in I.item_rows(mi, lay)],
+       "kwargs": {k: list(v.shape) for k, v in I.model_kwargs(mi).items()},
+       "plan": I.profiling_plan(llm), "profile_batch": list(I.encoder_profile_batch(llm, 7)["actions"].shape),
+       "v1_api": I.api_presence(I.V1_API), "seed_api": I.api_presence(I.SEED_API)}
+errors = {}
+for name, req in I.bad_requests(s.context, s.actions, lay).items():
+    try:
+        I.engine_input(llm, req)
+        errors[name] = None
+    except ValueError as e:
+        errors[name] = str(e)
+out["errors"] = errors
+cfg.cache_config.num_gpu_blocks = 100
+out["kv"] = I.kv_cache_report(llm).as_dict()
+print("PROBE" + json.dumps(out))
+"""
+
+
+def _probe(ckpt, extra_path) -> dict:
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(ckpt)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
+    assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(line[len("PROBE"):])
+
+
+@pytest.mark.skipif(not (VLLM026_SRC / "vllm" / "renderers").is_dir(), reason="vLLM 0.26.0 source tree not present")
+def test_vllm_026_front_end_gives_the_same_answers(tiny_ckpt):
+    """The helpers use only front-end APIs both releases share: same rows, kwargs, plan, errors."""
+    import vllm
+
+    old = _probe(tiny_ckpt, VLLM026_SRC)
+    new = _probe(tiny_ckpt, None)
+    assert old["version"].startswith("0.26") and new["version"] == vllm.__version__
+    for key in ("ids", "rows", "kwargs", "plan", "profile_batch", "v1_api", "seed_api", "errors", "kv"):
+        assert old[key] == new[key], key
+    assert new["plan"]["encoder_items"] == 2048 // 6 and all(new["errors"].values())
