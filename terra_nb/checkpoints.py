@@ -54,24 +54,6 @@ PRESETS: dict[str, dict] = {
         num_temporal_embeddings=25,
         torch_dtype="float32",
     ),
-    # Terra's frame layout and vocabulary around a tiny backbone: profiles the per-frame
-    # overhead of the port (prompt processing of 25 x 582 tokens) on a CPU.
-    "terra_layout": dict(
-        hidden_size=128,
-        intermediate_size=344,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        vocab_size=262145,
-        max_position_embeddings=14550,
-        num_image_patches=576,
-        num_action_tokens=6,
-        num_action_embeddings=6,
-        num_spatio_embeddings=582,
-        num_temporal_embeddings=25,
-        torch_dtype="float32",
-    ),
     "terra": dict(
         hidden_size=2048,
         intermediate_size=5632,
@@ -88,6 +70,11 @@ PRESETS: dict[str, dict] = {
         torch_dtype="bfloat16",
     ),
 }
+
+# Terra's frame layout and vocabulary around the tiny backbone: profiles the per-frame overhead
+# of the port (prompt processing of up to 25 x 582 tokens) on a CPU.
+_BACKBONE = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "torch_dtype")
+PRESETS["terra_layout"] = {**PRESETS["terra"], **{k: PRESETS["tiny"][k] for k in _BACKBONE}, "num_hidden_layers": 1}
 
 
 def preset_config_dict(name: str, variant: str = "v1") -> dict:
