@@ -1,0 +1,213 @@
+"""The toy driving world: generator, tokenizer, path recovery, and the shipped trained checkpoint.
+
+Measured bounds (this machine, see the toyworld report): tokenizer PSNR on held-out frames
+~27.5 dB (bound 25); path recovery on raw frames ADE ~0.1 m, on tokenized frames ~0.2 m over
+8 frames (bounds 0.35 / 0.6 m); a mismatched trajectory gives metres of error.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from terra_nb.toyworld import (
+    ACTION_SCALE,
+    DT,
+    KINDS,
+    ToyTokenizer,
+    actions_from_poses,
+    build_dataset,
+    counterfactual_clip,
+    generate_clip,
+    path_error,
+    path_from_actions,
+    path_from_frames,
+    psnr,
+    relative_pose,
+    steer_clip,
+)
+from terra_nb.toyworld.dataset import EVAL_SEED
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return ToyTokenizer.load()
+
+
+# ---------------------------------------------------------------- generator
+def test_generator_is_deterministic_per_seed():
+    a, b = generate_clip(123, n_frames=6), generate_clip(123, n_frames=6)
+    assert a.frames.shape == (6, 32, 32, 3) and a.frames.dtype == np.uint8
+    assert np.array_equal(a.frames, b.frames) and np.array_equal(a.actions, b.actions)
+    assert a.kind == b.kind and a.mode == b.mode
+    c = generate_clip(124, n_frames=6)
+    assert not np.array_equal(a.frames, c.frames)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_renders_and_moves(kind):
+    c = generate_clip(7, n_frames=12, kind=kind)
+    assert c.kind == kind and c.actions.shape == (12, 6, 3)
+    rel = c.rel_poses(0)
+    assert rel[-1, 0] > 2.0                                # always driving forwards
+    # the frames change: the world scrolls past the ego car
+    assert np.abs(c.frames[-1].astype(int) - c.frames[0].astype(int)).mean() > 3
+    if kind == "curve_left":
+        assert rel[-1, 2] > np.deg2rad(3)
+    if kind == "curve_right":
+        assert rel[-1, 2] < -np.deg2rad(3)
+
+
+def test_actions_are_terra_style_waypoints():
+    c = generate_clip(5, n_frames=10, kind="curve_left")
+    a = c.actions * ACTION_SCALE                            # back to metres / seconds
+    assert np.allclose(a[:, :, 2], DT * np.arange(1, 7))     # t: the next 6 frames
+    assert (np.diff(a[:, :, 0], axis=1) > 0).all()           # x: ahead and increasing
+    assert np.abs(c.actions).max() < 2.5                     # normalised: small floats
+    # the first waypoint of frame k is pose k+1 in frame k's ego frame; chaining them (heading
+    # from the waypoints' direction) gives the path back: 4 cm / 0.5 deg after 8.6 m of curve
+    rel = c.rel_poses(0)
+    chained = path_from_actions(c.actions[:-1])
+    assert np.abs(chained[:, :2] - rel[:, :2]).max() < 0.05
+    assert np.abs(chained[:, 2] - rel[:, 2]).max() < np.deg2rad(0.5)
+    first = relative_pose(c.poses[3], c.poses[4])
+    assert np.allclose(a[3, 0, :2], first[:2], atol=1e-5)
+    with pytest.raises(ValueError, match="need 6 poses"):
+        actions_from_poses(np.zeros((5, 3)), n_frames=3)
+
+
+def test_counterfactual_and_steered_clips_keep_the_context():
+    base = generate_clip(11, n_frames=14, kind="straight", mode="free", onset=0.3)
+    for kind in ("curve_left", "lane_change_right", "slow_down"):
+        cf = counterfactual_clip(base, kind, n_context=3)
+        assert cf.kind == kind and np.array_equal(cf.frames[:3], base.frames[:3])
+        assert np.allclose(cf.poses[:3], base.poses[:3])
+    left = steer_clip(base, 3, curvature=1 / 20)
+    right = steer_clip(base, 3, curvature=-1 / 20)
+    assert np.array_equal(left.frames[:3], base.frames[:3]) and np.array_equal(right.frames[:3], base.frames[:3])
+    assert left.rel_poses(2)[-1, 1] > 0.5 > -0.5 > right.rel_poses(2)[-1, 1]
+    assert not np.array_equal(left.frames[-1], right.frames[-1])
+    with pytest.raises(ValueError, match="free-mode"):
+        steer_clip(generate_clip(11, n_frames=5, mode="follow"), 2)
+
+
+# ---------------------------------------------------------------- tokenizer
+def test_codebook_is_small_and_roundtrip_is_close(tok):
+    assert tok.codebook.shape == (512, 48) and tok.codebook.dtype == np.uint8
+    frames = np.concatenate([generate_clip(EVAL_SEED + s, n_frames=8).frames for s in range(6)])
+    codes = tok.encode(frames)
+    assert codes.shape == (48, 64) and codes.min() >= 0 and codes.max() < 512
+    back = tok.decode(codes)
+    assert back.shape == frames.shape and back.dtype == np.uint8
+    assert psnr(frames, back) > 25.0                         # measured ~27.5 dB
+    assert np.array_equal(tok.decode(tok.encode(back)), back)  # decoded frames are fixed points
+    with pytest.raises(ValueError, match="0..511"):
+        tok.decode(np.full((1, 64), 512))
+
+
+def test_dataset_builder_shapes_and_mirror(tok):
+    ds = build_dataset(2, 5, tok, seed0=EVAL_SEED, mirror=True)
+    assert ds.codes.shape == (4, 5, 64) and ds.actions.shape == (4, 5, 6, 3) and ds.poses.shape == (4, 5, 3)
+    assert np.allclose(ds.actions[2:, ..., 1], -ds.actions[:2, ..., 1])
+    assert np.allclose(ds.poses[2:, :, 1:], -ds.poses[:2, :, 1:])
+
+
+# ---------------------------------------------------------------- path recovery
+def _clips():
+    return [generate_clip(EVAL_SEED + 100 + i, n_frames=9, kind=k)
+            for i, k in enumerate(["curve_left", "lane_change_right", "slow_down", "curve_right"])]
+
+
+def test_path_recovery_follows_the_commanded_path(tok):
+    raw, toks = [], []
+    for c in _clips():
+        cmd = c.rel_poses(0)
+        raw.append(path_error(path_from_frames(c.frames), cmd))
+        toks.append(path_error(path_from_frames(tok.roundtrip(c.frames)), cmd))
+    ade_raw = np.mean([e["ade_m"] for e in raw])
+    ade_tok = np.mean([e["ade_m"] for e in toks])
+    head_tok = np.mean([e["heading_deg"] for e in toks])
+    assert ade_raw < 0.35, raw
+    assert ade_tok < 0.6, toks
+    assert head_tok < 3.0, toks
+
+
+def test_path_recovery_rejects_a_mismatched_path(tok):
+    # same world and start; the car turns left in one clip and right in the other
+    base = generate_clip(EVAL_SEED + 7, n_frames=9, kind="straight", mode="free", onset=0.1)
+    left = steer_clip(base, 1, curvature=1 / 20, onset=0.0)
+    right = steer_clip(base, 1, curvature=-1 / 20, onset=0.0)
+    rec = path_from_frames(tok.roundtrip(left.frames))
+    good = path_error(rec, left.rel_poses(0))
+    bad = path_error(rec, right.rel_poses(0))
+    assert good["heading_deg"] < 3.0 and good["lat_m"] < 0.15, good
+    assert bad["heading_deg"] > 5 * max(good["heading_deg"], 2.0), bad
+    assert bad["lat_m"] > 3 * max(good["lat_m"], 0.05), bad
+
+
+def test_path_from_frames_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="frames must have shape"):
+        path_from_frames(np.zeros((3, 16, 16, 3), np.uint8))
+
+
+# ---------------------------------------------------------------- media
+def test_gif_and_strip(tmp_path, tok):
+    from terra_nb.toyworld import render_rollout_gif, rollout_strip
+    from PIL import Image
+
+    c = generate_clip(3, n_frames=4)
+    codes = tok.encode(c.frames)
+    path = render_rollout_gif({"truth": c.frames, "codes": codes}, tmp_path / "a.gif", n_context=2)
+    im = Image.open(path)
+    assert im.n_frames == 4 and im.size[0] > 2 * 32 * 4
+    strip = rollout_strip({"a": c.frames, "b": c.frames[:2]}, scale=2)
+    assert strip.dtype == np.uint8 and strip.shape[1] == 4 * 64 + 3 * 2
+
+
+# ---------------------------------------------------------------- the shipped checkpoint
+def test_toy_checkpoint_is_small_and_loads_every_weight():
+    from transformers import AutoModelForCausalLM
+
+    from terra_nb.checkpoints import preset_config_dict
+    from terra_nb.toyworld import toy_checkpoint_dir
+
+    d = toy_checkpoint_dir()
+    size = sum(f.stat().st_size for f in d.iterdir())
+    assert size <= 5 * 2**20, f"{size} bytes"
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg == preset_config_dict("tiny")                 # the tiny preset, released style
+    model, info = AutoModelForCausalLM.from_pretrained(d, output_loading_info=True)
+    assert not any(info.values()), info
+    assert type(model).__name__ == "LlamaActionForCausalLM" and model.dtype == torch.float32
+
+
+def test_trained_model_follows_actions_better_than_random():
+    """Few frames, few clips: the shipped checkpoint against the random-weight tiny model."""
+    from terra_nb.toyworld import action_following_score, load_toy_model, random_toy_model
+
+    rows = action_following_score({"trained": load_toy_model(), "random": random_toy_model(0)},
+                                  n_clips=4, n_context=3, n_frames=6)
+    by = {r["model"]: r for r in rows}
+    trained, rand = by["trained"], by["random"]
+    assert trained["ade_m"] < 0.6 * rand["ade_m"], rows
+    assert trained["lat_m"] < 0.5 * rand["lat_m"], rows
+    assert trained["heading_deg"] < rand["heading_deg"], rows
+
+
+def test_trained_model_turns_where_it_is_told():
+    """Same context, 'turn left' vs 'turn right' (about 20 degrees each way over 1.2 s): the
+    rollouts' recovered headings must split the right way round."""
+    from terra_nb.toyworld import load_toy_model
+    from terra_nb.toyworld.demo import demo_base_clip, steering_rollouts
+
+    model = load_toy_model()
+    split = []
+    for seed in range(2):
+        res = steering_rollouts(model, {"left": dict(curvature=1 / 18), "right": dict(curvature=-1 / 18)},
+                                base=demo_base_clip(seed, 3, 12), n_frames=12)
+        split.append(np.degrees(res["left"]["recovered"][-1, 2] - res["right"]["recovered"][-1, 2]))
+    assert np.mean(split) > 8.0, split
