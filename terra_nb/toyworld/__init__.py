@@ -13,6 +13,8 @@ world of its own (all numpy/PIL/torch on the CPU):
 * `score`: the trained checkpoint (`data/toy/model/`) and the action-following score.
 * `media`: GIFs, side-by-side strips and path plots for the notebooks.
 * `train`: `python -m terra_nb.toyworld.train`.
+* `workbook`: the notebooks' model and input (the toy checkpoint on the tiny preset), vLLM-served
+  rollout functions, decoded videos and GIFs.
 """
 from .dataset import EVAL_SEED, TRAIN_SEED, ToyDataset, build_dataset, cached_dataset, fit_codebook
 from .media import plot_paths, render_rollout_gif, rollout_strip, save_png, side_by_side
@@ -42,6 +44,15 @@ from .score import (
     toy_checkpoint_dir,
 )
 from .tokenizer import ToyTokenizer, psnr, toy_data_dir
+from .workbook import (
+    WorkbookInputs,
+    batch_actions,
+    decode_video,
+    engine_rollout_fn,
+    gif_figure,
+    resolve_checkpoint,
+    workbook_inputs,
+)
 
 __all__ = [
     "ACTION_SCALE", "DT", "IMG", "KINDS", "MODES", "EVAL_SEED", "TRAIN_SEED",
@@ -51,4 +62,6 @@ __all__ = [
     "load_toy_model", "path_error", "path_from_actions", "path_from_frames", "plot_paths", "psnr",
     "random_toy_model", "register", "relative_pose", "render_frame", "render_rollout_gif",
     "rollout_strip", "save_png", "side_by_side", "steer_clip", "toy_checkpoint_dir", "toy_data_dir",
+    "WorkbookInputs", "batch_actions", "decode_video", "engine_rollout_fn", "gif_figure", "resolve_checkpoint",
+    "workbook_inputs",
 ]
