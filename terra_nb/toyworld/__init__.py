@@ -48,10 +48,17 @@ from .workbook import (
     WorkbookInputs,
     batch_actions,
     decode_video,
+    end_errors,
     engine_rollout_fn,
     gif_figure,
+    plot_score,
+    plot_steering,
+    plot_training,
+    png_figure,
     resolve_checkpoint,
+    training_record,
     workbook_inputs,
+    world_gallery,
 )
 
 __all__ = [
@@ -62,6 +69,7 @@ __all__ = [
     "load_toy_model", "path_error", "path_from_actions", "path_from_frames", "plot_paths", "psnr",
     "random_toy_model", "register", "relative_pose", "render_frame", "render_rollout_gif",
     "rollout_strip", "save_png", "side_by_side", "steer_clip", "toy_checkpoint_dir", "toy_data_dir",
-    "WorkbookInputs", "batch_actions", "decode_video", "engine_rollout_fn", "gif_figure", "resolve_checkpoint",
-    "workbook_inputs",
+    "WorkbookInputs", "batch_actions", "decode_video", "end_errors", "engine_rollout_fn", "gif_figure",
+    "plot_score", "plot_steering", "plot_training", "png_figure", "resolve_checkpoint", "training_record",
+    "workbook_inputs", "world_gallery",
 ]

@@ -9,14 +9,17 @@ the frames a perfect model would produce (`truth`).
 """
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from .dataset import EVAL_SEED
 from .demo import DEMO_COMMANDS, demo_base_clip
-from .scene import Clip, steer_clip
+from .scene import Clip, generate_clip, steer_clip
 from .score import RolloutFn, toy_checkpoint_dir
 from .tokenizer import ToyTokenizer
 
@@ -132,11 +135,9 @@ def gif_figure(frames, name: str, out_dir=None, n_context: int | None = None, fp
     from .media import render_rollout_gif
 
     target = figure_path(out_dir, name)
-    if target is None:
-        with tempfile.TemporaryDirectory() as d:
-            data = render_rollout_gif(frames, Path(d) / f"{name}.gif", fps, scale, n_context=n_context).read_bytes()
-    else:
-        data = render_rollout_gif(frames, target.with_suffix(".gif"), fps, scale, n_context=n_context).read_bytes()
+    with tempfile.TemporaryDirectory() as d:
+        path = target.with_suffix(".gif") if target is not None else Path(d) / f"{name}.gif"
+        data = render_rollout_gif(frames, path, fps, scale, n_context=n_context).read_bytes()
     return Image(data=data, format="gif")
 
 
@@ -164,20 +165,141 @@ def show_videos(inputs: WorkbookInputs, generated: dict, name: str, out_dir=None
 def steering_paths(inputs: WorkbookInputs, names: list[str], generated: torch.Tensor, save=None):
     """One panel per command: the commanded path vs the path recovered from the decoded rollout
     (`path.path_from_frames`), i.e. whether the car in the video went where it was told."""
-    import matplotlib.pyplot as plt
-
-    from .media import plot_paths
     from .path import path_from_frames
 
     n_ctx = inputs.sample.context.shape[0]
-    fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 3.6), sharey=True, squeeze=False)
-    for ax, cmd, gen in zip(axes[0], names, generated):
+    results = {}
+    for cmd, gen in zip(names, generated):
         clip = steer_clip(inputs.base, n_ctx, render=False, **DEMO_COMMANDS[cmd])
         frames = decode_video(inputs.tokenizer, inputs.sample.context, gen)
-        commanded = clip.rel_poses(n_ctx - 1)[n_ctx - 1: n_ctx + len(gen)]
-        plot_paths(commanded, {"recovered from video": path_from_frames(frames[n_ctx - 1:])}, ax=ax, title=cmd)
+        results[cmd] = {"commanded": clip.rel_poses(n_ctx - 1)[n_ctx - 1: n_ctx + len(gen)],
+                        "recovered": path_from_frames(frames[n_ctx - 1:])}
+    return plot_steering(results, save)
+
+
+def plot_steering(results: Mapping[str, Mapping], save=None):
+    """Panels of commanded vs recovered paths: `results` maps a command to a dict with
+    "commanded" and "recovered" poses `[n + 1, 3]` (as `demo.steering_rollouts` returns)."""
+    import matplotlib.pyplot as plt
+
+    from .media import plot_paths
+
+    fig, axes = plt.subplots(1, len(results), figsize=(2.6 * len(results), 3.6), sharey=True, squeeze=False)
+    for ax, (cmd, r) in zip(axes[0], results.items()):
+        plot_paths(r["commanded"], {"recovered from video": r["recovered"]}, ax=ax, title=cmd)
     fig.tight_layout()
+    _save(fig, save)
+    return fig
+
+
+def end_errors(results: Mapping[str, Mapping], reference: str = "straight") -> list[dict]:
+    """Per command: where the recovered path ends vs where the commanded one ends (metres,
+    degrees), and whether the rollout moved the commanded way relative to `reference`: sideways
+    for turns and lane changes, forward for speed commands; "follows" = same sign and at least a
+    quarter of the commanded offset."""
+    ref = results.get(reference)
+    rows = []
+    for cmd, r in results.items():
+        c, g = np.asarray(r["commanded"])[-1], np.asarray(r["recovered"])[-1]
+        row = {"command": cmd, "commanded end (x, y) m": f"({c[0]:.1f}, {c[1]:.1f})",
+               "recovered end (x, y) m": f"({g[0]:.1f}, {g[1]:.1f})",
+               "end error m": round(float(np.hypot(*(g[:2] - c[:2]))), 2),
+               "heading error deg": round(float(abs(np.degrees(g[2] - c[2]))), 1)}
+        if ref is not None and cmd != reference:
+            c0, g0 = np.asarray(ref["commanded"])[-1], np.asarray(ref["recovered"])[-1]
+            axis = int(abs(c[1] - c0[1]) < abs(c[0] - c0[0]))       # 0: sideways (y), 1: forward (x)
+            want, got = (c[1] - c0[1], g[1] - g0[1]) if axis == 0 else (c[0] - c0[0], g[0] - g0[0])
+            row.update({f"commanded vs {reference} m": round(float(want), 2),
+                        f"recovered vs {reference} m": round(float(got), 2),
+                        "follows": bool(np.sign(got) == np.sign(want) and abs(got) >= 0.25 * abs(want))})
+        rows.append(row)
+    return rows
+
+
+# ---- notebook 08: the world, the tokenizer, the training record, the score --------------------
+GALLERY_KINDS = ("straight", "curve_left", "lane_change_right", "slow_down")
+
+
+def world_gallery(kinds=GALLERY_KINDS, n_frames: int = 12, seed0: int = EVAL_SEED + 800_000) -> dict[str, Clip]:
+    """One seeded clip per manoeuvre kind: what the training data looks like."""
+    return {kind: generate_clip(seed0 + i, n_frames, kind=kind) for i, kind in enumerate(kinds)}
+
+
+def png_figure(img: np.ndarray, name: str, out_dir=None):
+    """Show an image (uint8 `[H, W, 3]`) in a notebook; saved as `<out_dir>/figures/<name>.png`
+    when `out_dir` is set."""
+    import io
+
+    from IPython.display import Image
+    from PIL import Image as PILImage
+
+    from ..results import figure_path
+    from .media import save_png
+
+    target = figure_path(out_dir, name)
+    if target is not None:
+        save_png(img, target)
+    buf = io.BytesIO()
+    PILImage.fromarray(img).save(buf, format="PNG")
+    return Image(data=buf.getvalue(), format="png")
+
+
+def training_record(checkpoint=None) -> dict:
+    """The record `train.py` stores beside the checkpoint (`toy_training.json`): settings, seconds,
+    the loss every 10 steps, torch version and threads."""
+    path = Path(checkpoint or toy_checkpoint_dir()) / "toy_training.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: it is written by `python -m terra_nb.toyworld.train`")
+    return json.loads(path.read_text())
+
+
+def plot_training(record: Mapping | None = None, save=None, every: int = 10):
+    """The training loss curve (one point per `every` steps) with a running mean."""
+    import matplotlib.pyplot as plt
+
+    record = record or training_record()
+    loss = np.asarray(record["losses"], dtype=float)
+    steps = np.arange(len(loss)) * every
+    k = min(10, len(loss))
+    smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot(steps, loss, alpha=0.35, label="loss (one batch)")
+    ax.plot(steps[k - 1:], smooth, lw=2, label=f"running mean of {k}")
+    ax.axhline(np.log(513), color="grey", ls=":", label="uniform over 513 ids")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(f"toy model: {record['settings']['steps']} steps, {record['train_seconds']:.0f} s on the CPU",
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, save)
+    return fig
+
+
+def plot_score(rows: list[dict], save=None, metrics=("ade_m", "fde_m")):
+    """Bars of the action-following errors per model (lower is better)."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "kind" not in r]          # the mean rows only
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(rows) * len(metrics)))
+    y = np.arange(len(rows))
+    h = 0.8 / len(metrics)
+    for j, m in enumerate(metrics):
+        vals = [r[m] for r in rows]
+        bars = ax.barh(y + j * h, vals, h, label=m)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+    ax.set_yticks(y + h * (len(metrics) - 1) / 2, [r["model"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("metres (lower is better)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, save)
+    return fig
+
+
+def _save(fig, save) -> None:
     if save is not None:
         Path(save).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(save, dpi=110)
-    return fig
