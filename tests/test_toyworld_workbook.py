@@ -122,6 +122,7 @@ def test_end_errors_catches_a_car_that_ignores_the_command(tok):
 
 # ---------------------------------------------------------------- figures
 def test_png_and_gif_figures_are_saved_for_the_report(tmp_path, toy_inputs, tok):
+    pytest.importorskip("IPython")            # notebook displays (absent on the bare GPU machine)
     gallery = world_gallery(n_frames=4)
     assert list(gallery) == ["straight", "curve_left", "lane_change_right", "slow_down"]
     assert np.array_equal(gallery["straight"].frames, world_gallery(n_frames=4)["straight"].frames)   # seeded
