@@ -210,3 +210,26 @@ def test_bad_actions_are_refused_and_the_engine_keeps_serving(llm, tok):
     with pytest.raises(ValueError, match=r"(?i)shape|\[6, 3\]"):
         fn(ctx, acts[..., :2], 2)
     assert list(fn(ctx, acts, 2).shape) == [2, 64]
+
+
+def test_steering_widget_reruns_the_rollout_when_a_slider_moves():
+    """The ipywidgets demo without a browser: moving the curvature slider must roll out again
+    (a new GIF) and report the new errors; the rollout function is the real toy model (HF)."""
+    pytest.importorskip("ipywidgets")
+    from terra_nb.toyworld import as_rollout_fn, load_toy_model
+    from terra_nb.toyworld.demo import steering_widget
+
+    calls, hf = [], as_rollout_fn(load_toy_model())
+
+    def fn(context, actions, n_frames):          # the real model, counting calls
+        calls.append(actions.clone())
+        return hf(context, actions, n_frames)
+
+    box = steering_widget(fn, n_frames=4)
+    sliders, (gif, _plot), info = box.children[0].children, box.children[1].children, box.children[2]
+    assert [s.description for s in sliders] == ["curvature 1/m", "lane shift m", "speed m/s"]
+    first, first_info = gif.value, info.value
+    assert first[:3] == b"GIF" and "final position error" in first_info and len(calls) == 1
+    sliders[0].value = sliders[0].max                 # turn left as hard as the slider allows
+    assert len(calls) == 2 and not torch.equal(calls[0], calls[1])
+    assert gif.value != first and info.value != first_info
