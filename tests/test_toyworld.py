@@ -3,8 +3,9 @@
 Measured (this machine): tokenizer PSNR on the held-out frames below 27.1 dB (bound 25); path
 recovery over 8 steps (~6-9 m driven) on raw frames ADE 0.02 m, on tokenized frames ADE 0.12 m,
 heading 0.16 deg (bounds 0.35 m / 0.6 m / 3 deg); the mirrored command (left vs right turn) gives
-~5x the error. Shipped checkpoint (4 clips, 6 frames): ADE 0.70 m vs 1.81 m random, lateral 0.07 vs
-1.05 m, heading 1.9 vs 8.3 deg; left/right heading split 11.7 and 19.4 deg (bound: mean 8).
+~5x the error. Shipped checkpoint (1600 steps; 4 clips, 6 frames): ADE 0.30 m vs 1.81 m random,
+lateral 0.03 vs 1.05 m, heading 1.6 vs 8.3 deg; left/right heading split 10.4 and 28.0 deg (bound:
+mean 8).
 """
 from __future__ import annotations
 
