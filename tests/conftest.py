@@ -30,3 +30,19 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def sample():
+    """The tiny preset's shipped sample (`data/sample.json`): context codes and actions."""
+    from terra_nb.data import load_sample
+
+    return load_sample("tiny")
+
+
+@pytest.fixture(scope="module")
+def layout(llm):
+    """The frame layout of the module's engine (modules that use it define an `llm` fixture)."""
+    from terra_nb.config import FrameLayout
+
+    return FrameLayout.from_config(llm.model_config.hf_config)

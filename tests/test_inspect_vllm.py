@@ -23,7 +23,6 @@ import terra_nb  # noqa: F401
 from terra_nb import inspect_vllm as I
 from terra_nb.checkpoints import preset_config
 from terra_nb.config import FrameLayout
-from terra_nb.data import load_sample
 from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
 
 P, A, FL = 64, 6, 70  # tiny: codes per frame, action slots, frame length
@@ -43,16 +42,6 @@ def llm(tiny_ckpt):
                      enable_prefix_caching=True).create_engine_config()
     return SimpleNamespace(renderer=renderer_from_config(cfg), llm_engine=SimpleNamespace(vllm_config=cfg),
                            model_config=cfg.model_config)
-
-
-@pytest.fixture(scope="module")
-def layout(llm):
-    return FrameLayout.from_config(llm.model_config.hf_config)
-
-
-@pytest.fixture(scope="module")
-def sample():
-    return load_sample("tiny")
 
 
 def request(context, actions):

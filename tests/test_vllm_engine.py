@@ -12,8 +12,6 @@ import torch
 pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
-from terra_nb.config import FrameLayout
-from terra_nb.data import load_sample
 from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
 from terra_nb.rollout import SamplingConfig, hf_rollout
 from terra_nb.vllm_compat import PROMETHEUS_PREFIX_COUNTERS_EXACT, prefix_cache_counters, shutdown_llm
@@ -33,16 +31,6 @@ def llm(tiny_ckpt):
     engine = make_llm(tiny_ckpt, disable_log_stats=False, **gpu_share())
     yield engine
     shutdown_llm(engine)
-
-
-@pytest.fixture(scope="module")
-def layout(llm):
-    return FrameLayout.from_config(llm.model_config.hf_config)
-
-
-@pytest.fixture(scope="module")
-def sample():
-    return load_sample("tiny")
 
 
 def generate_one(llm, layout, prompt, actions):

@@ -16,7 +16,6 @@ pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
 from terra_nb.config import FrameLayout
-from terra_nb.data import load_sample
 from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
 from terra_nb.vllm_compat import dummy_mm_inputs
 
@@ -38,11 +37,6 @@ def processor(model_config):
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
     return MULTIMODAL_REGISTRY.create_processor(model_config)
-
-
-@pytest.fixture(scope="module")
-def sample():
-    return load_sample("tiny")
 
 
 @pytest.fixture(scope="module")
