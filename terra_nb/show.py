@@ -215,7 +215,8 @@ def _version(*dists: str) -> str | None:
     return None
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
@@ -256,7 +257,7 @@ def environment_info(device: str | None = None) -> dict[str, Any]:
         dev = torch.cuda.get_device_name(0)
         kind = "cuda"
     else:
-        dev, kind = _cpu_model(), "cpu"
+        dev, kind = cpu_model(), "cpu"
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device_type": kind,

@@ -81,20 +81,9 @@ def cpu_info() -> dict:
     """Which CPU trained: seeded runs give byte-identical weights on the same machine, but the
     SIMD kernels torch picks (AVX2, AVX-512, ...) round differently, so another CPU's run drifts
     apart (measured: weights apart by up to 0.11, the same ADE to 0.01 m)."""
-    import platform
+    from ..show import cpu_model
 
-    return {"cpu": _cpu_model() or platform.processor() or platform.machine(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+    return {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def train(out_dir=None, log=print, device="cpu", save=True, **overrides):
