@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import shlex
 import statistics
 import sys
@@ -34,6 +35,28 @@ from .data import load_sample
 from .rollout import SamplingConfig, hf_generate_kwargs
 
 ROW_NAMES = ("hf", "vllm_eager", "vllm", "vllm_b8", "vllm_b32", "stock_llama", "stock_llama_b8", "stock_llama_b32")
+"""The classic rows; any `vllm_b<N>` / `stock_llama_b<N>` (N rollouts at once) is valid too."""
+CURVE_BATCHES = (1, 8, 32, 64, 128)
+_ROW_RE = re.compile(r"^(hf|vllm_eager|vllm|stock_llama)(?:_b([1-9][0-9]*))?$")
+
+
+def row_batch(name: str) -> int:
+    """Rollouts at once of a row name: `vllm` -> 1, `vllm_b32` -> 32, `stock_llama_b128` -> 128."""
+    m = _ROW_RE.match(name)
+    if m is None or (m.group(2) and m.group(1) in ("hf", "vllm_eager")):
+        raise ValueError(f"unknown row {name!r}; choose from {', '.join(ROW_NAMES)} or vllm_b<N> / stock_llama_b<N>")
+    return int(m.group(2) or 1)
+
+
+def row_engine(name: str) -> str:
+    """Which engine measures a row: 'hf', 'vllm_eager', 'vllm' or 'stock_llama'."""
+    row_batch(name)
+    return _ROW_RE.match(name).group(1)
+
+
+def curve_rows(engine: str, batches=CURVE_BATCHES) -> list[str]:
+    """The batch curve of one engine ('vllm' or 'stock_llama'): `vllm`, `vllm_b8`, ..."""
+    return [engine if b == 1 else f"{engine}_b{b}" for b in batches]
 SEED_FIGURES = {"seed HF (11.03 s)": 11.03, "seed vLLM 0.6 eager (4.25 s)": 4.25}
 
 
@@ -48,6 +71,10 @@ class Workload:
     long_frames: int = 22  # the seed's clip: 22 frames after 3 context frames
     long_repeats: int = 3
     batch_repeats: int = 1
+    big_batch_repeats: int = 1  # batches over 32: each trial is already minutes of generation
+
+    def repeats_for(self, batch: int) -> int:
+        return self.long_repeats if batch == 1 else self.batch_repeats if batch <= 32 else self.big_batch_repeats
 
 
 def _sync():
@@ -136,6 +163,34 @@ def _engine(ckpt: Path, **kw):
     return llm, time.perf_counter() - t0
 
 
+class Progress:
+    """Rows as they are measured: each is written to `partial` at once (a device call that runs out
+    of time keeps what it measured), and rows starting after `deadline_s` are skipped, not lost."""
+
+    def __init__(self, partial: Path | None = None, deadline_s: float | None = None, header: dict | None = None):
+        self.partial, self.deadline_s, self.header = partial, deadline_s, header or {}
+        self.t0 = time.perf_counter()
+        self.rows: list[dict] = []
+        self.errors: list[dict] = []
+        self.extra: dict = {}
+
+    def out_of_time(self, what: str) -> bool:
+        late = self.deadline_s is not None and time.perf_counter() - self.t0 > self.deadline_s
+        if late:
+            self.errors.append(dict(group=what, error=f"skipped: past the {self.deadline_s:.0f} s deadline"))
+        return late
+
+    def add(self, row: dict) -> dict:
+        self.rows.append(row)
+        self.flush()
+        return row
+
+    def flush(self) -> None:
+        if self.partial is not None:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            self.partial.write_text(json.dumps(dict(self.header, rows=self.rows, errors=self.errors, **self.extra), indent=2))
+
+
 def _rollout_trials(llm, wl: Workload, batch: int, frames: int, repeats: int):
     from .vllm_rollout import RolloutStats, vllm_rollout
 
@@ -178,63 +233,106 @@ def _frame_len(ckpt: Path) -> int:
     return FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))).frame_len
 
 
-def bench_vllm(ckpt: Path, wl: Workload, rows: list[str]) -> list[dict]:
-    out = []
-    if "vllm_eager" in rows:
+def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None, profile_spec=None,
+               **engine_kwargs) -> list[dict]:
+    progress = progress or Progress()
+    if "vllm_eager" in rows and not progress.out_of_time("vllm_eager"):
         llm, start = _engine(ckpt, enforce_eager=True)
         trials, _ = _rollout_trials(llm, wl, 1, wl.short_frames, wl.short_repeats)
-        out.append(_row("vllm_eager", 1, wl.short_frames, trials, engine_start_s=round(start, 1)))
-        del llm
-    graph_rows = [r for r in rows if r in ("vllm", "vllm_b8", "vllm_b32")]
+        progress.add(_row("vllm_eager", 1, wl.short_frames, trials, engine_start_s=round(start, 1)))
+        _shutdown(llm)
+    graph_rows = [r for r in rows if row_engine(r) == "vllm"]
     if graph_rows:
-        llm, start = _engine(ckpt)
+        llm, start = _engine(ckpt, **engine_kwargs)
+        _profile_into(progress, llm, "port", wl, profile_spec, FrameLayout.from_config(llm.model_config.hf_config))
+        first = None
         for name in graph_rows:
-            batch = {"vllm": 1, "vllm_b8": 8, "vllm_b32": 32}[name]
-            repeats = wl.long_repeats if batch == 1 else wl.batch_repeats
-            trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, repeats)
-            out.append(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
-                            prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt))))
-        out[0]["probe"] = _probe_port(llm, wl)
-        out[0]["greedy_tokens"] = greedy_tokens(llm, wl)
-    return out
+            if progress.out_of_time(name):
+                continue
+            batch = row_batch(name)
+            trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, wl.repeats_for(batch))
+            row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+                       prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)))
+            first = first or row
+            progress.add(row)
+        if first is not None:
+            first["probe"] = _probe_port(llm, wl)
+            first["greedy_tokens"] = greedy_tokens(llm, wl)
+            progress.flush()
+    return progress.rows
 
 
-def bench_stock(ckpt: Path, wl: Workload, rows: list[str]) -> list[dict]:
-    """Stock vLLM Llama, same shape, plain token prompts, the same frame-by-frame loop."""
+def _shutdown(llm) -> None:
+    from .vllm_compat import shutdown_llm
+
+    shutdown_llm(llm)
+
+
+def _profile_into(progress: Progress, llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> None:
+    """Profile a warm engine (see `profiling`) before its rows, into the part's `profile` key."""
+    if spec is None or progress.out_of_time(f"profile {engine}"):
+        return
+    progress.extra["profile"] = profile_on(llm, engine, wl, spec, layout)
+    progress.flush()
+
+
+def stock_engine(ckpt: Path, **engine_kwargs):
+    """Stock vLLM Llama of the port's shape (`stock_llama_checkpoint`), built like `make_llm`
+    builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
     import vllm
 
-    from .layout import build_prompt
     from .vllm_rollout import _config_dtype
 
     stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
     cfg = LlamaActionConfig.from_pretrained(str(ckpt))
-    layout = FrameLayout.from_config(cfg)
     extra = {} if torch.cuda.is_available() else dict(gpu_memory_utilization=0.2)  # see make_llm
     t0 = time.perf_counter()
     llm = vllm.LLM(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
-                   max_model_len=layout.max_len, dtype=_config_dtype(cfg), **extra)
-    start = time.perf_counter() - t0
+                   max_model_len=FrameLayout.from_config(cfg).max_len, dtype=_config_dtype(cfg),
+                   **{**extra, **engine_kwargs})
+    return llm, time.perf_counter() - t0
+
+
+def stock_rollout(llm, ctx_prompt: list[int], layout: FrameLayout, batch: int, frames: int, sampling: SamplingConfig):
+    """The port's frame-by-frame loop on plain token prompts: every step re-submits each prompt
+    grown by its last frame and six placeholder ids, with the port's sampling parameters."""
+    from .vllm_rollout import step_params
+
+    prompts = [list(ctx_prompt) for _ in range(batch)]
+    slots = [layout.placeholder_id] * layout.action_tokens
+    for k in range(frames):
+        params = step_params(sampling, layout, batch, k)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        prompts = [p + list(out.outputs[0].token_ids) + slots for p, out in zip(prompts, outs)]
+
+
+def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None, profile_spec=None,
+                **engine_kwargs) -> list[dict]:
+    """Stock vLLM Llama, same shape, plain token prompts, the same frame-by-frame loop."""
+    from .layout import build_prompt
+
+    progress = progress or Progress()
+    layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
+    llm, start = stock_engine(ckpt, **engine_kwargs)
     ctx = build_prompt(load_sample(wl.preset).context[: wl.n_ctx], layout)
-
-    def roll(batch: int, frames: int, seed: int):
-        prompts = [list(ctx) for _ in range(batch)]
-        for k in range(frames):
-            params = [vllm.SamplingParams(temperature=wl.temperature, max_tokens=layout.image_tokens,
-                                          ignore_eos=True, seed=seed + 1000 * b + k, detokenize=False)
-                      for b in range(batch)]
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-            for p, out in zip(prompts, outs):
-                p += list(out.outputs[0].token_ids) + [layout.placeholder_id] * layout.action_tokens
-
-    roll(1, 1, 0)
-    out = []
-    for name in [r for r in rows if r.startswith("stock_llama")]:
-        batch = {"stock_llama": 1, "stock_llama_b8": 8, "stock_llama_b32": 32}[name]
-        repeats = wl.long_repeats if batch == 1 else wl.batch_repeats
-        trials = [_timed(lambda: roll(batch, wl.long_frames, 100 + r)) for r in range(repeats)]
-        out.append(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1)))
-    out[0]["probe"] = decode_probe(llm, {"prompt_token_ids": ctx}, layout, wl)
-    return out
+    sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
+    stock_rollout(llm, ctx, layout, 1, 1, sampling)  # warm-up
+    _profile_into(progress, llm, "stock", wl, profile_spec, layout)
+    first = None
+    for name in [r for r in rows if row_engine(r) == "stock_llama"]:
+        if progress.out_of_time(name):
+            continue
+        batch = row_batch(name)
+        trials = [_timed(lambda: stock_rollout(llm, ctx, layout, batch, wl.long_frames,
+                                               dataclasses.replace(sampling, seed=wl.seed + 1 + r)))
+                  for r in range(wl.repeats_for(batch))]
+        row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1))
+        first = first or row
+        progress.add(row)
+    if first is not None:
+        first["probe"] = decode_probe(llm, {"prompt_token_ids": ctx}, layout, wl)
+        progress.flush()
+    return progress.rows
 
 
 def decode_probe(llm, request: dict, layout: FrameLayout, wl: Workload, repeats: int = 5) -> dict:
@@ -277,30 +375,79 @@ def greedy_tokens(llm, wl: Workload, frames: int = 3) -> list[list[int]]:
 # ----------------------------------------------------------------------------- results
 
 
-def run(rows: list[str], wl: Workload, ckpt_root: Path) -> dict:
+def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | None = None,
+        partial: Path | None = None, deadline_s: float | None = None, profile_spec=None) -> dict:
+    """Measure `rows` in this process; `engine_kwargs` go to every vLLM engine (e.g. max_num_seqs).
+
+    With `partial`, the part is rewritten after every row; rows that would start after
+    `deadline_s` seconds are skipped (listed in `errors`); with `profile_spec` (a
+    `profiling.ProfileSpec`), each vLLM engine is also profiled before its rows (key `profile`).
+    """
     from .show import environment_info
 
-    bad = [r for r in rows if r not in ROW_NAMES]
-    if bad:
-        raise ValueError(f"unknown rows {bad}; choose from {ROW_NAMES}")
+    engines = {row_engine(r) for r in rows}  # raises on an unknown row
     ckpt = checkpoint(ckpt_root, wl)
+    kw = dict(engine_kwargs or {})
+    header = dict(env=environment_info(), workload=dataclasses.asdict(wl),
+                  dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype), engine_kwargs=kw,
+                  command=" ".join(shlex.quote(a) for a in sys.argv))
+    progress = Progress(partial, deadline_s, header)
     groups = [
-        ("hf", lambda: bench_hf(ckpt, wl)),
-        ("vllm", lambda: bench_vllm(ckpt, wl, rows)),
-        ("stock_llama", lambda: bench_stock(ckpt, wl, rows)),
+        ("hf", lambda: [progress.add(r) for r in bench_hf(ckpt, wl)] if not progress.out_of_time("hf") else []),
+        ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, **kw)),
+        ("stock_llama", lambda: bench_stock(ckpt, wl, rows, progress, profile_spec, **kw)),
     ]
-    results, errors = [], []
     for prefix, measure in groups:
-        if not any(r.startswith(prefix) for r in rows):
+        if not ({prefix} & engines or (prefix == "vllm" and "vllm_eager" in engines)):
             continue
         try:  # a device lease is scarce: one broken group must not lose the others' figures
-            results += measure()
+            measure()
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
-            errors.append(dict(group=prefix, error=f"{type(e).__name__}: {e}"))
-    env = environment_info()
-    return dict(env=env, workload=dataclasses.asdict(wl), dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype),
-                command=" ".join(shlex.quote(a) for a in sys.argv), rows=results, errors=errors)
+            progress.errors.append(dict(group=prefix, error=f"{type(e).__name__}: {e}"))
+    progress.flush()
+    return dict(header, rows=progress.rows, errors=progress.errors, **progress.extra)
+
+
+def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dict:
+    """`profiling.profile_engine` on a built engine: our port (`engine="port"`, requests with
+    actions) or stock vLLM Llama (`"stock"`, plain token prompts); the benchmark's context and
+    sampling parameters."""
+    from .layout import build_prompt
+    from .profiling import profile_engine
+    from .vllm_rollout import frame_request
+
+    sample = load_sample(wl.preset)
+    ctx = sample.context[: spec.n_ctx]
+    if engine == "port":
+        request = frame_request(ctx, sample.actions, layout)
+    elif engine == "stock":
+        request = {"prompt_token_ids": build_prompt(ctx, layout)}
+    else:
+        raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
+    return dict(engine=engine, **profile_engine(llm, lambda b: request, layout, spec, _suppress(layout)))
+
+
+def profile(engine: str, wl: Workload, ckpt_root: Path, spec, engine_kwargs: dict | None = None) -> dict:
+    """Build one engine (port or stock) and profile it; the file records device and versions."""
+    from .show import environment_info
+
+    ckpt = checkpoint(ckpt_root, wl)
+    kw = dict(engine_kwargs or {})
+    if engine not in ("port", "stock"):
+        raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
+    llm, start = _engine(ckpt, **kw) if engine == "port" else stock_engine(ckpt, **kw)
+    res = profile_on(llm, engine, wl, spec, FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))))
+    return dict(engine_start_s=round(start, 1), env=environment_info(), workload=dataclasses.asdict(wl),
+                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype), engine_kwargs=kw,
+                command=" ".join(shlex.quote(x) for x in sys.argv), **res)
+
+
+NO_MULTICAST_TP_KWARGS = dict(disable_custom_all_reduce=True,
+                              compilation_config={"pass_config": {"fuse_allreduce_rms": False}})
+"""Engine settings for TP>1 that keep vLLM 0.26 off NVLink multicast (its all-reduce + RMSNorm fusion
+picks FlashInfer's multicast backend by default); `tools/gpu.sh tp` also sets the matching
+environment (`VLLM_ALLREDUCE_USE_FLASHINFER=0`, `NCCL_NVLS_ENABLE=0`, ...)."""
 
 
 def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None) -> dict:
@@ -308,7 +455,7 @@ def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None) ->
     from .show import environment_info
 
     ckpt = checkpoint(ckpt_root, wl)
-    llm, start = _engine(ckpt, tensor_parallel_size=tp)
+    llm, start = _engine(ckpt, tensor_parallel_size=tp, **NO_MULTICAST_TP_KWARGS)
     tokens = greedy_tokens(llm, wl)
     trials, stats = _rollout_trials(llm, wl, 1, wl.long_frames, 1)
     row = _row(f"vllm_tp{tp}", 1, wl.long_frames, trials, engine_start_s=round(start, 1), tp=tp,
@@ -352,7 +499,35 @@ def merge(parts: list[dict]) -> dict:
             "eager_vs_hf": by["hf"]["s_per_frame"] / by["vllm_eager"]["s_per_frame"]
             if {"hf", "vllm_eager"} <= by.keys() else None,
         },
+        curve=throughput_curve(rows),
+        profile=profile_digest({p["profile"]["engine"]: p["profile"] for p in parts if "profile" in p}),
     )
+
+
+def profile_digest(profiles: dict[str, dict]) -> dict | None:
+    """What a results file keeps of the parts' profiles: per engine, each section's wall time and
+    phases and each decode's kernels per step; port vs stock section by section when both ran.
+    (The full profiles go beside the results file, see `main`.)"""
+    from .profiling import compare
+
+    if not profiles:
+        return None
+    out = {e: dict(sections=[dict(label=s["label"], wall_s=s["wall_s"], phases=s["phases"]) for s in p["sections"]],
+                   kernels=[{k: v for k, v in k_.items() if not k.startswith("top_")} for k_ in p.get("kernels", [])])
+           for e, p in profiles.items()}
+    if {"port", "stock"} <= profiles.keys():
+        out["port_vs_stock"] = compare(profiles["port"], profiles["stock"])
+    return out
+
+
+def throughput_curve(rows: list[dict]) -> list[dict]:
+    """Frames per second of the port and of stock at each batch both measured, and their ratio."""
+    port = {r["batch"]: r["frames_per_s"] for r in rows if r["name"].startswith("vllm") and r["name"] != "vllm_eager"
+            and "tp" not in r}
+    stock = {r["batch"]: r["frames_per_s"] for r in rows if r["name"].startswith("stock_llama")}
+    return [dict(batch=b, port_frames_per_s=port.get(b), stock_frames_per_s=stock.get(b),
+                 port_vs_stock=round(port[b] / stock[b], 3) if b in port and b in stock else None)
+            for b in sorted(port.keys() | stock.keys())]
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -367,6 +542,14 @@ ROW_LABELS = {
     "stock_llama_b8": "stock vLLM Llama, 8 at once",
     "stock_llama_b32": "stock vLLM Llama, 32 at once",
 }
+
+
+def row_label(name: str) -> str:
+    """A row's label in tables: `ROW_LABELS`, or 'our port, 64 rollouts at once' for curve rows."""
+    if name in ROW_LABELS:
+        return ROW_LABELS[name]
+    who = "our port" if row_engine(name) == "vllm" else "stock vLLM Llama"
+    return f"{who}, {row_batch(name)} rollouts at once"
 
 
 def load_results(results_dir: Path | None = None) -> dict[str, dict]:
@@ -384,7 +567,7 @@ def results_table(res: dict) -> str:
              "|---|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         ratio = f"{r['frames_per_s'] / hf:.1f}x" if hf else ""
-        lines.append(f"| {ROW_LABELS.get(r['name'], r['name'])} | {r['batch']} | {r['frames']} | "
+        lines.append(f"| {row_label(r['name'])} | {r['batch']} | {r['frames']} | "
                      f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} | {ratio} |")
     lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x |")
     lines.append(f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | | 2.6x |")
@@ -429,11 +612,8 @@ def update_readme(readme: Path | None = None, results: dict[str, dict] | None = 
 def engine_groups(rows: list[str]) -> list[list[str]]:
     """Split rows into one group per engine (each group runs in its own process, so every engine's
     memory is freed before the next starts); `hf` rides along with the first group."""
-    bad = [r for r in rows if r not in ROW_NAMES]
-    if bad:
-        raise ValueError(f"unknown rows {bad}; choose from {ROW_NAMES}")
-    kinds = [("vllm_eager",), ("vllm", "vllm_b8", "vllm_b32"), ("stock_llama", "stock_llama_b8", "stock_llama_b32")]
-    groups = [[r for r in kind if r in rows] for kind in kinds]
+    by_engine = {r: row_engine(r) for r in rows}  # raises on an unknown row
+    groups = [[r for r in rows if by_engine[r] == kind] for kind in ("vllm_eager", "vllm", "stock_llama")]
     groups = [g for g in groups if g]
     if "hf" in rows:
         groups = [["hf", *groups[0]], *groups[1:]] if groups else [["hf"]]
@@ -512,6 +692,26 @@ def main(argv=None):
     for f in dataclasses.fields(Workload):
         if f.name != "preset":
             r.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    r.add_argument("--engine-kwargs", type=json.loads, default={},
+                   help='JSON keyword arguments for every vLLM engine, e.g. \'{"max_num_seqs": 256}\'')
+    r.add_argument("--deadline-s", type=float, default=None, help="skip rows that would start after this many seconds")
+    r.add_argument("--profile", action="store_true", help="also profile each vLLM engine (key `profile` in the part)")
+    r.add_argument("--profile-batch", type=int, default=32)
+    r.add_argument("--profile-decode-steps", type=int, default=64)
+    pr = sub.add_parser("profile", help="cProfile + torch.profiler of one engine (port or stock), write JSON")
+    pr.add_argument("--engine", choices=("port", "stock"), required=True)
+    pr.add_argument("--preset", default="terra")
+    pr.add_argument("--ckpt-root", default="checkpoints")
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--engine-kwargs", type=json.loads, default={})
+    from .profiling import ProfileSpec
+
+    for f in dataclasses.fields(ProfileSpec):
+        kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
+        pr.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+    pc = sub.add_parser("profile-compare", help="port vs stock, section by section, from two profile files")
+    pc.add_argument("port")
+    pc.add_argument("stock")
     t = sub.add_parser("tp", help="tensor parallelism: greedy tokens vs TP=1 (from --ref) and timing")
     t.add_argument("--tp", type=int, default=2)
     t.add_argument("--ref", help="a part or results file holding TP=1 greedy_tokens")
@@ -525,10 +725,30 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.cmd == "run":
         wl = Workload(preset=a.preset, **{f.name: getattr(a, f.name) for f in dataclasses.fields(Workload) if f.name != "preset"})
-        res = run(a.rows.split(","), wl, Path(a.ckpt_root))
+        from .profiling import ProfileSpec
+
+        spec = ProfileSpec(batch=a.profile_batch, decode_steps=a.profile_decode_steps, n_ctx=wl.n_ctx,
+                           temperature=wl.temperature) if a.profile else None
+        res = run(a.rows.split(","), wl, Path(a.ckpt_root), a.engine_kwargs, partial=Path(a.out),
+                  deadline_s=a.deadline_s, profile_spec=spec)
+        print(json.dumps([{k: v for k, v in r.items() if k != "greedy_tokens"} for r in res["rows"]], indent=2))
+        if "profile" in res:
+            from .profiling import summary_lines
+
+            print("\n".join(summary_lines(res["profile"])))
+    elif a.cmd == "profile":
+        from .profiling import ProfileSpec, summary_lines
+
+        spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
+        res = profile(a.engine, Workload(preset=a.preset, n_ctx=spec.n_ctx), Path(a.ckpt_root), spec, a.engine_kwargs)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
-        print(json.dumps(res["rows"], indent=2))
+        print("\n".join(summary_lines(res)))
+    elif a.cmd == "profile-compare":
+        from .profiling import compare
+
+        port, stock = (json.loads(Path(f).read_text()) for f in (a.port, a.stock))
+        print(json.dumps(compare(port, stock), indent=2))
     elif a.cmd == "readme":
         print("README updated" if update_readme() else "README already up to date")
     elif a.cmd == "tp":
@@ -538,14 +758,20 @@ def main(argv=None):
         Path(a.out).write_text(json.dumps(res, indent=2))
         print(json.dumps({k: v for k, v in res["rows"][0].items() if k != "greedy_tokens"}, indent=2))
     else:
-        res = merge([json.loads(Path(p).read_text()) for p in a.parts])
+        parts = [json.loads(Path(p).read_text()) for p in a.parts]
+        res = merge(parts)
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(res, indent=2))
+        for part in parts:  # the full profiles, beside the results: results/profile_<gpu>_<engine>.json
+            if "profile" in part:
+                prof = dict(part["profile"], env=part["env"], command=part["command"], dtype=part["dtype"])
+                out.with_name(out.stem.replace("benchmark", "profile") + f"_{prof['engine']}.json").write_text(
+                    json.dumps(prof, indent=2))
         from .viz import bar_chart_benchmark
 
         bar_chart_benchmark(res["rows"], SEED_FIGURES, note=f"{res['device']}, vLLM {res['versions']['vllm']}",
-                            save=out.with_suffix(".png"))
+                            save=out.with_suffix(".png"), curve=res["curve"])
         print(json.dumps({k: res[k] for k in ("device", "speedup_vs_hf", "prefix_cache_hit_rate", "ratios")}, indent=2))
 
 

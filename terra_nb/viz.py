@@ -305,13 +305,18 @@ def frame_viewer(frames_by_name, grid=None, scale: int = 8):
 
 
 def bar_chart_benchmark(rows: Sequence[Mapping[str, Any]], seed_figures=SEED_FIGURES, *,
-                        title: str | None = None, note: str | None = None, save=None) -> Figure:
+                        title: str | None = None, note: str | None = None, save=None,
+                        curve: Sequence[Mapping[str, Any]] | None = None) -> Figure:
     """Seconds per generated frame, ours beside the seed's (lower is better).
 
     `rows`: dicts with `name`, `s_per_frame` and optionally `batch`, `frames_per_s` (the layout of
     results/benchmark_<gpu>.json). `seed_figures`: list of such dicts or {name: s_per_frame}; None
     for no seed bars. `note` is printed under the title (e.g. "CPU, tiny model: not comparable").
+    `curve` (the results' `curve`, two batches or more): a second panel with frames per second
+    against the number of rollouts, port and stock; the bars then show batch 1 only.
     """
+    if curve is not None and len(curve) > 1:
+        rows = [r for r in rows if r.get("batch", 1) in (1, None)]
     if isinstance(seed_figures, Mapping):
         seed_figures = [{"name": k, "s_per_frame": v} for k, v in seed_figures.items()]
     seed = list(seed_figures or [])
@@ -323,8 +328,12 @@ def bar_chart_benchmark(rows: Sequence[Mapping[str, Any]], seed_figures=SEED_FIG
         label = r["name"] + (f" (batch {r['batch']})" if r.get("batch", 1) not in (1, None) else "")
         bars.append((label, float(r["s_per_frame"]), False, r))
 
-    fig = Figure(figsize=(9, 0.45 * len(bars) + 1.6), dpi=DPI, layout="constrained")
-    ax = fig.subplots()
+    with_curve = curve is not None and len(curve) > 1
+    fig = Figure(figsize=(15 if with_curve else 9, max(0.45 * len(bars) + 1.6, 4 if with_curve else 0)), dpi=DPI,
+                 layout="constrained")
+    ax, cax = fig.subplots(1, 2, width_ratios=[3, 2]) if with_curve else (fig.subplots(), None)
+    if cax is not None:
+        _curve_panel(cax, curve)
     y = np.arange(len(bars))[::-1]
     vals = np.array([b[1] for b in bars])
     ax.barh(y, vals, color=[SEED_COLOR if b[2] else OURS_COLOR for b in bars],
@@ -343,3 +352,23 @@ def bar_chart_benchmark(rows: Sequence[Mapping[str, Any]], seed_figures=SEED_FIG
     ax.legend(handles=[Patch(color=SEED_COLOR, label="seed (vLLM 0.6 era)"),
                        Patch(color=OURS_COLOR, label="measured here")], fontsize=8, loc="lower right")
     return _save(fig, save)
+
+
+def _curve_panel(ax, curve: Sequence[Mapping[str, Any]]) -> None:
+    """Frames per second (all rollouts) against rollouts at once, port and stock, log-2 x axis."""
+    for key, label, color, dy in (("stock_frames_per_s", "stock vLLM Llama (same shape)", SEED_COLOR, -12),
+                                  ("port_frames_per_s", "our port", OURS_COLOR, 6)):
+        pts = [(c["batch"], c[key]) for c in curve if c.get(key)]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, "o-", color=color, label=label)
+            for x, v in pts:
+                ax.annotate(f"{v:.3g}", (x, v), textcoords="offset points", xytext=(0, dy), ha="center", fontsize=7,
+                            color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([c["batch"] for c in curve], [str(c["batch"]) for c in curve])
+    ax.set_xlabel("rollouts at once")
+    ax.set_ylabel("generated frames per second (all rollouts)")
+    ax.set_title("Throughput against batch (higher is better)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)

@@ -17,9 +17,15 @@ Image codes 0 .. vocab_size-2 are all ordinary tokens (code 0 too).
 
 **Items.** `multi_modal_data={"actions": a}` with `a` a float tensor `[n_frames*6, 3]` (the seed's
 form), `[n_frames, 6, 3]`, or a list of per-frame `[6, 3]` tensors. The parser splits it into one
-*item per frame*; the processor's prompt update matches frame k's run of six slots to item k. vLLM
-hashes every item on its own, so when a rollout re-submits its prompt with one more frame, the
-earlier frames' blocks hash exactly as before and the prefix cache reuses them.
+*item per frame*; item k fills frame k's six slots. Every item gets its own identifier (a hash of
+its 18 floats, or the caller's `multi_modal_uuids`), so when a rollout re-submits its prompt with
+one more frame, the earlier frames' blocks hash exactly as before and the prefix cache reuses them.
+
+**Cost.** A rollout sends every request again at every frame step, so the processor's `apply` is
+on the hot path: it computes the slot ranges from the frame layout and hashes the raw floats,
+O(frames) work, instead of vLLM's generic path (HF-processor plumbing, a generic serializer per
+item, a scan of the whole prompt per item). `_get_prompt_updates` still declares the same
+ranges the standard way, for vLLM's own code paths (profiling with zero items).
 
 **Checks.** Wrong action shape, NaN/inf, codes out of range, a prompt that is not frame-aligned or
 has a wrong slot, more frames than the engine can extend, a frame/action count mismatch: each is a
@@ -28,14 +34,14 @@ engine core), so the engine keeps serving.
 """
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 
 import torch
 from transformers import BatchFeature
-from vllm.inputs import MultiModalDataDict, MultiModalInput
-from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems
+from vllm.inputs import MultiModalDataDict, MultiModalInput, mm_input
+from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems, PlaceholderRange
 from vllm.multimodal.parse import ModalityDataItems, MultiModalDataItems, MultiModalDataParser
 from vllm.multimodal.processing import (
     BaseDummyInputsBuilder,
@@ -47,7 +53,7 @@ from vllm.multimodal.processing import (
 )
 
 from .config import FrameLayout, LlamaActionConfig
-from .layout import SEED_PLACEHOLDER, from_seed_prompt, validate_actions, validate_prompt
+from .layout import SEED_PLACEHOLDER, normalize_prompt, validate_actions
 from .vllm_compat import (
     DummyOptions,
     RequestValidationError,
@@ -199,16 +205,16 @@ class TerraMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProces
         # all six positions receive the item's embeddings.
         return [PromptReplacement(modality=MODALITY, target=slots, replacement=slots)]
 
-    def validate_request(self, prompt: Sequence[int], mm_items: MultiModalDataItems) -> list[int]:
-        """Check a prompt and its parsed actions; return the prompt with -3 slots rewritten."""
+    def validate_request(self, prompt: Sequence[int], mm_items: MultiModalDataItems) -> tuple[list[int], int]:
+        """Check a prompt and its parsed actions; return the prompt with -3 slots rewritten, and
+        its number of frames."""
         layout = self.info.layout
         if isinstance(prompt, str):
             raise ValueError(
                 "Terra prompts are token ids (image codes with action slots); "
                 "pass {'prompt_token_ids': [...]} with skip_tokenizer_init=True"
             )
-        n_frames = validate_prompt(prompt, layout)  # on the user's ids, so messages show what they sent
-        ids = from_seed_prompt(prompt, layout)
+        ids, n_frames = normalize_prompt(prompt, layout)  # errors quote the user's ids
         if n_frames > self.info.max_prompt_frames:
             raise ValueError(
                 f"too many frames: the prompt holds {n_frames}, this engine extends prompts of at most "
@@ -222,13 +228,55 @@ class TerraMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProces
                 f"{layout.action_tokens} action slots each, the actions cover {n_items} frames; "
                 f"pass one [{layout.action_tokens}, {layout.action_dim}] per frame of the prompt"
             )
-        return ids
+        return ids, n_frames
 
     def apply(self, inputs: ProcessorInputs, timing_ctx) -> MultiModalInput:
-        prompt = inputs.prompt
-        if len(prompt) or len(inputs.mm_data_items):  # vLLM's dummy for zero items is empty
-            prompt = self.validate_request(prompt, inputs.mm_data_items)
-        return super().apply(dataclasses.replace(inputs, prompt=prompt), timing_ctx)
+        """Validate, then build the engine input directly from the frame layout.
+
+        vLLM's generic `apply` would call an HF processor (there is none), hash every item through
+        its generic serializer, and scan the prompt for each item's run of slots: work that grows
+        with the prompt, for every request of every frame step. Here the slot ranges are known
+        (frame k's slots start at k * frame_len + image_tokens), and an item's identity is a
+        hash of its 18 floats, so the cost is O(frames). `_get_prompt_updates` above still
+        describes the same ranges for vLLM's own code paths.
+        """
+        if not len(inputs.prompt) and not len(inputs.mm_data_items):
+            return super().apply(inputs, timing_ctx)  # vLLM's profiling dummy for zero items
+        ids, n_frames = self.validate_request(inputs.prompt, inputs.mm_data_items)
+        actions = inputs.mm_data_items.get_items(MODALITY, ActionItems).data
+        kwargs = MultiModalKwargsItems.from_hf_inputs(
+            BatchFeature({MODALITY: actions}), self._get_mm_fields_config(BatchFeature(), {})
+        )
+        uuids = (inputs.mm_uuid_items or {}).get(MODALITY)
+        return mm_input(
+            prompt_token_ids=ids,
+            mm_kwargs=kwargs,
+            mm_hashes={MODALITY: action_item_hashes(actions, self.info.model_id, uuids)},
+            mm_placeholders={MODALITY: action_placeholder_ranges(n_frames, self.info.layout)},
+        )
+
+
+def action_placeholder_ranges(n_frames: int, layout: FrameLayout) -> list[PlaceholderRange]:
+    """Where each frame's action item goes: frame k's six slots, after its image codes."""
+    return [PlaceholderRange(offset=k * layout.frame_len + layout.image_tokens, length=layout.action_tokens)
+            for k in range(n_frames)]
+
+
+def action_item_hashes(actions: torch.Tensor, model_id: str, uuids: Sequence[str | None] | None = None) -> list[str]:
+    """One identifier per frame item: the caller's `multi_modal_uuids` where given (vLLM's
+    semantics), else a BLAKE2 hash of the model id and the frame's float32 actions.
+
+    The identifier keys vLLM's encoder cache and enters the prefix-cache hash of the blocks that
+    hold the slots, so equal actions must give equal ids (then a re-submitted prompt hits the
+    cache) and different actions different ids (then it cannot).
+    """
+    rows = actions.detach().to(torch.float32).contiguous().numpy().reshape(actions.shape[0], -1)
+    prefix = hashlib.blake2b(f"{model_id}\0{MODALITY}".encode(), digest_size=16).digest()
+    out = []
+    for k, row in enumerate(rows):
+        given = uuids[k] if uuids is not None and k < len(uuids) else None
+        out.append(given if given is not None else hashlib.blake2b(prefix + row.tobytes(), digest_size=16).hexdigest())
+    return out
 
 
 __all__ = [
@@ -239,5 +287,7 @@ __all__ = [
     "TerraDummyInputsBuilder",
     "TerraMultiModalProcessor",
     "TerraProcessingInfo",
+    "action_item_hashes",
+    "action_placeholder_ranges",
     "max_prompt_frames",
 ]

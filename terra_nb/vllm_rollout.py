@@ -45,6 +45,7 @@ __all__ = [
     "make_llm",
     "request_seed",
     "sampling_params",
+    "step_params",
     "vllm_rollout",
 ]
 
@@ -142,6 +143,14 @@ def sampling_params(sampling: SamplingConfig, layout: FrameLayout, seed: int | N
     return SamplingParams(**kw)
 
 
+def step_params(sampling: SamplingConfig, layout: FrameLayout, batch: int, video_frame: int):
+    """The `SamplingParams` of one frame step: one shared object when greedy or unseeded (nothing
+    differs between rollouts), else one per rollout with its own seed (`request_seed`)."""
+    if sampling.greedy or sampling.seed is None:
+        return [sampling_params(sampling, layout)] * batch
+    return [sampling_params(sampling, layout, request_seed(sampling.seed, b, video_frame)) for b in range(batch)]
+
+
 def frame_request(frames: torch.Tensor, actions: torch.Tensor, layout: FrameLayout) -> dict:
     """The `llm.generate` prompt extending `frames` [n, P]: codes + slots, and n frames of actions."""
     return {
@@ -202,14 +211,20 @@ def vllm_rollout(
         bar = tqdm(total=n_frames, unit="frame", desc=f"vLLM rollout x{B}")
 
     def generate_round(window: torch.Tensor, window_actions: torch.Tensor, n_new: int) -> torch.Tensor:
-        frames = [window[b] for b in range(B)]
-        for _ in range(n_new):
+        # Each rollout's prompt is a Python list that grows by one frame (codes + slots) per step:
+        # rebuilding 14k ids from tensors for every request of every step costs more than vLLM's
+        # own per-request work at large batch. `prompt + codes + slots` makes a new list, so a
+        # request already handed to the engine never sees its prompt change.
+        prompts = [build_prompt(window[b], layout) for b in range(B)]
+        slots = [layout.placeholder_id] * layout.action_tokens
+        new_codes: list[list[list[int]]] = [[] for _ in range(B)]
+        n_win = window.shape[1]
+        for step in range(n_new):
             video_frame = n_ctx + done["frames"]  # index in the whole video of the frame being made
-            requests = [frame_request(frames[b], window_actions[b], layout) for b in range(B)]
-            params = [
-                sampling_params(sampling, layout, None if sampling.seed is None else request_seed(sampling.seed, b, video_frame))
-                for b in range(B)
-            ]
+            n_prompt = n_win + step  # frames in every prompt of this step
+            requests = [{"prompt_token_ids": prompts[b], "multi_modal_data": {MODALITY: window_actions[b, :n_prompt]}}
+                        for b in range(B)]
+            params = step_params(sampling, layout, B, video_frame)
             outputs = llm.generate(requests, params, use_tqdm=False)
             stats.generate_calls += 1
             stats.requests += len(outputs)
@@ -218,7 +233,8 @@ def vllm_rollout(
                 ids = list(out.outputs[0].token_ids)
                 if len(ids) != layout.image_tokens:
                     raise RuntimeError(f"rollout {b}: the engine returned {len(ids)} codes, expected {layout.image_tokens}")
-                frames[b] = torch.cat([frames[b], torch.tensor(ids, dtype=torch.long)[None]], dim=0)
+                new_codes[b].append(ids)
+                prompts[b] = prompts[b] + ids + slots
                 stats.prompt_tokens += len(out.prompt_token_ids)
                 cached.append(int(out.num_cached_tokens or 0))
             stats.cached_prompt_tokens += sum(cached)
@@ -226,8 +242,7 @@ def vllm_rollout(
             done["frames"] += 1
             if bar is not None:
                 bar.update(1)
-        w = window.shape[1]
-        return torch.stack([f[w:] for f in frames])
+        return torch.tensor(new_codes, dtype=torch.long)
 
     try:
         return run_rollout(generate_round, context, actions, n_frames, layout, overlap, progress=False)

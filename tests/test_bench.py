@@ -72,3 +72,26 @@ def test_committed_results_have_the_required_fields():
         for r in res["rows"]:
             assert {"name", "batch", "s_per_frame", "frames_per_s"} <= r.keys()
         json.dumps(res)
+
+
+def test_row_names_include_the_batch_curve():
+    assert [bench.row_batch(r) for r in ("vllm", "vllm_b8", "stock_llama_b128", "hf", "vllm_eager")] == [1, 8, 128, 1, 1]
+    assert bench.row_engine("stock_llama_b64") == "stock_llama" and bench.row_engine("vllm_b256") == "vllm"
+    for bad in ("vllm_b0", "hf_b8", "vllm_eager_b8", "vllm_b", "stock", "vllm_b08"):
+        with pytest.raises(ValueError, match="unknown row"):
+            bench.row_batch(bad)
+    assert bench.curve_rows("vllm", (1, 8, 64)) == ["vllm", "vllm_b8", "vllm_b64"]
+    assert bench.engine_groups(["vllm_b64", "hf", "stock_llama_b128", "vllm"]) == [
+        ["hf", "vllm_b64", "vllm"], ["stock_llama_b128"]]
+    assert bench.row_label("vllm_b64") == "our port, 64 rollouts at once"
+    assert bench.row_label("stock_llama_b128") == "stock vLLM Llama, 128 rollouts at once"
+
+
+def test_merge_builds_the_throughput_curve():
+    rows = [_row("vllm", 1, 22, [22.0]), _row("vllm_b64", 64, 22, [44.0]), _row("stock_llama", 1, 22, [20.0]),
+            _row("stock_llama_b64", 64, 22, [40.0]), _row("stock_llama_b128", 128, 22, [60.0])]
+    curve = {c["batch"]: c for c in bench.merge([_part(rows)])["curve"]}
+    assert curve[64]["port_frames_per_s"] == pytest.approx(32.0) and curve[64]["stock_frames_per_s"] == pytest.approx(35.2)
+    assert curve[64]["port_vs_stock"] == pytest.approx(32.0 / 35.2, abs=1e-3)
+    assert curve[1]["port_vs_stock"] == pytest.approx(20 / 22, abs=1e-3)
+    assert curve[128]["port_frames_per_s"] is None and curve[128]["port_vs_stock"] is None

@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
 # One part of the GPU benchmark, on the device machine after the vLLM bundle is unpacked in
-# /tmp/site (see README, "Reproducing the GPU benchmark"). Usage: bash tools/gpu.sh a|b|c|tp
+# /tmp/site (see README, "Reproducing the GPU benchmark"). Each part fits one 10-minute call and
+# writes $OUT/part_<name>.json as it goes (a part cut short keeps the rows it measured):
+#
+#   bash tools/gpu.sh hf      HF generate + our port with enforce_eager (short clip)     ~4 min
+#   bash tools/gpu.sh port    our port: profile, then the batch curve 1/8/32/64/128      ~8 min
+#   bash tools/gpu.sh stock   stock vLLM Llama, same shape: profile, then the same curve ~8 min
+#   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
+#
+# Then, here: python -m terra_nb.bench merge part_hf.json part_port.json part_stock.json \
+#               --out results/benchmark_<gpu>.json && python -m terra_nb.bench readme
 set -uo pipefail
 test -d /tmp/site/vllm || { echo FRESH-MACHINE; exit 3; }
 export PYTHONPATH=/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
@@ -9,21 +18,21 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip.log 2>&1 || cat /tmp/pip.log
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+curve() { local e=$1; echo "$e,${e}_b8,${e}_b32,${e}_b64,${e}_b128"; }
+# Rows that would start after 420 s are skipped, so a part ends inside the call's 600 s.
+batch=(--profile --batch-repeats 2 --big-batch-repeats 1 --deadline-s 420)
 case "$1" in
-  a) args=(run --rows hf,vllm_eager) ;;
-  b) args=(run --rows vllm,vllm_b8,vllm_b32) ;;
-  c) args=(run --rows hf,stock_llama) ;;
-  tp) args=(tp --ref "$OUT/part_b.json") ;;
-  final)  # one call, most important first; each part is written as soon as it is measured
-    for p in "b run --rows vllm,vllm_b32" "c run --rows stock_llama" "a run --rows hf --short-frames 2"; do
-      set -- $p; part=$1; shift
-      python3 -m terra_nb.bench "$@" --ckpt-root /tmp/ckpt --out "$OUT/part_$part.json" > "$OUT/log_$part.txt" 2>&1
-      grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|WARNING|DEBUG)" "$OUT/log_$part.txt" | grep -v greedy | tail -25
-    done
-    exit 0 ;;
-  *) echo "unknown part $1"; exit 2 ;;
+  hf) args=(run --rows hf,vllm_eager --short-frames 2 --deadline-s 400) ;;
+  port) args=(run --rows "$(curve vllm)" "${batch[@]}") ;;
+  stock) args=(run --rows "$(curve stock_llama)" "${batch[@]}") ;;
+  tp)
+    # ../shared/gpu/README.md: vLLM 0.26 with TP>1 reaches for NVLink multicast unless told not to.
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    export VLLM_ALLREDUCE_USE_FLASHINFER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_USE_NCCL_SYMM_MEM=0
+    args=(tp --ref "$OUT/part_port.json") ;;
+  *) echo "unknown part $1 (hf|port|stock|tp)"; exit 2 ;;
 esac
 python3 -m terra_nb.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?
-grep -v -E "^\((EngineCore|Worker)|it/s\]$" "$OUT/log_$1.txt" | tail -80
+grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)|^\(MainProcess" "$OUT/log_$1.txt" | tail -120
 exit $rc

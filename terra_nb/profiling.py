@@ -1,0 +1,173 @@
+"""Where a frame's time goes: cProfile of the in-process engine and torch.profiler of its kernels,
+our port beside stock vLLM Llama of the same shape.
+
+    python -m terra_nb.bench profile --engine port  --out prof/port.json
+    python -m terra_nb.bench profile --engine stock --out prof/stock.json
+
+Each engine runs in its own process (like the benchmark rows). Three measurements, each on a
+warm engine whose prompts are already in the prefix cache:
+
+* **front end**: one `generate` of `batch` requests with `max_tokens=1`: input processing (our
+  multimodal processor for the port), adding requests (block hashes), one prefill step;
+* **frame step**: one `generate` of `batch` requests with a whole frame (`image_tokens` codes),
+  what a rollout does once per frame, under cProfile;
+* **decode**: one `generate` of 1 request (and of `batch` requests) for `decode_steps` tokens
+  under cProfile, and under torch.profiler (kernels on CUDA; CPU ops everywhere).
+
+cProfile times are inflated by the profiler itself, so each section also records its wall time
+without the profiler. The JSON keeps the top functions by own time and by cumulative time (vLLM's
+and ours), so two files, port and stock, can be compared line by line (`compare`).
+"""
+from __future__ import annotations
+
+import cProfile
+import dataclasses
+import io
+import pstats
+import time
+from pathlib import Path
+
+import torch
+
+TOP = 30
+# Functions whose cumulative time splits a `generate` into phases (file fragment, function name).
+PHASES = {
+    "input_processing": [("offline.py", "_render_and_add_requests"), ("llm.py", "_validate_and_add_requests"),
+                         ("llm.py", "_add_request")],
+    "our_processor": [("vllm_processing.py", "apply")],
+    "engine_add_request": [("core.py", "add_request"), ("core.py", "preprocess_add_request")],
+    "engine_step": [("core.py", "step"), ("core.py", "step_with_batch_queue")],
+    "model_runner": [("model_runner.py", "execute_model"), ("gpu_model_runner.py", "execute_model")],
+    "mm_embeddings": [("default.py", "get_mm_embeddings"), ("gpu_model_runner.py", "_gather_mm_embeddings"),
+                      ("gpu_model_runner.py", "_execute_mm_encoder")],
+    "embed_input_ids": [("vllm_model.py", "embed_input_ids"), ("interfaces.py", "embed_input_ids")],
+    "sampler": [("sampler.py", "__call__"), ("sampler.py", "forward"), ("sampler.py", "sample")],
+    "scheduler": [("scheduler.py", "schedule")],
+    "update_from_output": [("scheduler.py", "update_from_output")],
+}
+
+
+@dataclasses.dataclass
+class ProfileSpec:
+    batch: int = 32
+    decode_steps: int = 64
+    n_ctx: int = 3
+    temperature: float = 0.9
+    torch_profile: bool = True
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _phase_times(stats: pstats.Stats) -> dict[str, float]:
+    """Cumulative seconds of the first matching function of each phase (the outermost call)."""
+    out = {}
+    for phase, keys in PHASES.items():
+        best = 0.0
+        for (file, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+            if any(file.endswith(f) and func == name for f, name in keys):
+                best = max(best, ct)
+        out[phase] = round(best, 5)
+    return out
+
+
+def _top(stats: pstats.Stats, key: str, n: int = TOP) -> list[dict]:
+    rows = []
+    for (file, line, func), (cc, nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        short = "/".join(Path(file).parts[-2:]) if file.startswith("/") else file
+        rows.append(dict(func=f"{short}:{line}({func})", calls=nc, own_s=round(tt, 5), cum_s=round(ct, 5)))
+    rows.sort(key=lambda r: r[key], reverse=True)
+    return rows[:n]
+
+
+def profiled(fn, label: str) -> dict:
+    """Run `fn` once plain (wall time) and once under cProfile (phases, top functions)."""
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    wall = time.perf_counter() - t0
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    _sync()
+    prof.disable()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    return dict(label=label, wall_s=round(wall, 5), profiled_s=round(stats.total_tt, 5),  # type: ignore[attr-defined]
+                phases=_phase_times(stats), top_own=_top(stats, "own_s"), top_cum=_top(stats, "cum_s"))
+
+
+def kernel_profile(fn, steps: int, label: str) -> dict:
+    """torch.profiler over `fn` (a decode of `steps` tokens): the ops/kernels by own time, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        fn()
+        _sync()
+    events = prof.key_averages()
+    dev_key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+
+    def rows(key):
+        ev = sorted(events, key=lambda e: getattr(e, key, 0), reverse=True)[:TOP]
+        return [dict(name=e.key[:120], calls=e.count, calls_per_step=round(e.count / steps, 2),
+                     us_per_step=round(getattr(e, key, 0) / steps, 2)) for e in ev]
+
+    kernels = [e for e in events if getattr(e, "device_type", None) is not None and "cuda" in str(e.device_type).lower()]
+    return dict(label=label, steps=steps, top_device=rows(dev_key), top_cpu=rows("self_cpu_time_total"),
+                kernel_launches_per_step=round(sum(e.count for e in kernels) / steps, 2) if kernels else None,
+                device_us_per_step=round(sum(getattr(e, dev_key, 0) for e in kernels) / steps, 2) if kernels else None)
+
+
+def profile_engine(llm, make_request, layout, spec: ProfileSpec, sampling_kwargs: dict) -> dict:
+    """The three measurements (see module doc) on a built engine; `make_request(b)` is rollout b's
+    request for the next frame (a prompt of `spec.n_ctx` frames)."""
+    import vllm
+
+    def params(n_tokens: int, b: int):
+        return vllm.SamplingParams(temperature=spec.temperature, max_tokens=n_tokens, ignore_eos=True,
+                                   seed=1000 + b, detokenize=False, **sampling_kwargs)
+
+    def gen(batch: int, n_tokens: int):
+        reqs = [make_request(b) for b in range(batch)]
+        return lambda: llm.generate(reqs, [params(n_tokens, b) for b in range(batch)], use_tqdm=False)
+
+    gen(spec.batch, 2)()  # fills the prefix cache with every prompt
+    out = dict(spec=dataclasses.asdict(spec), sections=[], kernels=[])
+    out["sections"].append(profiled(gen(spec.batch, 1), f"front end: {spec.batch} requests, 1 token"))
+    out["sections"].append(profiled(gen(spec.batch, layout.image_tokens),
+                                    f"frame step: {spec.batch} requests x {layout.image_tokens} tokens"))
+    for batch in (1, spec.batch):
+        out["sections"].append(profiled(gen(batch, spec.decode_steps), f"decode: {batch} x {spec.decode_steps} tokens"))
+        if spec.torch_profile:
+            out["kernels"].append(kernel_profile(gen(batch, spec.decode_steps), spec.decode_steps,
+                                                 f"decode: {batch} x {spec.decode_steps} tokens"))
+    return out
+
+
+def compare(port: dict, stock: dict) -> list[dict]:
+    """Section by section: wall seconds and phases of the port over stock (ratios > 1: port slower)."""
+    rows = []
+    for a, b in zip(port["sections"], stock["sections"]):
+        phases = {k: (a["phases"][k], b["phases"][k]) for k in a["phases"] if a["phases"][k] or b["phases"][k]}
+        rows.append(dict(section=a["label"], port_wall_s=a["wall_s"], stock_wall_s=b["wall_s"],
+                         ratio=round(a["wall_s"] / b["wall_s"], 3) if b["wall_s"] else None, phases=phases))
+    return rows
+
+
+def summary_lines(res: dict, n: int = 12) -> list[str]:
+    """A readable digest of one profile file (what the CLI prints)."""
+    lines = [f"{res.get('engine', '?')}: {res.get('env', {}).get('device', '')}"]
+    for s in res["sections"]:
+        lines.append(f"  {s['label']}: {s['wall_s'] * 1000:.1f} ms (profiled {s['profiled_s'] * 1000:.1f} ms)")
+        lines.append("    phases: " + ", ".join(f"{k} {v * 1000:.1f}" for k, v in s["phases"].items() if v))
+        for r in s["top_own"][:n]:
+            lines.append(f"    {r['own_s'] * 1000:8.2f} ms own {r['calls']:7d}x  {r['func']}")
+    for k in res.get("kernels", []):
+        lines.append(f"  {k['label']}: {k['kernel_launches_per_step']} kernels/step, "
+                     f"{k['device_us_per_step']} device us/step")
+        for r in k["top_device"][:n]:
+            lines.append(f"    {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.2f}x  {r['name']}")
+    return lines

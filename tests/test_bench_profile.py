@@ -1,0 +1,88 @@
+"""Profiling on the CPU: `python -m terra_nb.bench profile` on our port, and `bench run --profile`
+on stock vLLM Llama of the same (tiny) shape with a batch-curve row; a real engine each, cProfile and
+torch.profiler sections, the comparison, and the merged results' digest."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from terra_nb import profiling
+
+
+def _cli(args, out):
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([sys.executable, "-m", "terra_nb.bench", *args, "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "frame step: 2 requests" in proc.stdout  # the digest is printed
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("profile")
+    common = ["--preset", "tiny", "--ckpt-root", str(tmp / "ckpt")]
+    port = _cli(["profile", "--engine", "port", *common, "--batch", "2", "--decode-steps", "4"], tmp / "port.json")
+    # The benchmark's own path: stock rows of a batch curve, the engine profiled before them.
+    stock = _cli(["run", "--rows", "stock_llama_b2", "--profile", *common, "--long-frames", "2", "--n-ctx", "2",
+                  "--profile-batch", "2", "--profile-decode-steps", "4"],
+                 tmp / "part_stock.json")
+    return port, stock
+
+
+@pytest.fixture(scope="module")
+def profiles(parts):
+    port, stock_part = parts
+    return {"port": port, "stock": stock_part["profile"]}
+
+
+def test_run_with_profile_writes_rows_and_profile(parts):
+    _, part = parts
+    assert [r["name"] for r in part["rows"]] == ["stock_llama_b2"] and part["rows"][0]["batch"] == 2
+    assert part["rows"][0]["frames"] == 2 and part["errors"] == []
+    assert part["profile"]["engine"] == "stock" and part["profile"]["spec"]["n_ctx"] == 2
+
+
+def test_profile_sections_phases_and_kernels(parts, profiles):
+    port, stock = profiles["port"], profiles["stock"]
+    labels = [s["label"] for s in port["sections"]]
+    assert labels == ["front end: 2 requests, 1 token", "frame step: 2 requests x 64 tokens",
+                      "decode: 1 x 4 tokens", "decode: 2 x 4 tokens"]
+    assert port["env"]["vllm"] and port["dtype"] and port["command"] and parts[1]["env"]["vllm"]
+    for res in (port, stock):
+        assert [s["label"] for s in res["sections"]] == labels
+        for s in res["sections"]:
+            assert s["wall_s"] > 0 and s["top_own"] and s["top_cum"]
+            assert s["phases"]["engine_step"] > 0
+        assert [k["steps"] for k in res["kernels"]] == [4, 4] and res["kernels"][0]["top_cpu"]
+    # Our processor runs for the port's requests only; stock has no multimodal path at all.
+    assert port["sections"][0]["phases"]["our_processor"] > 0
+    assert stock["sections"][0]["phases"]["our_processor"] == 0
+    assert stock["sections"][2]["phases"]["embed_input_ids"] == 0
+
+
+def test_compare_and_digest(profiles):
+    rows = profiling.compare(profiles["port"], profiles["stock"])
+    assert [r["section"] for r in rows][1] == "frame step: 2 requests x 64 tokens"
+    for r in rows:
+        assert r["ratio"] == pytest.approx(r["port_wall_s"] / r["stock_wall_s"], abs=1e-3)
+    text = "\n".join(profiling.summary_lines(profiles["port"]))
+    assert "frame step" in text and "ms own" in text
+
+
+def test_merge_keeps_a_profile_digest(parts):
+    from terra_nb import bench
+
+    port, stock_part = parts
+    port_part = dict(stock_part, rows=[], profile=port)
+    res = bench.merge([port_part, stock_part])
+    digest = res["profile"]
+    assert set(digest) == {"port", "stock", "port_vs_stock"}
+    assert [s["label"] for s in digest["stock"]["sections"]][0] == "front end: 2 requests, 1 token"
+    assert all("top_own" not in s for s in digest["port"]["sections"])  # the full lists stay in the parts
+    assert res["curve"] == [dict(batch=2, port_frames_per_s=None, stock_frames_per_s=res["rows"][0]["frames_per_s"],
+                                 port_vs_stock=None)]
