@@ -50,7 +50,11 @@ def validate_prompt(token_ids: Sequence[int], layout: FrameLayout) -> int:
 
     Accepts -3 or the in-vocabulary id in the action slots.
     """
-    ids = torch.as_tensor(list(token_ids), dtype=torch.long)
+    ids = _as_tensor(list(token_ids), "prompt token ids")
+    not_int = ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool
+    if ids.dim() != 1 or (not_int and ids.numel()):  # [] reads as float32: left to the length check
+        raise ValueError(f"prompt token ids must be a flat list of ints, got {ids.dtype} of shape {list(ids.shape)}")
+    ids = ids.long()
     n = ids.numel()
     if n == 0 or n % layout.frame_len:
         raise ValueError(
@@ -107,12 +111,12 @@ def validate_actions(actions, layout: FrameLayout, n_frames: int | None = None) 
     if isinstance(actions, (list, tuple)):
         if not actions:
             raise ValueError("actions is an empty list")
-        actions = [torch.as_tensor(x) for x in actions]
+        actions = [_as_tensor(x, f"actions item {i}") for i, x in enumerate(actions)]
         for i, x in enumerate(actions):
             if tuple(x.shape) != (a, d):
                 raise ValueError(f"wrong action shape: item {i} has shape {list(x.shape)}, expected [{a}, {d}]")
         actions = torch.stack(actions)
-    actions = torch.as_tensor(actions)
+    actions = _as_tensor(actions, "actions")
     if not (actions.dtype.is_floating_point or actions.dtype in (torch.int32, torch.int64)):
         raise ValueError(f"actions must be numbers, got dtype {actions.dtype}")
     if actions.dim() == 2 and actions.shape[1] == d and actions.shape[0] % a == 0 and actions.shape[0] > 0:
@@ -127,6 +131,15 @@ def validate_actions(actions, layout: FrameLayout, n_frames: int | None = None) 
     if n_frames is not None and actions.shape[0] < n_frames:
         raise ValueError(f"actions cover {actions.shape[0]} frames but {n_frames} are needed")
     return actions
+
+
+def _as_tensor(values, what: str) -> torch.Tensor:
+    """`torch.as_tensor`, with a ValueError naming `what` for data that is not numbers (str, None,
+    ragged lists, ints beyond int64) instead of torch's TypeError/RuntimeError."""
+    try:
+        return torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise ValueError(f"{what} could not be read as numbers ({type(values).__name__}: {e})") from None
 
 
 def interleave_segments(past_len: int, n_codes: int, layout: FrameLayout) -> list[tuple[str, int, int]]:

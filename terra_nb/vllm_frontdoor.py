@@ -55,7 +55,7 @@ on 0.26 and 0.32 (`vllm_compat.InputProcessor`). Limit: a caller that hands vLLM
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -66,6 +66,7 @@ from .vllm_compat import InputProcessor, RequestValidationError
 __all__ = [
     "check_generation_window",
     "check_plain_prompt",
+    "check_prompt_container",
     "check_request",
     "install",
     "installed",
@@ -183,6 +184,22 @@ def check_generation_window(prompt_len: int, max_tokens: int | None, layout: Fra
             parameter="max_tokens")
 
 
+def check_prompt_container(prompt) -> None:
+    """`prompt_token_ids` of a request without actions must be a list (or tuple) of ints.
+
+    An array or tensor fails inside vLLM ("truth value of an array ... is ambiguous"), before the
+    finished request could be checked; say what is wrong instead. (With actions the processor
+    reads any sequence and hands vLLM a list.)
+    """
+    if not isinstance(prompt, Mapping) or prompt.get("type") == "multimodal" or prompt.get("multi_modal_data"):
+        return
+    ids = prompt.get("prompt_token_ids")
+    if ids is not None and not isinstance(ids, (list, tuple)):
+        raise RequestValidationError(
+            f"prompt_token_ids must be a list of ints, got {type(ids).__module__}.{type(ids).__name__}; "
+            f"pass ids.tolist()", parameter="prompt_token_ids")
+
+
 def check_request(request, layout: FrameLayout) -> None:
     """Check a finished `EngineCoreRequest` of a Terra engine; RequestValidationError if it is bad."""
     if getattr(request, "prompt_embeds", None) is not None:
@@ -220,8 +237,10 @@ def install() -> None:
 
     @functools.wraps(process_inputs)
     def checked_process_inputs(self, *args, **kwargs):
-        request = process_inputs(self, *args, **kwargs)
         layout = _door(self)
+        if layout is not None:  # process_inputs(request_id, prompt, params, ...) on both releases
+            check_prompt_container(kwargs["prompt"] if "prompt" in kwargs else args[1] if len(args) > 1 else None)
+        request = process_inputs(self, *args, **kwargs)
         if layout is not None:
             check_request(request, layout)
         return request
