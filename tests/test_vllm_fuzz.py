@@ -80,6 +80,7 @@ class Case:
         self.mm: object = "actions"  # "actions": {"actions": <actions>}; else the literal value
         self.params = greedy(layout)
         self.expect: list[str] = []
+        self.faults: list[str] = []
 
     def request(self) -> dict:
         a = self.actions
@@ -276,7 +277,9 @@ def make_case(rng: random.Random, layout) -> Case:
     c.ids = list(c.ids)
     groups = rng.sample(sorted(GROUPS), rng.choice([1, 1, 2, 3]))
     for g in groups:
-        rng.choice(GROUPS[g])(c)
+        fault = rng.choice(GROUPS[g])
+        fault(c)
+        c.faults.append(fault.__name__)
     return c
 
 
@@ -311,7 +314,7 @@ def test_fuzzed_bad_requests_are_refused_by_name_and_the_engine_serves_on(llm, l
         case = make_case(rng, layout)
         message = refuse(llm, case.request(), case.params)
         if not any(p.lower() in message for p in case.expect):
-            unnamed.append(f"#{i} expected one of {case.expect}, got: {message[:200]}")
+            unnamed.append(f"#{i} {case.faults}: expected one of {case.expect}, got: {message[:200]}")
     assert not unnamed, "\n".join(unnamed[:10])
     assert llm.llm_engine.get_num_unfinished_requests() == 0
     after = tokens(llm, [good, good], [greedy(layout, layout.image_tokens), seeded(layout, layout.image_tokens)])
