@@ -36,8 +36,9 @@ requests one by one and, when one raises, aborts those already added and re-rais
 returns nothing, and sending the good requests again gives what they would have given alone.
 
 **Cost.** Nothing per decode step, nothing in the engine core or the workers. Per request: O(1)
-for a request with actions (the usual case), and at most one vectorised pass over `image_tokens`
-ids for a request without (longer ones are refused by their length alone).
+for a request with actions (the usual case); for a request without, one vectorised (numpy) pass
+over its ids, which vLLM has already bounded by `max_model_len`, and a good one holds at most
+`image_tokens` of them.
 
 **Why not a tokenizer.** The issue suggested giving Terra checkpoints a small tokenizer (image
 codes as tokens) so that vLLM's own `validate_token_ids` runs. That check covers only part of
