@@ -126,5 +126,8 @@ def probe_batch(llm, requests: list[dict], params):
     try:
         outs = llm.generate(requests, params, use_tqdm=False)
     except ValueError as e:
-        return [Probe(ok=False, error=type(e).__name__, message=str(e))]
+        msg, parameter = str(e), getattr(e, "parameter", None)
+        if parameter and msg.endswith(f" (parameter={parameter})"):  # VLLMValidationError's suffix
+            msg = msg[: -len(f" (parameter={parameter})")]
+        return [Probe(ok=False, error=type(e).__name__, message=msg)]
     return [Probe(ok=True, tokens=tuple(int(t) for t in o.outputs[0].token_ids)) for o in outs]
