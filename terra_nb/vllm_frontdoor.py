@@ -178,6 +178,12 @@ def check_generation_window(prompt_len: int, max_tokens: int | None, layout: Fra
     left = layout.image_tokens - into
     if max_tokens > left:
         frame = prompt_len // layout.frame_len
+        if left <= 0:
+            raise RequestValidationError(
+                f"max_tokens={max_tokens} runs past the frame: the prompt already holds all {layout.image_tokens} "
+                f"codes of frame {frame}, whose {layout.action_tokens} action slots come next; send the frame "
+                f"with its slots and its actions in multi_modal_data to generate the next one",
+                parameter="max_tokens")
         raise RequestValidationError(
             f"max_tokens={max_tokens} runs past the frame: the prompt ends {into} codes into frame {frame}, "
             f"which has {left} image codes left before its {layout.action_tokens} action slots; generate at "

@@ -64,6 +64,8 @@ def test_generation_must_stay_inside_the_frame():
         F.check_generation_window(3 * 70, 65, TINY)
     with pytest.raises(RequestValidationError, match=r"ends 60 codes into frame 0, which has 4 image codes left"):
         F.check_generation_window(60, 5, TINY)
+    with pytest.raises(RequestValidationError, match="already holds all 64 codes of frame 0"):
+        F.check_generation_window(64, 1, TINY)
 
 
 def test_the_door_is_for_terra_models_only():
