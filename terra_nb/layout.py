@@ -43,17 +43,20 @@ def build_prompt(frames: torch.Tensor, layout: FrameLayout, placeholder: int | N
 
 
 def token_array(token_ids: Sequence[int]) -> np.ndarray:
-    """Token ids as an int64 array, converted once (a 24-frame prompt is 13968 ids); ValueError if
-    they are not integers. `array.array` is the fastest exact conversion of a Python list."""
+    """Token ids as a flat int64 array, converted once (a 24-frame prompt is 13968 ids); a
+    ValueError for anything else (floats, nested lists, ints beyond int64, text). `array.array`
+    is the fastest exact conversion of a Python list of ints."""
     if isinstance(token_ids, (torch.Tensor, np.ndarray)):
         arr = np.asarray(token_ids)
-        if arr.dtype.kind not in "iub":
-            raise ValueError(f"token ids must be integers, got dtype {arr.dtype}")
-        return arr.astype(np.int64, copy=False).reshape(-1)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"prompt token ids must be a flat list of ints, got {arr.dtype} of shape {list(arr.shape)}")
+        return arr.astype(np.int64, copy=False)
     try:
         return np.frombuffer(array.array("q", token_ids), dtype=np.int64)
-    except (TypeError, OverflowError) as e:
-        raise ValueError(f"token ids must be integers in the int64 range: {e}") from None
+    except (TypeError, OverflowError):
+        pass
+    ids = _as_tensor(list(token_ids), "prompt token ids")  # names data that is not numbers at all
+    raise ValueError(f"prompt token ids must be a flat list of ints, got {ids.dtype} of shape {list(ids.shape)}")
 
 
 def from_seed_prompt(token_ids: Sequence[int], layout: FrameLayout) -> list[int]:
@@ -144,12 +147,12 @@ def validate_actions(actions, layout: FrameLayout, n_frames: int | None = None) 
     if isinstance(actions, (list, tuple)):
         if not actions:
             raise ValueError("actions is an empty list")
-        actions = [torch.as_tensor(x) for x in actions]
+        actions = [_as_tensor(x, f"actions item {i}") for i, x in enumerate(actions)]
         for i, x in enumerate(actions):
             if tuple(x.shape) != (a, d):
                 raise ValueError(f"wrong action shape: item {i} has shape {list(x.shape)}, expected [{a}, {d}]")
         actions = torch.stack(actions)
-    actions = torch.as_tensor(actions)
+    actions = _as_tensor(actions, "actions")
     if not (actions.dtype.is_floating_point or actions.dtype in (torch.int32, torch.int64)):
         raise ValueError(f"actions must be numbers, got dtype {actions.dtype}")
     if actions.dim() == 2 and actions.shape[1] == d and actions.shape[0] % a == 0 and actions.shape[0] > 0:
@@ -164,6 +167,15 @@ def validate_actions(actions, layout: FrameLayout, n_frames: int | None = None) 
     if n_frames is not None and actions.shape[0] < n_frames:
         raise ValueError(f"actions cover {actions.shape[0]} frames but {n_frames} are needed")
     return actions
+
+
+def _as_tensor(values, what: str) -> torch.Tensor:
+    """`torch.as_tensor`, with a ValueError naming `what` for data that is not numbers (str, None,
+    ragged lists, ints beyond int64) instead of torch's TypeError/RuntimeError."""
+    try:
+        return torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        raise ValueError(f"{what} could not be read as numbers ({type(values).__name__}: {e})") from None
 
 
 def interleave_segments(past_len: int, n_codes: int, layout: FrameLayout) -> list[tuple[str, int, int]]:

@@ -6,6 +6,11 @@ VQ code (Terra's codes are 0..262143), and nothing failed: the model just saw a 
 
 The seed also passed a rollout's actions as one tensor, i.e. one multimodal item that changes
 every step; `action_items`/`reusable_prefix` show what that does to prefix caching.
+
+Raw `llm.generate` requests that never meet the multimodal processor (no `multi_modal_data`)
+used to kill the engine or be served from garbage; `raw_request_pitfalls` builds one of each for
+notebook 03, where the front door (`vllm_frontdoor`) refuses them, and `probe_batch` shows what
+becomes of a batch that holds one.
 """
 from __future__ import annotations
 
@@ -82,3 +87,47 @@ def reusable_prefix(old_ids: Sequence[int], old_items: list[Item], new_ids: Sequ
     while p < n and old_ids[p] == new_ids[p] and covering(old_items, p) == covering(new_items, p):
         p += 1
     return p // block_size * block_size
+
+
+# --------------------------------------------------------------------------- raw requests
+
+def raw_request_pitfalls(context: torch.Tensor, actions: torch.Tensor, layout: FrameLayout) -> dict[str, tuple[dict, dict]]:
+    """Requests that never meet Terra's multimodal processor, each wrong in one way.
+
+    vLLM calls the processor only for requests with `multi_modal_data`; everything here either has
+    none or is wrong in a way only the finished request shows (`max_tokens`). Before the front door
+    (`vllm_frontdoor`) the first one killed the engine, the others were served from garbage.
+    Returns name -> (request, SamplingParams keyword overrides).
+    """
+    from .layout import build_prompt
+
+    context = torch.as_tensor(context).long()
+    n = context.shape[0]
+    slots = build_prompt(context, layout, placeholder=SEED_PLACEHOLDER)
+    first_codes = context[0].tolist()
+    return {
+        "id far past the vocabulary, [10**7] * 10": ({"prompt_token_ids": [10**7] * 10}, {}),
+        "id just past the vocabulary": ({"prompt_token_ids": first_codes[:3] + [layout.vocab_size]}, {}),
+        "negative id, no actions": ({"prompt_token_ids": first_codes[:3] + [-1]}, {}),
+        "action slots, no multi_modal_data": ({"prompt_token_ids": slots}, {}),
+        "codes where frame 0's slots are": ({"prompt_token_ids": first_codes + first_codes[:2]}, {}),
+        "max_tokens past the frame": (
+            {"prompt_token_ids": slots, "multi_modal_data": {"actions": torch.as_tensor(actions)[:n]}},
+            {"max_tokens": layout.image_tokens + 1}),
+    }
+
+
+def probe_batch(llm, requests: list[dict], params):
+    """`llm.generate` a batch; an `inspect_vllm.Probe` per request, or one for the whole batch
+    when it is refused (vLLM adds a batch's requests one by one and, when one raises, aborts the
+    ones already added and re-raises)."""
+    from .inspect_vllm import Probe
+
+    try:
+        outs = llm.generate(requests, params, use_tqdm=False)
+    except ValueError as e:
+        msg, parameter = str(e), getattr(e, "parameter", None)
+        if parameter and msg.endswith(f" (parameter={parameter})"):  # VLLMValidationError's suffix
+            msg = msg[: -len(f" (parameter={parameter})")]
+        return [Probe(ok=False, error=type(e).__name__, message=msg)]
+    return [Probe(ok=True, tokens=tuple(int(t) for t in o.outputs[0].token_ids)) for o in outs]

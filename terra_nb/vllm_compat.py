@@ -38,6 +38,10 @@ helpers that work the same on both:
    `num_cached_tokens` showed the hits. `PROMETHEUS_PREFIX_COUNTERS_EXACT` says which case holds.
 6. **Shutting an engine down.** Neither release has `LLM.shutdown()`; both stop the engine core
    (and free its memory) with `llm.llm_engine.engine_core.shutdown()`, see `shutdown_llm`.
+7. **The front door.** Every request passes `InputProcessor.process_inputs`
+   (`vllm.v1.engine.input_processor`, same module, method and `EngineCoreRequest` fields on both
+   releases), which `vllm_frontdoor` wraps. vLLM's own id check there
+   (`validate_token_ids`) runs only with a tokenizer, and on 0.26 ignores negative ids.
 """
 from __future__ import annotations
 
@@ -49,10 +53,12 @@ import vllm
 from vllm.exceptions import VLLMValidationError as _VLLMValidationError
 from vllm.multimodal.processing import BaseMultiModalProcessor, ProcessorInputs
 from vllm.multimodal.processing import processor as _processor_mod
+from vllm.v1.engine.input_processor import InputProcessor  # (7)
 
 __all__ = [
     "VLLM_VERSION",
     "DummyOptions",
+    "InputProcessor",
     "RequestValidationError",
     "HAS_PROCESSOR_DUMMY_INPUTS",
     "PROMETHEUS_PREFIX_COUNTERS_EXACT",

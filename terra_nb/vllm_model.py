@@ -40,7 +40,12 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import MultiModalEmbeddings, SupportsMultiModal, SupportsPP
 from vllm.model_executor.models.llama import LlamaModel
-from vllm.model_executor.models.utils import PPMissingLayer, is_pp_missing_parameter, maybe_prefix
+from vllm.model_executor.models.utils import (
+    PPMissingLayer,
+    _merge_multimodal_embeddings,
+    is_pp_missing_parameter,
+    maybe_prefix,
+)
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.sequence import IntermediateTensors
 from vllm.utils.tensor_schema import TensorSchema, TensorShape
@@ -247,13 +252,17 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         is_multimodal: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        # A prompt sent without `multi_modal_data` never meets the processor, so a seed-style -3
-        # could reach the embedding table; map negatives to the placeholder id instead of letting
-        # the gather fault (which would take the engine down). Shapes stay static.
-        input_ids = torch.where(input_ids < 0, self.layout.placeholder_id, input_ids)
-        return super().embed_input_ids(
-            input_ids, multimodal_embeddings, is_multimodal=is_multimodal, **kwargs
-        )
+        """Token embeddings, with the action embeddings scattered into the slots of a prefill.
+
+        vLLM calls this eagerly, outside the CUDA graph, on every step of a multimodal model,
+        decode steps included, so it is kept to one gather (plus the scatter when a prefill
+        chunk holds action slots). Every id that reaches it is a valid token: the processor and
+        the front door (`vllm_frontdoor`) refuse negative and out-of-vocabulary ids before the engine.
+        """
+        embeds = self.model.embed_input_ids(input_ids)
+        if multimodal_embeddings is None or len(multimodal_embeddings) == 0:
+            return embeds
+        return _merge_multimodal_embeddings(embeds, multimodal_embeddings, is_multimodal)
 
     # ------------------------------------------------------------------ forward
     def forward(

@@ -14,7 +14,11 @@ must be idempotent and cheap: it registers
   does that), so vLLM reads a released `config.json` (which names remote code in `auto_map`)
   without `trust_remote_code`;
 * the two released architectures with vLLM's `ModelRegistry`, lazily ("module:Class"), so vLLM
-  imports `terra_nb.vllm_model` only when it builds or inspects the model.
+  imports `terra_nb.vllm_model` only when it builds or inspects the model;
+* the front door (`vllm_frontdoor.install`): every request to a Terra engine is checked before it
+  reaches the engine core, including requests without `multi_modal_data`, which never meet the
+  multimodal processor. It has to be installed here because such requests reach vLLM without
+  passing through anything of ours.
 
 The package must be *installed* (`pip install -e .`) for vLLM to find the entry point; putting the
 repository on `PYTHONPATH` is not enough.
@@ -27,6 +31,10 @@ ARCHITECTURES = ("LlamaActionForCausalLM", "LlamaActionV2ForCausalLM")
 def register() -> None:
     import terra_nb  # noqa: F401  (registers LlamaActionConfig with AutoConfig, and the HF models)
     from vllm import ModelRegistry
+
+    from .vllm_frontdoor import install
+
+    install()
 
     supported = set(ModelRegistry.get_supported_archs())
     for arch in ARCHITECTURES:

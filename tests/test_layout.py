@@ -158,3 +158,21 @@ def test_codes_before():
     from terra_nb.layout import codes_before
 
     assert [codes_before(p, TINY) for p in (0, 5, 64, 66, 70, 71, 140)] == [0, 5, 64, 64, 64, 65, 128]
+
+
+def test_validate_prompt_refuses_ids_that_are_not_ints():
+    ok = build_prompt(torch.randint(0, 512, (2, 64)), TINY)
+    with pytest.raises(ValueError, match="must be a flat list of ints, got torch.float32"):
+        validate_prompt([t + 0.5 for t in ok], TINY)  # would be truncated to the good prompt
+    with pytest.raises(ValueError, match="must be a flat list of ints, got torch.int64 of shape \\[1, 140\\]"):
+        validate_prompt([ok], TINY)
+    with pytest.raises(ValueError, match="prompt token ids could not be read as numbers"):
+        validate_prompt([2**70] + ok[1:], TINY)
+    assert validate_prompt(torch.tensor(ok, dtype=torch.int32), TINY) == 2
+
+
+def test_validate_actions_refuses_data_that_is_not_numbers():
+    with pytest.raises(ValueError, match="actions could not be read as numbers"):
+        validate_actions("abc", TINY)
+    with pytest.raises(ValueError, match="actions item 1 could not be read as numbers"):
+        validate_actions([torch.zeros(6, 3), None], TINY)

