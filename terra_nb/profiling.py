@@ -142,33 +142,6 @@ def kernel_profile(fn, steps: int, label: str) -> dict:
                 device_us_per_step=round(sum(getattr(e, dev_key, 0) for e in kernels) / steps, 2) if kernels else None)
 
 
-def sync_sites(fn, limit: int = 12) -> list[dict]:
-    """Run `fn` with torch's CUDA sync debug mode on "warn" and return the distinct Python stacks
-    at which the host waited for the GPU (most frequent first). Under async scheduling a decode
-    step must never wait: one sync a step turns "CPU and GPU overlap" into "CPU then GPU"."""
-    import traceback
-    import warnings
-
-    if not torch.cuda.is_available():
-        return []
-    sites: dict[str, int] = {}
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message).lower():
-            stack = "".join(traceback.format_stack(limit=14)[:-2])
-            sites[stack] = sites.get(stack, 0) + 1
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = record
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return [dict(count=c, stack=st) for st, c in sorted(sites.items(), key=lambda kv: -kv[1])[:limit]]
-
-
 def profile_engine(llm, make_request, layout, spec: ProfileSpec, sampling_kwargs: dict) -> dict:
     """The three measurements (see module doc) on a built engine; `make_request(b)` is rollout b's
     request for the next frame (a prompt of `spec.n_ctx` frames)."""
@@ -187,7 +160,6 @@ def profile_engine(llm, make_request, layout, spec: ProfileSpec, sampling_kwargs
     out["sections"].append(profiled(gen(spec.batch, 1), f"front end: {spec.batch} requests, 1 token"))
     out["sections"].append(profiled(gen(spec.batch, layout.image_tokens),
                                     f"frame step: {spec.batch} requests x {layout.image_tokens} tokens"))
-    out["syncs"] = sync_sites(gen(1, spec.decode_steps))
     out["decode_wall_s"] = {"gc on": _wall(gen(1, spec.decode_steps)), "gc off": _wall(gen(1, spec.decode_steps), gc_off=True)}
     for batch in (1, spec.batch):
         out["sections"].append(profiled(gen(batch, spec.decode_steps), f"decode: {batch} x {spec.decode_steps} tokens"))
@@ -216,8 +188,6 @@ def summary_lines(res: dict, n: int = 12) -> list[str]:
         lines.append("    phases: " + ", ".join(f"{k} {v * 1000:.1f}" for k, v in s["phases"].items() if v))
         for r in s["top_own"][:n]:
             lines.append(f"    {r['own_s'] * 1000:8.2f} ms own {r['calls']:7d}x  {r['func']}")
-    for site in res.get("syncs", [])[:4]:
-        lines.append(f"  host waited for the GPU {site['count']}x at:\n" + site["stack"])
     for k in res.get("kernels", []):
         lines.append(f"  {k['label']}: {k['kernel_launches_per_step']} kernels/step, "
                      f"{k['device_us_per_step']} device us/step")

@@ -69,6 +69,7 @@ __all__ = [
     "check_plain_prompt",
     "check_prompt_container",
     "check_request",
+    "check_sampling_ids",
     "install",
     "installed",
     "terra_layout",
@@ -191,6 +192,19 @@ def check_generation_window(prompt_len: int, max_tokens: int | None, layout: Fra
             parameter="max_tokens")
 
 
+def check_sampling_ids(params, layout: FrameLayout) -> None:
+    """Token ids inside the sampling parameters (`logit_bias`, `allowed_token_ids`,
+    `stop_token_ids`) must be in the vocabulary: vLLM 0.32 checks this itself, 0.26 does not (an
+    out-of-range `logit_bias` id would index past the logits row on the GPU)."""
+    for key in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
+        ids = getattr(params, key, None) or ()
+        bad = [t for t in ids if not (isinstance(t, (int, np.integer)) and 0 <= int(t) < layout.vocab_size)]
+        if bad:
+            raise RequestValidationError(
+                f"{key} holds token id {bad[0]!r}, out of vocabulary (vocab_size {layout.vocab_size}: image codes "
+                f"0..{layout.num_codes - 1}, action-slot id {layout.placeholder_id})", parameter=key)
+
+
 def check_prompt_container(prompt) -> None:
     """`prompt_token_ids` of a request without actions must be a list (or tuple) of ints.
 
@@ -220,6 +234,7 @@ def check_request(request, layout: FrameLayout) -> None:
         check_plain_prompt(ids, layout)
     params = request.sampling_params
     if params is not None:
+        check_sampling_ids(params, layout)
         check_generation_window(len(ids), params.max_tokens, layout)
 
 

@@ -175,3 +175,14 @@ def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt):
     new = _probe(tiny_ckpt, None)
     assert old["results"] == new["results"]
     assert old["results"][:2] == [210, 3] and all(isinstance(r, str) for r in old["results"][2:])
+
+
+def test_sampling_parameters_hold_only_vocabulary_ids():
+    """vLLM 0.26 does not check these (an out-of-vocabulary stop id was served on the H200); 0.32 does."""
+    from terra_nb.vllm_frontdoor import check_sampling_ids
+
+    lay = FrameLayout(image_tokens=64, action_tokens=6, max_frames=25, action_dim=3, vocab_size=513)
+    check_sampling_ids(SimpleNamespace(logit_bias={512: -100.0}, allowed_token_ids=[0, 511], stop_token_ids=[]), lay)
+    for key, value in [("logit_bias", {513: 1.0}), ("allowed_token_ids", [0, -1]), ("stop_token_ids", [10**7])]:
+        with pytest.raises(ValueError, match=f"{key} holds token id .* out of vocabulary"):
+            check_sampling_ids(SimpleNamespace(**{key: value}), lay)
