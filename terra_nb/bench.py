@@ -541,11 +541,7 @@ ROW_LABELS = {
     "hf": "HF `generate` + KV cache (the seed's baseline)",
     "vllm_eager": "our port, `enforce_eager=True` (the seed's setting)",
     "vllm": "our port, CUDA graphs + prefix caching (default)",
-    "vllm_b8": "our port, 8 rollouts at once",
-    "vllm_b32": "our port, 32 rollouts at once",
     "stock_llama": "stock vLLM Llama, same shape (ceiling)",
-    "stock_llama_b8": "stock vLLM Llama, 8 at once",
-    "stock_llama_b32": "stock vLLM Llama, 32 at once",
 }
 
 
