@@ -30,7 +30,7 @@ from .layout import interleave_segments, segments_length
 from .onnx_export import CONFIG_KEY, INPUTS
 from .rollout import SamplingConfig, run_rollout
 
-__all__ = ["OnnxDecoder", "make_session", "next_codes", "onnx_rollout", "step_inputs"]
+__all__ = ["OnnxDecoder", "make_session", "next_codes", "onnx_rollout", "providers_for", "rollout_calls", "step_inputs"]
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 
@@ -47,6 +47,15 @@ def make_session(path: str | Path, threads: int | None = None, providers: list[s
     return ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
 
 
+def providers_for(device: str = "cpu") -> list[str]:
+    """onnxruntime execution providers for a torch-style device name: CUDA first when asked and installed."""
+    import onnxruntime as ort
+
+    if str(device).startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
 class OnnxDecoder:
     """A merged Terra graph in an onnxruntime session, with the layout read from the file.
 
@@ -56,6 +65,7 @@ class OnnxDecoder:
     """
 
     def __init__(self, path: str | Path, threads: int | None = None, providers: list[str] | None = None):
+        """Open `path` (written by `onnx_export.export_merged`); `threads`: onnxruntime's intra-op threads."""
         self.path = Path(path)
         self.session = make_session(path, threads, providers)
         meta = self.session.get_modelmeta().custom_metadata_map
@@ -184,3 +194,30 @@ def onnx_rollout(
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         return run_rollout(generate_round, context, actions, n_frames, decoder.layout, overlap, progress)
+
+
+def rollout_calls(config, context, actions) -> list[dict]:
+    """The three kinds of call a rollout of `context` `[n_ctx, P]` makes, with their shapes.
+
+    The prefill (the window's frames and slots, empty cache), a plain decode step (one code), and
+    the frame-boundary step (a frame's last code + its 6 action slots), and which graph of a
+    two-graph export would run each: a `decoder_with_past` graph traced with one new token and no
+    dynamic token axis is fixed at 1 and cannot take the boundary step's 7. The merged graph runs all three.
+    """
+    from .onnx_export import kv_shape
+
+    layout = FrameLayout.from_config(config)
+    acts = torch.as_tensor(actions)[None]
+    n_prefill = torch.as_tensor(context).numel() // layout.image_tokens * layout.frame_len
+    calls = [("prefill (first step)", torch.as_tensor(context).reshape(1, -1), 0, "decoder_model (no cache in)"),
+             ("decode step", torch.zeros(1, 1, dtype=torch.long), n_prefill, "decoder_with_past_model (1 token)"),
+             ("frame boundary", torch.zeros(1, 1, dtype=torch.long), n_prefill + layout.image_tokens - 1,
+              "decoder_with_past_model, only if its token axis is dynamic")]
+    rows = []
+    for name, codes, past, two_graph in calls:
+        n = step_inputs(codes, acts, past, layout)["position_ids"].shape[1]
+        rows.append({"call": name, "new positions": n, "positions": f"{past}..{past + n - 1}",
+                     "past (cache in)": str(list(kv_shape(config, 1, past))),
+                     "present (cache out)": str(list(kv_shape(config, 1, past + n))),
+                     "two-graph export": two_graph})
+    return rows
