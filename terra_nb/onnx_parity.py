@@ -104,9 +104,10 @@ def plot_logit_steps(rows: list[dict], tolerance: float, save=None):
     ax.scatter([r["step"] for r in marks], [max(r["max_abs_diff"], 1e-9) for r in marks], color="C3", s=18,
                zorder=3, label="prefill / code + action slots")
     ax.axhline(tolerance, color="grey", ls=":", label=f"tolerance {tolerance:g}")
+    ax.set_ylim(top=tolerance * 20)  # room for the legend above the tolerance line
     ax.set_xlabel("decoding step (one onnxruntime call each)")
     ax.set_ylabel("max abs diff")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper right", ncol=3)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     if save is not None:
