@@ -165,10 +165,12 @@ class ExportInfo:
     megabytes: float
 
 
-def export_merged(model: nn.Module, path: str | Path, opset: int | None = None) -> ExportInfo:
+def export_merged(model: nn.Module, path: str | Path, opset: int | None = None,
+                  external_data: bool | None = None) -> ExportInfo:
     """Export `model` (an HF Terra model, v1 or v2, in eval mode) as one merged graph to `path`.
 
-    Weights over 2 GB go to an external data file beside it (protobuf's limit), as torch decides.
+    `external_data`: weights in a separate file `<path>.data` beside the graph. None lets torch
+    decide: external when the model is over 2 GB (protobuf's limit; Terra's 2 B parameters are).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +185,7 @@ def export_merged(model: nn.Module, path: str | Path, opset: int | None = None) 
         )
         # the config travels inside the file, so a runtime needs nothing else to lay out inputs
         program.model.metadata_props[CONFIG_KEY] = model.config.to_json_string(use_diff=False)
-        program.save(str(path))
+        program.save(str(path), external_data=external_data)
     seconds = time.perf_counter() - t0
     import onnx
 

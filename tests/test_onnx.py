@@ -149,8 +149,13 @@ def test_bad_inputs_get_the_same_errors_as_hf(ort_v1, hf_v1, inputs, case):
 
 
 def test_v2_action_mlp_exports_and_matches(tiny_ckpt_v2, tmp_path_factory, inputs, single_thread):
+    """v2's MLP action projection, with the weights in an external file as Terra's 2 B parameters need."""
     hf = load_reference(tiny_ckpt_v2)
-    dec = _export(hf, tmp_path_factory, "tiny_v2")
+    info = export_merged(hf, tmp_path_factory.mktemp("onnx") / "tiny_v2.onnx", external_data=True)
+    weights = info.path.with_name(info.path.name + ".data")
+    assert weights.stat().st_size > 0.9 * sum(p.numel() * 4 for p in hf.parameters())
+    assert info.path.stat().st_size < 1e6   # the graph alone
+    dec = OnnxDecoder(info.path, threads=1)
     context, actions = inputs
     ref = hf_rollout(hf, context, actions[1], 2, GREEDY, progress=False)
     assert torch.equal(onnx_rollout(dec, context, actions[1], 2, GREEDY, progress=False), ref)
