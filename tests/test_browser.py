@@ -9,10 +9,13 @@ autosave never writes into `notebooks/`), and Playwright drives the system's Chr
 - notebook 08 runs in the browser up to its steering widget, and dragging the curvature slider
   makes the widget roll the vLLM engine out again: the GIF and the reported errors change.
 
-08 runs with smaller parameters than its defaults (`BROWSER_PARAMS`, injected as papermill would)
-so that the test takes about a minute instead of two; the widget still drives the notebook's
-real vLLM engine. Skipped, saying why, where no Chromium or no Playwright is installed (`.ci/run`
-installs both, so CI runs it).
+08 runs with smaller parameters than its defaults (`BROWSER_PARAMS`, injected as papermill would:
+2 clips in the score instead of 16, 4 frames per rollout instead of 12), which takes its run in
+the browser from several minutes to about one and a half on 2 CPU cores; every cell up to the
+widget still runs, and the widget drives the notebook's real vLLM engine.
+
+Skipped, saying why, where no Chromium or no Playwright is installed (`.ci/run` installs the
+browser and `make test`'s setup installs Playwright, so CI runs it).
 """
 from __future__ import annotations
 
@@ -93,9 +96,10 @@ def lab_url(tmp_path_factory):
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "workspaces"))
     lab_args = f"--no-browser --port={port} --ServerApp.port_retries=0"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(["make", "--no-print-directory", "-o", "setup", "lab", f"PY={sys.executable}",
-                                 f"LAB_DIR={root}", f"LAB_ARGS={lab_args}"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+    command = ["make", "--no-print-directory", "-o", "setup", "lab", f"PY={sys.executable}", f"LAB_DIR={root}",
+               f"LAB_ARGS={lab_args}"]
+    with log.open("wb") as out:   # its own process group: _stop ends the server and its kernels together
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         url = _wait_for_url(proc, log, port)
