@@ -11,7 +11,7 @@ STAMP   := $(VENV)/.installed-$(BACKEND)
 # otherwise pip's own configuration (find-links, PyPI) decides.
 TORCH_INDEX := $(shell [ "$(BACKEND)" = cpu ] && curl -sf --max-time 5 -o /dev/null https://download.pytorch.org/whl/cpu/ && echo --extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: setup reproduce test clean
+.PHONY: setup reproduce test lab clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,13 @@ reproduce: setup
 
 test: setup
 	$(PY) -m pytest
+
+# JupyterLab with this project's kernel (the venv's python) on notebooks/ (LAB_DIR=outputs: the
+# copies `make reproduce` executed); it prints the URL to open. Root needs --allow-root.
+# LAB_ARGS adds options, e.g. LAB_ARGS="--no-browser --port 8899".
+lab: setup
+	@echo "JupyterLab on $(or $(LAB_DIR),notebooks)/ (kernel: $(PY)): open the URL printed below; Ctrl-C stops it."
+	$(PY) -m jupyter lab --notebook-dir=$(or $(LAB_DIR),notebooks) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf outputs checkpoints .pytest_cache
