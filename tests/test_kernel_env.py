@@ -59,6 +59,7 @@ def test_nbval_kernel_stdout_has_a_file_descriptor(tmp_path):
 
 def test_papermill_kernel_inside_pytest_has_a_file_descriptor(tmp_path):
     path = nbtools.write_notebook(tmp_path / "01_fileno.ipynb", CELLS)
+    (tmp_path / "out").mkdir()
     run = reproduce.run_notebook(path, tmp_path / "out", {"device": "cpu", "preset": "tiny", "out_dir": None})
     assert run.status == "ok", run.failure_line()
     cells = nbformat.read(tmp_path / "out" / path.name, as_version=4).cells
