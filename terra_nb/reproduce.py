@@ -263,11 +263,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reproduce: no notebooks matching {NOTEBOOK_GLOB} in {args.notebooks}"
               + (f" (filter {args.only})" if args.only else ""), file=sys.stderr)
         return 1
-    device = args.device
-    if device == "auto":
-        import torch
+    from .show import resolve_device
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        print(f"reproduce: {e}", file=sys.stderr)
+        return 1
     out_dir = Path(args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     # results of an earlier run must not pass for this run's
