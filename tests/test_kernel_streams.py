@@ -82,3 +82,12 @@ def test_committed_notebook_has_no_stderr_or_warnings(path):
             elif "Warning:" in text or "warnings.warn" in text:
                 problems.append(f"cell #{i + 1}: a warning {text[:120]!r}")
     assert problems == [], "\n".join(problems)
+
+
+def test_blank_chunks_after_dropped_noise_go_too():
+    from terra_nb.kernel_streams import NoiseFilter
+
+    f = NoiseFilter()
+    chunks = ["\r" + SAMPLES["weight-loading progress bar"], "\n", "\n", "real\n", "\n"]
+    assert [f.feed(c) for c in chunks] == ["", "", "", "real\n", "\n"]
+    assert NoiseFilter().feed("\n") == "\n"
