@@ -42,8 +42,9 @@ CELLS = [
 
 
 def test_kernel_environment_drops_pytest_marker():
-    env = reproduce.kernel_environment({"PYTEST_CURRENT_TEST": "x (call)", "A": "1"})
-    assert env == {"A": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    env = reproduce.kernel_environment({"PYTEST_CURRENT_TEST": "x (call)", "A": "1", "PYTHONWARNINGS": "error"})
+    assert "PYTEST_CURRENT_TEST" not in env and env["A"] == "1" and env["PYDEVD_DISABLE_FILE_VALIDATION"] == "1"
+    assert env["PYTHONWARNINGS"] == ",".join(["error", *reproduce.QUIET_WARNINGS])  # the caller's filters first
 
 
 def test_nbval_kernel_stdout_has_a_file_descriptor(tmp_path):
