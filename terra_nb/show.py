@@ -215,6 +215,33 @@ def _version(*dists: str) -> str | None:
     return None
 
 
+DEVICE_HELP = '"auto": cuda when torch sees a GPU, else cpu; or "cpu" / "cuda"'
+
+
+def resolve_device(device: str = "auto") -> str:
+    """The device a notebook runs on: "auto" picks "cuda" when torch sees a GPU, else "cpu";
+    "cpu", "cuda" and "cuda:N" are taken as given once checked against this machine.
+
+    Every notebook's `device` parameter defaults to "auto" and goes through here, so a notebook
+    opened on a GPU machine uses the GPU without being told (the preset stays "tiny" unless a
+    parameter says "terra": `make reproduce BACKEND=gpu` passes it).
+    """
+    import torch
+
+    name = str(device).strip().lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return "cpu"
+    if name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for, but torch sees no CUDA GPU here: use \"auto\" or \"cpu\"")
+        if ":" in name and int(name[5:]) >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        return name
+    raise ValueError(f"unknown device {device!r}: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"")
+
+
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), else what `platform` knows."""
     try:

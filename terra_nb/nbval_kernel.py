@@ -1,0 +1,32 @@
+"""pytest plugin (loaded by pyproject's `addopts = -p terra_nb.nbval_kernel`): nbval's notebook
+kernels start in `reproduce.kernel_environment()` with `reproduce.KERNEL_ARGUMENTS`, like the
+kernels of `python -m terra_nb.reproduce`.
+
+nbval starts its kernels with the environment of the pytest process, `PYTEST_CURRENT_TEST`
+included, and has no option for a kernel environment; this plugin passes one to its
+`start_new_kernel` (see `reproduce.NOT_FOR_KERNELS` for why it matters).
+"""
+from __future__ import annotations
+
+import functools
+
+
+def pytest_configure(config) -> None:
+    try:
+        import nbval.kernel
+    except ImportError:  # nbval not installed: nothing to configure
+        return
+    start = nbval.kernel.start_new_kernel
+    if getattr(start, "terra_nb_environment", False):
+        return
+
+    @functools.wraps(start)
+    def start_new_kernel(*args, **kwargs):
+        from .reproduce import KERNEL_ARGUMENTS, kernel_environment
+
+        kwargs.setdefault("env", kernel_environment())
+        kwargs["extra_arguments"] = [*kwargs.get("extra_arguments", []), *KERNEL_ARGUMENTS]
+        return start(*args, **kwargs)
+
+    start_new_kernel.terra_nb_environment = True
+    nbval.kernel.start_new_kernel = start_new_kernel

@@ -1,0 +1,35 @@
+"""`show.resolve_device`: the one place where a notebook's `device = "auto"` becomes a device."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from terra_nb import reproduce
+from terra_nb.show import resolve_device
+
+
+def test_auto_is_cuda_exactly_when_torch_sees_a_gpu():
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device(" CPU ") == "cpu"
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "", "tpu"])
+def test_unknown_devices_are_refused(bad):
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_device(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused(capsys, tmp_path):
+    with pytest.raises(ValueError, match="sees no CUDA GPU"):
+        resolve_device("cuda")
+    (tmp_path / "01_x.ipynb").write_text("{}")  # never run: the device is refused first
+    assert reproduce.main(["--device", "cuda", "--notebooks", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
+    assert "sees no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_devices_on_a_gpu():
+    assert resolve_device("cuda") == "cuda" and resolve_device("cuda:0") == "cuda:0"
+    with pytest.raises(ValueError, match="CUDA device"):
+        resolve_device(f"cuda:{torch.cuda.device_count()}")

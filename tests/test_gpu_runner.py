@@ -1,0 +1,63 @@
+"""tools/gpu_runner.sh's plan and tools/gpu_report.py's report, from a real `reproduce` summary
+(a throwaway notebook run here) plus the step records the runner writes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from terra_nb import reproduce
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import gpu_report  # noqa: E402
+from nb import write_notebook  # noqa: E402
+
+NOTEBOOKS = sorted(p.name[:2] for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+TF = {"dtype": "bfloat16", "scored_codes": 3456, "top1_agreement": "3450/3456", "top1_disagreements": 6,
+      "of_which_near_ties": 6, "max_abs_logprob_gap": 0.0625, "tolerance": 0.25,
+      "positions_with_hf_top2_within_tolerance": 900, "passed": True}
+
+
+def test_plan_covers_every_notebook_twice_and_fits_in_steps():
+    r = subprocess.run(["bash", str(REPO / "tools" / "gpu_runner.sh"), "plan"], capture_output=True, text=True)
+    steps = r.stdout.split("\n")
+    assert r.returncode == 0 and steps[0] == "setup" and steps[-2] == "report"
+    assert [s.split()[1] for s in steps if s.startswith("reproduce ")] == NOTEBOOKS
+    assert [s.split()[1] for s in steps if s.startswith("nbval ")] == NOTEBOOKS
+    assert "test fast" in steps and "test engine1" in steps
+
+
+def test_report_from_a_real_reproduce_summary(tmp_path):
+    nbs = tmp_path / "nbs"
+    write_notebook(nbs / "06_p.ipynb", [
+        ("md", "# p\nwhat you will learn"),
+        ("params", 'device = "cpu"\npreset = "tiny"\nout_dir = None'),
+        ("code", "from terra_nb.results import record_result\n"
+                 f"record_result('06_parity', {{'equal': 2184, 'tokens': 3456, 'frames': 6, "
+                 f"'first_mismatch': {{'rollout': 0, 'frame': 0, 'index': 9}}, 'teacher_forced': {TF!r}}}, out_dir)"),
+        ("md", "summary, pitfalls"),
+    ])
+    state = tmp_path / "state"
+    assert reproduce.main(["--notebooks", str(nbs), "--out", str(state / "reproduce" / "06"), "--device", "cpu"]) == 0
+    env = reproduce.__dict__["json"].loads(json.dumps({"device": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "cpu_count": 16,
+                                                       "python": "3.12.3", "torch": "2.11.0+cu130",
+                                                       "transformers": "5.17.0", "vllm": "0.26.0", "date": "d"}))
+    (state / "environment.json").write_text(json.dumps(env))
+    (state / "steps").mkdir()
+    (state / "steps" / "nbval_06.json").write_text(json.dumps({"step": "nbval_06", "rc": 0, "seconds": 95.5}))
+    (state / "steps" / "test_fast.json").write_text(json.dumps({"step": "test_fast", "rc": 1, "seconds": 61.0}))
+    (state / "steps" / "test_fast.log").write_text("....F\n===== 1 failed, 40 passed, 2 skipped in 60.1s =====\n")
+    assert gpu_report.main([str(state), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "gpu_report_h100.md").read_text()
+    assert "device: NVIDIA H100 80GB HBM3" in text and "vllm 0.26.0" in text and "torch 2.11.0+cu130" in text
+    assert "| 06_p.ipynb | ok |" in text and "| passed | 95.5 |" in text
+    assert "2184 of 3456 codes equal" in text and "top-1 agreement 3450/3456" in text and "0.0625" in text
+    assert "| fast | 1 | 61 | 1 failed, 40 passed, 2 skipped in 60.1s |" in text
+
+
+def test_gpu_slug():
+    assert gpu_report.gpu_slug("NVIDIA H200") == "h200"
+    assert gpu_report.gpu_slug("NVIDIA A100-SXM4-80GB") == "a100"
+    assert gpu_report.gpu_slug("Some GPU") == "some_gpu"

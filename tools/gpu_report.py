@@ -1,0 +1,132 @@
+"""The GPU runner's report: `results/gpu_report_<gpu>.md` from what `tools/gpu_runner.sh` left in
+its state folder (environment, per-notebook papermill summaries and results, test and nbval steps).
+
+    python tools/gpu_report.py STATE_DIR [--out DIR]      # writes DIR/gpu_report_<gpu>.md
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from terra_nb.results import markdown_table  # noqa: E402
+
+
+def gpu_slug(device: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'NVIDIA H200' -> 'h200'; otherwise a lower-case word."""
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", device)
+    return (m.group(1) if m else re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_") or "gpu").lower()
+
+
+def _json(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _pytest_line(log: Path) -> str:
+    """pytest's closing line ('12 passed, 1 skipped in 80.1s'), without the '=' rule."""
+    if not log.exists():
+        return ""
+    lines = [ln.strip("= \n") for ln in log.read_text(errors="replace").splitlines()
+             if re.search(r"\b(passed|failed|error|skipped|no tests ran)\b", ln) and " in " in ln]
+    return lines[-1] if lines else ""
+
+
+def notebook_rows(state: Path) -> list[dict]:
+    rows = []
+    for summary in sorted((state / "reproduce").glob("*/summary.json")):
+        for nb in json.loads(summary.read_text())["notebooks"]:
+            nbval = _json(state / "steps" / f"nbval_{summary.parent.name}.json")
+            rows.append({
+                "notebook": Path(nb["notebook"]).name, "papermill (terra shape)": nb["status"],
+                "wall time (s)": nb["seconds"],
+                "nbval": ("not run" if nbval is None else "passed" if nbval["rc"] == 0 else f"FAILED (exit {nbval['rc']})"),
+                "nbval time (s)": None if nbval is None else nbval["seconds"],
+                "error": (nb.get("error") or "")[:120],
+            })
+    return rows
+
+
+def test_rows(state: Path) -> list[dict]:
+    rows = []
+    for step in sorted((state / "steps").glob("test_*.json")):
+        s = json.loads(step.read_text())
+        rows.append({"group": s["step"][5:], "exit": s["rc"], "seconds": s["seconds"],
+                     "pytest": _pytest_line(step.with_suffix(".log"))})
+    return rows
+
+
+def parity_lines(state: Path) -> list[str]:
+    res = _json(state / "reproduce" / "06" / "results" / "06_parity.json")
+    if res is None:
+        return ["(notebook 06 left no parity result)"]
+    out = [f"- free-running greedy, HF vs vLLM: {res['equal']} of {res['tokens']} codes equal over "
+           f"{res['frames']} frames; first mismatch: {res['first_mismatch']}"]
+    tf = res.get("teacher_forced")
+    if tf:
+        out.append(f"- teacher-forced (both score HF's rollout), {tf['dtype']}: top-1 agreement {tf['top1_agreement']}, "
+                   f"{tf['top1_disagreements']} disagreements of which {tf['of_which_near_ties']} near-ties; largest "
+                   f"|HF - vLLM| logprob {tf['max_abs_logprob_gap']:.4g} (tolerance {tf['tolerance']:g}); "
+                   f"positions where HF's two best codes lie within the tolerance: "
+                   f"{tf['positions_with_hf_top2_within_tolerance']} of {tf['scored_codes']}; passed: {tf['passed']}")
+    return out
+
+
+def build_report(state: Path) -> tuple[str, str]:
+    env = _json(state / "environment.json") or {}
+    device = env.get("device", "unknown GPU")
+    nbs, tests = notebook_rows(state), test_rows(state)
+    lines = [
+        f"# GPU runner report: {device}",
+        "",
+        "Written by `tools/gpu_runner.sh` (steps: setup, `make reproduce BACKEND=gpu` notebook by notebook, "
+        "`make test BACKEND=gpu` in groups and nbval notebook by notebook, report).",
+        "",
+        f"- date: {env.get('date', '?')}",
+        f"- device: {device} ({env.get('gpu_count', '?')} GPU(s), {env.get('cpu_count', '?')} CPU cores)",
+        f"- versions: python {env.get('python')}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
+        f"vllm {env.get('vllm')}",
+        f"- git commit: {env.get('git_commit') or 'unknown'}",
+        "",
+        "## Notebooks (papermill with `--device cuda --preset terra`; nbval with the notebooks' defaults)",
+        "",
+        markdown_table(nbs) if nbs else "(no notebook ran)",
+        "",
+        f"papermill total: {sum(r['wall time (s)'] for r in nbs):.0f} s over {len(nbs)} notebooks, "
+        f"{sum(r['papermill (terra shape)'] == 'ok' for r in nbs)} ok; nbval: "
+        f"{sum(r['nbval'] == 'passed' for r in nbs)} of {len(nbs)} passed.",
+        "",
+        "## bf16 parity (notebook 06, Terra shape, random weights)",
+        "",
+        *parity_lines(state),
+        "",
+        "## Unit tests (`make test BACKEND=gpu`, in groups)",
+        "",
+        markdown_table(tests) if tests else "(no test group ran)",
+    ]
+    bench = _json(state / "reproduce" / "07" / "results" / "07_benchmark_here.json")
+    if bench:
+        lines += ["", "## Notebook 07's re-measurement", "", bench.get("note", ""), "",
+                  markdown_table(bench.get("rows", []))]
+    return gpu_slug(device), "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("state", type=Path)
+    ap.add_argument("--out", type=Path, default=None, help="folder for the report (default: the state folder)")
+    args = ap.parse_args(argv)
+    slug, text = build_report(args.state)
+    out = (args.out or args.state) / f"gpu_report_{slug}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# What a CI GPU job does, on our GPU machine, in steps that each fit one 10-minute device call:
+# install, `make reproduce BACKEND=gpu` (notebook by notebook), `make test BACKEND=gpu` (unit
+# tests in groups, then nbval notebook by notebook), and the report `gpu_report_<gpu>.md`.
+#
+#   bash tools/gpu_runner.sh plan              # the calls, in order, one per line
+#   bash tools/gpu_runner.sh setup             # install the project (no downloads), record the machine
+#   bash tools/gpu_runner.sh reproduce 06      # papermill, real Terra shape (--device cuda --preset terra)
+#   bash tools/gpu_runner.sh test engine1      # a group of unit tests (see `groups` below)
+#   bash tools/gpu_runner.sh nbval 06          # nbval over one notebook, on the GPU
+#   bash tools/gpu_runner.sh report            # $OUT/gpu_report_<gpu>.md from everything above
+#
+# The machine: vLLM 0.26 and the notebook tools unpacked in /tmp/site (the bundle of the GPU notes),
+# no network. Every step writes its log and summary under $STATE (kept while the machine stays
+# warm) and copies them to $OUT (what comes back from the call). Commit the report as
+# results/gpu_report_<gpu>.md; the executed notebooks stay out of git (tens of MB with figures).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-plan}" != plan ] && [ "${1:-plan}" != report ]; then
+  test -d /tmp/site/vllm || { echo FRESH-MACHINE; exit 3; }
+fi
+export PYTHONPATH=/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+STATE=${GPU_RUNNER_STATE:-/tmp/terra_gpu_runner}
+OUT=${OUT:-$STATE/out}
+mkdir -p "$STATE" "$OUT"
+PY=python3
+
+# make when the machine has it, else the command the make target runs (same arguments)
+mk() {  # mk reproduce|test ARGS...
+  local target=$1; shift
+  if command -v make > /dev/null; then
+    if [ "$target" = reproduce ]; then make reproduce BACKEND=gpu PY=$PY SETUP=none REPRODUCE_ARGS="$*"
+    else make test BACKEND=gpu PY=$PY SETUP=none PYTEST_ARGS="$*"; fi
+  elif [ "$target" = reproduce ]; then $PY -m terra_nb.reproduce --device cuda --preset terra "$@"
+  else $PY -m pytest "$@"; fi
+}
+
+ENGINE_TESTS=(test_vllm_engine test_vllm_engine_v2 test_vllm_trace test_weight_mapping test_toyworld_workbook
+              test_teacher_forced test_bench_measure test_vllm_compat)
+groups() {  # name -> pytest arguments
+  case "$1" in
+    fast) local a=(tests); for t in "${ENGINE_TESTS[@]}"; do a+=(--ignore "tests/$t.py"); done; echo "${a[@]}" ;;
+    engine1) echo tests/test_vllm_engine.py tests/test_vllm_engine_v2.py ;;
+    engine2) echo tests/test_vllm_trace.py tests/test_weight_mapping.py tests/test_vllm_compat.py ;;
+    engine3) echo tests/test_toyworld_workbook.py tests/test_teacher_forced.py ;;
+    engine4) echo tests/test_bench_measure.py ;;
+    *) echo "unknown test group $1 (fast, engine1..engine4)" >&2; return 2 ;;
+  esac
+}
+NOTEBOOKS=$(ls notebooks/[0-9][0-9]_*.ipynb | sed -E 's|notebooks/([0-9][0-9])_.*|\1|')
+
+timed() {  # timed NAME CMD...: run, keep the log and {rc, seconds} under $STATE/steps
+  local name=$1; shift
+  mkdir -p "$STATE/steps"
+  local t0=$(date +%s%N)
+  "$@" > "$STATE/steps/$name.log" 2>&1
+  local rc=$?
+  local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  printf '{"step": "%s", "rc": %d, "seconds": %d.%d, "command": "%s"}\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) "$*" \
+    > "$STATE/steps/$name.json"
+  # the log's end, without the engine's per-request chatter
+  grep -v -E "it/s\]$|^\((EngineCore|Worker)" "$STATE/steps/$name.log" | tail -40
+  cp "$STATE/steps/$name.log" "$STATE/steps/$name.json" "$OUT/"
+  return $rc
+}
+
+case "${1:-plan}" in
+  plan)
+    echo setup
+    for nb in $NOTEBOOKS; do echo "reproduce $nb"; done
+    for g in fast engine1 engine2 engine3 engine4; do echo "test $g"; done
+    for nb in $NOTEBOOKS; do echo "nbval $nb"; done
+    echo report ;;
+  setup)
+    $PY -m pip install -q --no-deps --no-build-isolation -e . > "$STATE/pip.log" 2>&1 || { cat "$STATE/pip.log"; exit 1; }
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$STATE/nvidia-smi.txt"
+    $PY -c "import json; from terra_nb.show import environment_info; print(json.dumps(environment_info('cuda'), indent=2))" \
+      > "$STATE/environment.json" && cp "$STATE/environment.json" "$OUT/" && cat "$STATE/environment.json" ;;
+  reproduce)
+    nb=${2:?which notebook, e.g. 06}
+    # one output folder per notebook: reproduce clears its folder's results/ at the start
+    timed "reproduce_$nb" mk reproduce --only "$nb" --out "$STATE/reproduce/$nb"
+    rc=$?; cp "$STATE/reproduce/$nb/summary.json" "$OUT/reproduce_${nb}_summary.json" 2>/dev/null
+    cp -r "$STATE/reproduce/$nb/results" "$OUT/reproduce_${nb}_results" 2>/dev/null; exit $rc ;;
+  test)
+    g=${2:?which group: fast, engine1..engine4}; args=$(groups "$g") || exit 2
+    timed "test_$g" mk test -p no:cacheprovider $args ;;
+  nbval)
+    nb=${2:?which notebook, e.g. 06}
+    timed "nbval_$nb" mk test -p no:cacheprovider notebooks/${nb}_*.ipynb ;;
+  report)
+    $PY tools/gpu_report.py "$STATE" --out "$OUT" ;;
+  *) echo "unknown step $1; see: bash tools/gpu_runner.sh plan" >&2; exit 2 ;;
+esac
