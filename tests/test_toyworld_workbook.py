@@ -233,3 +233,25 @@ def test_steering_widget_reruns_the_rollout_when_a_slider_moves():
     sliders[0].value = sliders[0].max                 # turn left as hard as the slider allows
     assert len(calls) == 2 and not torch.equal(calls[0], calls[1])
     assert gif.value != first and info.value != first_info
+
+
+def test_steering_widget_says_when_the_rollout_fails():
+    """After "Run All" the notebook's last cell frees the engine; moving a slider then must say so
+    in the widget instead of failing silently (an observer's exception goes to the log console)."""
+    pytest.importorskip("ipywidgets")
+    from terra_nb.toyworld import as_rollout_fn, load_toy_model
+    from terra_nb.toyworld.demo import steering_widget
+
+    hf, engine = as_rollout_fn(load_toy_model()), {"alive": True}
+
+    def fn(context, actions, n_frames):
+        if not engine["alive"]:
+            raise RuntimeError("EngineDeadError: the engine core is shut down")
+        return hf(context, actions, n_frames)
+
+    box = steering_widget(fn, n_frames=4)
+    sliders, info = box.children[0].children, box.children[2]
+    assert "final position error" in info.value
+    engine["alive"] = False
+    sliders[0].value = sliders[0].max
+    assert "rollout failed" in info.value and "EngineDeadError" in info.value

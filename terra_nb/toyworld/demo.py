@@ -83,8 +83,13 @@ def steering_widget(model_or_fn=None, seed: int = 1, n_context: int = 3, n_frame
     gif, plot, info = W.Image(format="gif"), W.Output(), W.HTML()
 
     def update(*_):
-        res = steering_rollouts(fn, {"model": dict(curvature=curv.value, lane_shift=lane.value, speed=speed.value)},
-                                base, n_context, n_frames, tok, ground_truth=True)["model"]
+        try:
+            res = steering_rollouts(fn, {"model": dict(curvature=curv.value, lane_shift=lane.value, speed=speed.value)},
+                                    base, n_context, n_frames, tok, ground_truth=True)["model"]
+        except Exception as e:  # noqa: BLE001 - an observer's exception would only reach the lab's log console
+            info.value = (f"<b>rollout failed</b>: {type(e).__name__}: {e}. If the notebook's last cell freed "
+                          f"the engine, run the cells from the engine start again.")
+            return
         with tempfile.TemporaryDirectory() as d:
             path = render_rollout_gif({"commanded (rendered)": res["truth"], "model rollout": res["frames"]},
                                       Path(d) / "steer.gif", fps=5, scale=5, n_context=n_context)
