@@ -1,7 +1,32 @@
 """Shared pytest fixtures. Keep this small; add fixtures, do not rewrite others'."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
+
+
+def _run_probe(script: str, ckpt, extra_path=None) -> dict:
+    """Run `script` with the checkpoint folder as argv[1] in a fresh interpreter, with `extra_path`
+    (e.g. an unpacked vLLM 0.26 source tree) first on PYTHONPATH; return the JSON of its
+    `PROBE{...}` line. Lets one test compare what two vLLM releases answer to the same calls."""
+    env = dict(os.environ)
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", script, str(ckpt)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
+    assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(line[len("PROBE"):])
+
+
+@pytest.fixture(scope="session")
+def run_probe():
+    """`run_probe(script, ckpt, extra_path=None) -> dict` (see `_run_probe`)."""
+    return _run_probe
 
 
 @pytest.fixture(scope="session")

@@ -7,10 +7,7 @@ vLLM's renderer for it. So `engine_input` runs vLLM's own rendering and processi
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -230,24 +227,13 @@ print("PROBE" + json.dumps(out))
 """
 
 
-def _probe(ckpt, extra_path) -> dict:
-    env = dict(os.environ)
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _PROBE, str(ckpt)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
-    assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(line[len("PROBE"):])
-
-
 @pytest.mark.skipif(not (VLLM026_SRC / "vllm" / "renderers").is_dir(), reason="vLLM 0.26.0 source tree not present")
-def test_vllm_026_front_end_gives_the_same_answers(tiny_ckpt):
+def test_vllm_026_front_end_gives_the_same_answers(tiny_ckpt, run_probe):
     """The helpers use only front-end APIs both releases share: same rows, kwargs, plan, errors."""
     import vllm
 
-    old = _probe(tiny_ckpt, VLLM026_SRC)
-    new = _probe(tiny_ckpt, None)
+    old = run_probe(_PROBE, tiny_ckpt, VLLM026_SRC)
+    new = run_probe(_PROBE, tiny_ckpt, None)
     assert old["version"].startswith("0.26") and new["version"] == vllm.__version__
     for key in ("ids", "rows", "kwargs", "plan", "profile_batch", "v1_api", "seed_api", "errors", "kv"):
         assert old[key] == new[key], key

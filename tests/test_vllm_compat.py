@@ -8,10 +8,7 @@ installed release produces (prompt ids, placeholder ranges, dummy inputs, error 
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -161,20 +158,10 @@ print("PROBE" + json.dumps(out))
 """
 
 
-def _probe(ckpt, extra_path: Path | None) -> dict:
-    env = dict(os.environ)
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _PROBE, str(ckpt)], env=env, capture_output=True, text=True, timeout=300)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
-    assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(line[len("PROBE"):])
-
-
 @pytest.mark.skipif(not (VLLM026_SRC / "vllm" / "multimodal").is_dir(), reason="vLLM 0.26.0 source tree not present")
-def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt):
-    old = _probe(tiny_ckpt, VLLM026_SRC)
-    new = _probe(tiny_ckpt, None)
+def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt, run_probe):
+    old = run_probe(_PROBE, tiny_ckpt, VLLM026_SRC)
+    new = run_probe(_PROBE, tiny_ckpt, None)
     assert old["version"].startswith("0.26") and new["version"] == vllm.__version__
     assert old["flags"] == [False, True]  # builder entry point; token helpers take a tokenizer
     assert new["flags"] == [C.HAS_PROCESSOR_DUMMY_INPUTS, C.PROMPT_UPDATES_NEED_TOKENIZER_ARG]

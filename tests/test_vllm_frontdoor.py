@@ -9,10 +9,7 @@ and must refuse the same requests with the same messages. The engine-level test 
 """
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -158,21 +155,11 @@ print("PROBE" + json.dumps(out))
 """
 
 
-def _probe(ckpt, extra_path: Path | None) -> dict:
-    env = dict(os.environ)
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _PROBE, str(ckpt)], env=env, capture_output=True, text=True, timeout=300)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
-    assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(line[len("PROBE"):])
-
-
 @pytest.mark.skipif(VLLM026_SRC is None, reason="vLLM 0.26.0 source tree not present")
-def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt):
-    old = _probe(tiny_ckpt, VLLM026_SRC)
+def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt, run_probe):
+    old = run_probe(_PROBE, tiny_ckpt, VLLM026_SRC)
     assert old["version"].startswith("0.26") and old["installed"]
-    new = _probe(tiny_ckpt, None)
+    new = run_probe(_PROBE, tiny_ckpt, None)
     assert old["results"] == new["results"]
     assert old["results"][:2] == [210, 3] and all(isinstance(r, str) for r in old["results"][2:])
 
