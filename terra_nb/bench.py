@@ -614,7 +614,8 @@ def engine_groups(rows: list[str]) -> list[list[str]]:
     """Split rows into one group per engine (each group runs in its own process, so every engine's
     memory is freed before the next starts); `hf` rides along with the first group."""
     by_engine = {r: row_engine(r) for r in rows}  # raises on an unknown row
-    groups = [[r for r in rows if by_engine[r] == kind] for kind in ("vllm_eager", "vllm", "stock_llama")]
+    groups = [sorted((r for r in rows if by_engine[r] == kind), key=row_batch)  # the curve from batch 1 up
+              for kind in ("vllm_eager", "vllm", "stock_llama")]
     groups = [g for g in groups if g]
     if "hf" in rows:
         groups = [["hf", *groups[0]], *groups[1:]] if groups else [["hf"]]

@@ -82,7 +82,7 @@ def test_row_names_include_the_batch_curve():
             bench.row_batch(bad)
     assert bench.curve_rows("vllm", (1, 8, 64)) == ["vllm", "vllm_b8", "vllm_b64"]
     assert bench.engine_groups(["vllm_b64", "hf", "stock_llama_b128", "vllm"]) == [
-        ["hf", "vllm_b64", "vllm"], ["stock_llama_b128"]]
+        ["hf", "vllm", "vllm_b64"], ["stock_llama_b128"]]
     assert bench.row_label("vllm_b64") == "our port, 64 rollouts at once"
     assert bench.row_label("stock_llama_b128") == "stock vLLM Llama, 128 rollouts at once"
 

@@ -11,8 +11,10 @@ def test_engine_groups_one_process_per_engine():
     assert bench.engine_groups(["vllm_b8", "hf", "stock_llama", "vllm_eager", "vllm"]) == [
         ["hf", "vllm_eager"], ["vllm", "vllm_b8"], ["stock_llama"]]
     assert bench.engine_groups(["hf"]) == [["hf"]]
-    with pytest.raises(ValueError, match="unknown rows"):
-        bench.engine_groups(["hf", "vllm_b64"])
+    assert bench.engine_groups(["stock_llama_b128", "vllm_b64", "stock_llama"]) == [
+        ["vllm_b64"], ["stock_llama", "stock_llama_b128"]]  # curve rows: any batch, smallest first
+    with pytest.raises(ValueError, match="unknown row"):
+        bench.engine_groups(["hf", "vllm_b0"])
 
 
 def test_measure_runs_the_cli_in_a_subprocess_and_merges(tmp_path):
