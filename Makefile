@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 reproduce: setup
-	$(PY) -m terra_nb.reproduce $(BACKEND_ARGS) $(REPRODUCE_ARGS)
+	$(PY) -m terra_nb.workbook.reproduce $(BACKEND_ARGS) $(REPRODUCE_ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -32,7 +32,7 @@ def run_probe():
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """Folder of a seeded random checkpoint of the tiny preset, v1 (Linear action projection), fp32."""
-    from terra_nb.checkpoints import write_random_checkpoint
+    from terra_nb.port.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_v1", preset="tiny", seed=0, variant="v1")
 
@@ -40,7 +40,7 @@ def tiny_ckpt(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_ckpt_v2(tmp_path_factory):
     """Folder of a seeded random checkpoint of the tiny preset, v2 (MLP action projection), fp32."""
-    from terra_nb.checkpoints import write_random_checkpoint
+    from terra_nb.port.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_v2", preset="tiny", seed=0, variant="v2")
 
@@ -60,7 +60,7 @@ def single_thread():
 @pytest.fixture(scope="module")
 def sample():
     """The tiny preset's shipped sample (`data/sample.json`): context codes and actions."""
-    from terra_nb.data import load_sample
+    from terra_nb.workbook.data import load_sample
 
     return load_sample("tiny")
 
@@ -68,6 +68,6 @@ def sample():
 @pytest.fixture(scope="module")
 def layout(llm):
     """The frame layout of the module's engine (modules that use it define an `llm` fixture)."""
-    from terra_nb.config import FrameLayout
+    from terra_nb.port.config import FrameLayout
 
     return FrameLayout.from_config(llm.model_config.hf_config)

@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from terra_nb import bench
-from terra_nb.vllm_rollout import RolloutStats
+from terra_nb.workbook import bench
+from terra_nb.port.vllm_rollout import RolloutStats
 
 
-def _part(rows, command="python -m terra_nb.bench run"):
+def _part(rows, command="python -m terra_nb.workbook.bench run"):
     env = dict(device="NVIDIA H200", vllm="0.26.0", torch="2.11.0", transformers="5.17.0", python="3.12",
                date="2026-11-22 00:00 UTC")
     return dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16", command=command,
@@ -55,12 +55,12 @@ def test_readme_section_is_generated_from_results(tmp_path):
 
 
 def test_committed_readme_matches_committed_results():
-    from terra_nb.paths import REPO
+    from terra_nb.workbook.paths import REPO
 
     text = (REPO / "README.md").read_text()
     a = text.index(bench.README_START) + len(bench.README_START)
     assert text[a:text.index(bench.README_END)].strip() == bench.readme_section(bench.load_results()).strip(), \
-        "README's benchmark table is stale: run `python -m terra_nb.bench readme`"
+        "README's benchmark table is stale: run `python -m terra_nb.workbook.bench readme`"
 
 
 def test_committed_results_have_the_required_fields():

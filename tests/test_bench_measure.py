@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from terra_nb import bench
+from terra_nb.workbook import bench
 
 
 def test_engine_groups_one_process_per_engine():

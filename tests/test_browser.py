@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from terra_nb.paths import NOTEBOOKS, OUTPUTS, REPO
+from terra_nb.workbook.paths import NOTEBOOKS, OUTPUTS, REPO
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (Debian: apt-get install chromium; "

@@ -9,16 +9,16 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import terra_nb  # noqa: F401
-from terra_nb.checkpoints import (
+from terra_nb.port.checkpoints import (
     MARKER,
     count_parameters,
     preset_config,
     weight_shapes,
     write_random_checkpoint,
 )
-from terra_nb.config import FrameLayout
-from terra_nb.data import SAMPLE_FILE, build_sample_json, load_sample, scene_codes, trajectory
-from terra_nb.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM
+from terra_nb.port.config import FrameLayout
+from terra_nb.workbook.data import SAMPLE_FILE, build_sample_json, load_sample, scene_codes, trajectory
+from terra_nb.port.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import terra_nb  # noqa: F401  (registers llama_action with the Auto classes)
-from terra_nb.checkpoints import count_parameters, preset_config, preset_config_dict, weight_shapes
-from terra_nb.config import FrameLayout, LlamaActionConfig
+from terra_nb.port.checkpoints import count_parameters, preset_config, preset_config_dict, weight_shapes
+from terra_nb.port.config import FrameLayout, LlamaActionConfig
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def test_layouts_from_presets():
 
 def test_terra_shapes_match_the_model_class():
     """Names and shapes the writer uses are those of the HF classes (checked on the meta device)."""
-    from terra_nb.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM
+    from terra_nb.port.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM
 
     for variant, cls in (("v1", LlamaActionForCausalLM), ("v2", LlamaActionV2ForCausalLM)):
         cfg = preset_config("terra", variant)

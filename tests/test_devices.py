@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from terra_nb import reproduce
-from terra_nb.show import resolve_device
+from terra_nb.workbook import reproduce
+from terra_nb.workbook.show import resolve_device
 
 
 def test_auto_is_cuda_exactly_when_torch_sees_a_gpu():

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from terra_nb import reproduce
+from terra_nb.workbook import reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -34,7 +34,7 @@ def test_report_from_a_real_reproduce_summary(tmp_path):
     write_notebook(nbs / "06_p.ipynb", [
         ("md", "# p\nwhat you will learn"),
         ("params", 'device = "cpu"\npreset = "tiny"\nout_dir = None'),
-        ("code", "from terra_nb.results import record_result\n"
+        ("code", "from terra_nb.workbook.results import record_result\n"
                  f"record_result('06_parity', {{'equal': 2184, 'tokens': 3456, 'frames': 6, "
                  f"'first_mismatch': {{'rollout': 0, 'frame': 0, 'index': 9}}, 'teacher_forced': {TF!r}}}, out_dir)"),
         ("md", "summary, pitfalls"),

@@ -1,4 +1,4 @@
-"""terra_nb.hf_lessons: parameter groups, the traced forward, the decode schedules (port and seed),
+"""terra_nb.lessons.hf_lessons: parameter groups, the traced forward, the decode schedules (port and seed),
 the seed's off-by-one measured, and the cached-vs-recomputed check (including that it catches a
 broken cache path)."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ from matplotlib.figure import Figure
 from transformers import AutoModelForCausalLM
 
 import terra_nb  # noqa: F401
-from terra_nb import hf_lessons as L
-from terra_nb.checkpoints import count_parameters, preset_config
-from terra_nb.config import FrameLayout
+from terra_nb.lessons import hf_lessons as L
+from terra_nb.port.checkpoints import count_parameters, preset_config
+from terra_nb.port.config import FrameLayout
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

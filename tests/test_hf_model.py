@@ -11,16 +11,16 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import terra_nb  # noqa: F401
-from terra_nb.config import FrameLayout
-from terra_nb.hf_model import (
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.hf_model import (
     IGNORE_INDEX,
     LlamaActionForCausalLM,
     LlamaActionV2ForCausalLM,
     interleave_labels,
     register,
 )
-from terra_nb.layout import action_slot_mask
-from terra_nb.rollout import SamplingConfig, hf_generate_kwargs, hf_rollout
+from terra_nb.port.layout import action_slot_mask
+from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs, hf_rollout
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -94,7 +94,7 @@ def test_register_is_idempotent():
 
     register()
     register()
-    cfg = terra_nb.checkpoints.preset_config("tiny", "v2")
+    cfg = terra_nb.port.checkpoints.preset_config("tiny", "v2")
     assert type(AutoModel.from_config(cfg)) is LlamaActionV2ForCausalLM
 
 

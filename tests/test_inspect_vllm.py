@@ -1,4 +1,4 @@
-"""`terra_nb.inspect_vllm` on vLLM's real front end, without starting an engine.
+"""`terra_nb.lessons.inspect_vllm` on vLLM's real front end, without starting an engine.
 
 The engine's pieces these helpers read (`llm.renderer`, `llm.llm_engine.vllm_config`) are built
 here the way `LLM` builds them: a `VllmConfig` from `EngineArgs` for the tiny checkpoint and
@@ -17,10 +17,10 @@ import torch
 pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
-from terra_nb import inspect_vllm as I
-from terra_nb.checkpoints import preset_config
-from terra_nb.config import FrameLayout
-from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.lessons import inspect_vllm as I
+from terra_nb.port.checkpoints import preset_config
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 
 P, A, FL = 64, 6, 70  # tiny: codes per frame, action slots, frame length
 PH = 512
@@ -63,7 +63,7 @@ def test_text_table():
 
 # ---------------------------------------------------------------------------- one request
 def test_engine_processor_is_the_ports(llm):
-    from terra_nb.vllm_processing import TerraMultiModalProcessor
+    from terra_nb.port.vllm_processing import TerraMultiModalProcessor
 
     assert isinstance(I.engine_processor(llm), TerraMultiModalProcessor)
 
@@ -101,7 +101,7 @@ def test_bad_requests_each_raise_the_named_value_error(llm, layout, sample):
 
 
 def test_probe_request_reports_errors_and_tokens():
-    from terra_nb.vllm_compat import RequestValidationError
+    from terra_nb.port.vllm_compat import RequestValidationError
 
     def failing(*a, **k):
         raise RequestValidationError("too many frames: x", parameter="actions")
@@ -193,10 +193,10 @@ from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.renderers import renderer_from_config
-from terra_nb import inspect_vllm as I
-from terra_nb.config import FrameLayout
-from terra_nb.data import load_sample
-from terra_nb.layout import build_prompt
+from terra_nb.lessons import inspect_vllm as I
+from terra_nb.port.config import FrameLayout
+from terra_nb.workbook.data import load_sample
+from terra_nb.port.layout import build_prompt
 
 mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=1750,
                  limit_mm_per_prompt={"actions": 24})

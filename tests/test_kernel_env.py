@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from terra_nb import reproduce
+from terra_nb.workbook import reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))

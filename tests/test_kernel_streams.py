@@ -8,8 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from terra_nb import reproduce
-from terra_nb.kernel_streams import NOISE, drop_noise
+from terra_nb.workbook import reproduce
+from terra_nb.workbook.kernel_streams import NOISE, drop_noise
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -85,7 +85,7 @@ def test_committed_notebook_has_no_stderr_or_warnings(path):
 
 
 def test_blank_chunks_after_dropped_noise_go_too():
-    from terra_nb.kernel_streams import NoiseFilter
+    from terra_nb.workbook.kernel_streams import NoiseFilter
 
     f = NoiseFilter()
     chunks = ["\r" + SAMPLES["weight-loading progress bar"], "\n", "\n", "real\n", "\n"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from terra_nb.config import FrameLayout
-from terra_nb.layout import (
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import (
     SEED_PLACEHOLDER,
     action_slot_mask,
     build_prompt,
@@ -155,7 +155,7 @@ def test_grid_shape():
 
 
 def test_codes_before():
-    from terra_nb.layout import codes_before
+    from terra_nb.port.layout import codes_before
 
     assert [codes_before(p, TINY) for p in (0, 5, 64, 66, 70, 71, 140)] == [0, 5, 64, 64, 64, 65, 128]
 

@@ -7,13 +7,13 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
-from terra_nb.checkpoints import preset_config_dict  # noqa: E402
-from terra_nb.config import FrameLayout, LlamaActionConfig  # noqa: E402
-from terra_nb.hf_model import LlamaActionForCausalLM  # noqa: E402
-from terra_nb.onnx_export import export_merged, graph_io  # noqa: E402
-from terra_nb.onnx_parity import load_reference, logit_steps, summarize_steps  # noqa: E402
-from terra_nb.onnx_rollout import OnnxDecoder, onnx_rollout, step_inputs  # noqa: E402
-from terra_nb.rollout import SamplingConfig, hf_rollout  # noqa: E402
+from terra_nb.port.checkpoints import preset_config_dict  # noqa: E402
+from terra_nb.port.config import FrameLayout, LlamaActionConfig  # noqa: E402
+from terra_nb.port.hf_model import LlamaActionForCausalLM  # noqa: E402
+from terra_nb.port.onnx_export import export_merged, graph_io  # noqa: E402
+from terra_nb.lessons.onnx_parity import load_reference, logit_steps, summarize_steps  # noqa: E402
+from terra_nb.port.onnx_rollout import OnnxDecoder, onnx_rollout, step_inputs  # noqa: E402
+from terra_nb.port.rollout import SamplingConfig, hf_rollout  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0)
 TOL = 1e-4  # fp32 logits, ONNX Runtime vs PyTorch

@@ -2,7 +2,7 @@
 import re
 import tomllib
 
-from terra_nb.paths import REPO
+from terra_nb.workbook.paths import REPO
 
 
 def _names(reqs):
@@ -39,4 +39,4 @@ def test_gpu_extra_covers_the_gpu_machine_release():
 
 def test_vllm_plugin_entry_point_declared():
     eps = _pyproject()["entry-points"]["vllm.general_plugins"]
-    assert eps == {"terra_nb": "terra_nb.vllm_plugin:register"}
+    assert eps == {"terra_nb": "terra_nb.port.vllm_plugin:register"}

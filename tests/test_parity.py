@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from terra_nb.config import FrameLayout
-from terra_nb.parity import prefix_cache_steps, token_parity
-from terra_nb.vllm_rollout import RolloutStats
+from terra_nb.port.config import FrameLayout
+from terra_nb.lessons.parity import prefix_cache_steps, token_parity
+from terra_nb.port.vllm_rollout import RolloutStats
 
 TINY = FrameLayout(image_tokens=64, action_tokens=6, max_frames=25, vocab_size=513)
 

@@ -1,4 +1,4 @@
-"""`python -m terra_nb.reproduce` on throwaway notebooks: status, exit code, failing cell, report."""
+"""`python -m terra_nb.workbook.reproduce` on throwaway notebooks: status, exit code, failing cell, report."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from terra_nb import reproduce
+from terra_nb.workbook import reproduce
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from nb import write_notebook  # noqa: E402
@@ -26,8 +26,8 @@ def run(tmp_path_factory):
         ("params", PARAMS),
         ("code", """
             import os, pathlib
-            from terra_nb.results import figure_path, record_result
-            from terra_nb.viz import codes_to_image, frames_strip
+            from terra_nb.workbook.results import figure_path, record_result
+            from terra_nb.workbook.viz import codes_to_image, frames_strip
             assert pathlib.Path(os.getcwd()).name == "nbs", os.getcwd()
             frames_strip([[0, 1, 2, 3]], save=figure_path(out_dir, "01_strip"))
             record_result("01_good", {"title": "Good numbers", "device": device, "preset": preset,

@@ -6,11 +6,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import terra_nb  # noqa: F401
-from terra_nb.checkpoints import preset_config_dict
-from terra_nb.config import FrameLayout, LlamaActionConfig
-from terra_nb.data import load_sample
-from terra_nb.hf_model import LlamaActionForCausalLM
-from terra_nb.rollout import Round, SamplingConfig, hf_rollout, plan_rounds, run_rollout
+from terra_nb.port.checkpoints import preset_config_dict
+from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.workbook.data import load_sample
+from terra_nb.port.hf_model import LlamaActionForCausalLM
+from terra_nb.port.rollout import Round, SamplingConfig, hf_rollout, plan_rounds, run_rollout
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,4 +1,4 @@
-"""terra_nb.show / viz / results / pitfalls: the notebook helpers."""
+"""terra_nb.workbook.show / viz / results / pitfalls: the notebook helpers."""
 from __future__ import annotations
 
 import inspect
@@ -10,13 +10,13 @@ import torch
 from matplotlib.figure import Figure
 
 from terra_nb import FrameLayout
-from terra_nb import layout as layout_mod
-from terra_nb import viz
-from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
-from terra_nb.pitfalls import (action_items, image_mask, merge_image_embeddings, reusable_prefix,
+from terra_nb.port import layout as layout_mod
+from terra_nb.workbook import viz
+from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.lessons.pitfalls import (action_items, image_mask, merge_image_embeddings, reusable_prefix,
                                seed_image_mask)
-from terra_nb.results import figure_path, load_results, markdown_table, record_result, result_to_markdown
-from terra_nb.show import Source, environment_info, shapes_table, show_shapes, show_source, source_of
+from terra_nb.workbook.results import figure_path, load_results, markdown_table, record_result, result_to_markdown
+from terra_nb.workbook.show import Source, environment_info, shapes_table, show_shapes, show_source, source_of
 
 TERRA = FrameLayout()
 TINY = FrameLayout(image_tokens=64, vocab_size=513)
@@ -29,16 +29,16 @@ def test_show_source_returns_the_real_source(capsys):
     src = show_source(build_prompt)
     assert isinstance(src, Source)
     assert str(src) == inspect.getsource(layout_mod.build_prompt)
-    assert src.file == "terra_nb/layout.py"
+    assert src.file == "terra_nb/port/layout.py"
     assert src.line == inspect.getsourcelines(layout_mod.build_prompt)[1]
     # outside IPython it prints plain text with a header
     out = capsys.readouterr().out
-    assert out.startswith("# terra_nb/layout.py:") and "def build_prompt(" in out
+    assert out.startswith("# terra_nb/port/layout.py:") and "def build_prompt(" in out
 
 
 def test_source_of_resolves_names_methods_and_classes():
-    assert source_of("terra_nb.layout:build_prompt") == inspect.getsource(layout_mod.build_prompt)
-    assert source_of("terra_nb.layout.validate_prompt").startswith("def validate_prompt(")
+    assert source_of("terra_nb.port.layout:build_prompt") == inspect.getsource(layout_mod.build_prompt)
+    assert source_of("terra_nb.port.layout.validate_prompt").startswith("def validate_prompt(")
     prop = source_of(FrameLayout.frame_len)  # a property: its getter
     assert "def frame_len(self)" in prop
     assert source_of(FrameLayout).startswith("@dataclass(frozen=True)\nclass FrameLayout")
@@ -49,7 +49,7 @@ def test_source_of_resolves_names_methods_and_classes():
 def test_source_renderings():
     src = source_of(build_prompt)
     html = src.to_html()
-    assert "terra_nb/layout.py" in html and "<span" in html  # highlighted
+    assert "terra_nb/port/layout.py" in html and "<span" in html  # highlighted
     md = src.to_markdown()
     assert "```python\ndef build_prompt(" in md and md.rstrip().endswith("```")
     assert src._ipython_display_() is None  # the return value never echoes a second copy

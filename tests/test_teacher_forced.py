@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from terra_nb.config import FrameLayout
-from terra_nb.parity import compare_teacher_forced, teacher_forced_parity
-from terra_nb.weight_mapping import VllmLogprobs
+from terra_nb.port.config import FrameLayout
+from terra_nb.lessons.parity import compare_teacher_forced, teacher_forced_parity
+from terra_nb.lessons.weight_mapping import VllmLogprobs
 
 SMALL = FrameLayout(image_tokens=4, action_tokens=2, max_frames=25, vocab_size=9)
 
@@ -83,8 +83,8 @@ def test_bad_input():
 @pytest.fixture(scope="module")
 def engine(tiny_ckpt):
     pytest.importorskip("vllm")
-    from terra_nb.vllm_compat import shutdown_llm
-    from terra_nb.vllm_rollout import make_llm
+    from terra_nb.port.vllm_compat import shutdown_llm
+    from terra_nb.port.vllm_rollout import make_llm
 
     share = {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
     llm = make_llm(tiny_ckpt, **share)
@@ -96,7 +96,7 @@ def engine(tiny_ckpt):
 def hf_and_rollout(tiny_ckpt, engine, sample, single_thread):
     from transformers import AutoModelForCausalLM
 
-    from terra_nb.rollout import SamplingConfig, hf_rollout
+    from terra_nb.port.rollout import SamplingConfig, hf_rollout
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_ckpt), dtype=torch.float32).to(dev).eval()

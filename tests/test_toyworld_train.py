@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from terra_nb.checkpoints import preset_config_dict
+from terra_nb.port.checkpoints import preset_config_dict
 from terra_nb.toyworld import training_record
 from terra_nb.toyworld.train import DEFAULTS, main, train
 

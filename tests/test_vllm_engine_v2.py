@@ -10,10 +10,10 @@ import torch
 pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
-from terra_nb.data import load_sample
-from terra_nb.rollout import SamplingConfig, hf_rollout
-from terra_nb.vllm_compat import shutdown_llm
-from terra_nb.vllm_rollout import RolloutStats, make_llm, vllm_rollout
+from terra_nb.workbook.data import load_sample
+from terra_nb.port.rollout import SamplingConfig, hf_rollout
+from terra_nb.port.vllm_compat import shutdown_llm
+from terra_nb.port.vllm_rollout import RolloutStats, make_llm, vllm_rollout
 
 GREEDY = SamplingConfig(temperature=0)
 

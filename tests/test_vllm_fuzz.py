@@ -29,9 +29,9 @@ pytest.importorskip("vllm")
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
-from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
-from terra_nb.vllm_compat import shutdown_llm
-from terra_nb.vllm_rollout import make_llm
+from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.port.vllm_compat import shutdown_llm
+from terra_nb.port.vllm_rollout import make_llm
 
 N_REQUESTS = 300
 MAX_FRAMES = 6  # engine: prompts of at most 5 frames

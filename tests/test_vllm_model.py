@@ -90,7 +90,7 @@ def ckpt(variant, tiny_ckpt, tiny_ckpt_v2):
 
 
 def test_architecture_resolves_to_our_classes(build, ckpt, variant):
-    from terra_nb import vllm_model
+    from terra_nb.port import vllm_model
 
     model, _ = build(ckpt)
     want = vllm_model.LlamaActionForCausalLM if variant == "v1" else vllm_model.LlamaActionV2ForCausalLM
@@ -117,7 +117,7 @@ def test_every_checkpoint_weight_loads_into_every_parameter(build, ckpt):
 
 
 def test_tampered_checkpoints_fail_and_name_the_weights(build, ckpt):
-    from terra_nb.vllm_model import WeightLoadingError
+    from terra_nb.port.vllm_model import WeightLoadingError
 
     model, sd = build(ckpt)
     extra = dict(sd, **{"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(32)})  # tolerated buffer

@@ -15,9 +15,9 @@ import torch
 pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
-from terra_nb.config import FrameLayout
-from terra_nb.layout import SEED_PLACEHOLDER, build_prompt
-from terra_nb.vllm_compat import dummy_mm_inputs
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.port.vllm_compat import dummy_mm_inputs
 
 P, A, FL = 64, 6, 70  # tiny preset: codes per frame, action slots, frame length
 PH = 512  # tiny placeholder id (vocab 513)
@@ -56,7 +56,7 @@ def test_plugin_registers_both_architectures_and_the_config():
     from transformers import AutoConfig
     from vllm import ModelRegistry
 
-    from terra_nb.vllm_plugin import ARCHITECTURES, register
+    from terra_nb.port.vllm_plugin import ARCHITECTURES, register
 
     register()
     register()  # idempotent: vLLM calls it in every process, maybe more than once

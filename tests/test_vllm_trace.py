@@ -12,9 +12,9 @@ from torch import nn
 pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
-from terra_nb.config import FrameLayout
-from terra_nb.hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
-from terra_nb.vllm_trace import TRACE_EXTENSION, ForwardTrace, TraceWorkerExtension, trace_forward
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
+from terra_nb.lessons.vllm_trace import TRACE_EXTENSION, ForwardTrace, TraceWorkerExtension, trace_forward
 
 TINY = FrameLayout(image_tokens=64, action_tokens=6, max_frames=25, vocab_size=513)
 
@@ -132,8 +132,8 @@ def test_checks_and_boundary_rows_of_a_trace():
 # ---------------------------------------------------------------------------- a real engine
 @pytest.fixture(scope="module")
 def traced_llm(tiny_ckpt):
-    from terra_nb.vllm_compat import shutdown_llm
-    from terra_nb.vllm_rollout import make_llm
+    from terra_nb.port.vllm_compat import shutdown_llm
+    from terra_nb.port.vllm_rollout import make_llm
 
     # a small token budget splits the 3-frame prompt (210 tokens) into two forward passes
     engine = make_llm(tiny_ckpt, worker_extension_cls=TRACE_EXTENSION, enable_chunked_prefill=True,
@@ -146,10 +146,10 @@ def traced_llm(tiny_ckpt):
 def test_traced_engine_matches_hf_step_by_step(traced_llm, tiny_ckpt):
     from transformers import AutoModelForCausalLM
 
-    from terra_nb.data import load_sample
-    from terra_nb.rollout import SamplingConfig
-    from terra_nb.vllm_rollout import frame_request, sampling_params
-    from terra_nb.vllm_trace import compare_with_hf
+    from terra_nb.workbook.data import load_sample
+    from terra_nb.port.rollout import SamplingConfig
+    from terra_nb.port.vllm_rollout import frame_request, sampling_params
+    from terra_nb.lessons.vllm_trace import compare_with_hf
 
     s = load_sample("tiny")
     req = frame_request(s.context, s.actions, TINY)

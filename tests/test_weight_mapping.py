@@ -1,4 +1,4 @@
-"""terra_nb.weight_mapping: checkpoint names, the observed HF -> vLLM mapping (v1 and v2), the
+"""terra_nb.lessons.weight_mapping: checkpoint names, the observed HF -> vLLM mapping (v1 and v2), the
 coverage errors, the worker extension on a real engine, and HF vs vLLM logprob parity."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
-from terra_nb import weight_mapping as W
-from terra_nb.checkpoints import preset_config, weight_shapes
-from terra_nb.config import FrameLayout
-from terra_nb.data import load_sample
+from terra_nb.lessons import weight_mapping as W
+from terra_nb.port.checkpoints import preset_config, weight_shapes
+from terra_nb.port.config import FrameLayout
+from terra_nb.workbook.data import load_sample
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -145,7 +145,7 @@ def hf(tiny_ckpt):
 
 
 def test_compare_logprobs_logic(hf):
-    from terra_nb.layout import build_prompt
+    from terra_nb.port.layout import build_prompt
 
     s = load_sample("tiny")
     lp = W.hf_prompt_logprobs(hf, s.context[:2], s.actions)
@@ -174,8 +174,8 @@ def test_compare_logprobs_logic(hf):
 
 @pytest.fixture(scope="module")
 def llm(tiny_ckpt):
-    from terra_nb.vllm_compat import shutdown_llm
-    from terra_nb.vllm_rollout import make_llm
+    from terra_nb.port.vllm_compat import shutdown_llm
+    from terra_nb.port.vllm_rollout import make_llm
 
     gpu = {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
     engine = make_llm(tiny_ckpt, max_frames=4, enforce_eager=True, worker_extension_cls=W.WEIGHTS_EXTENSION, **gpu)
@@ -185,7 +185,7 @@ def llm(tiny_ckpt):
 
 def test_the_engine_maps_and_checks_its_own_class(llm, tiny_ckpt):
     m = W.observe_mapping(llm)
-    assert m.engine_class == m.model_class == "terra_nb.vllm_model.LlamaActionForCausalLM"
+    assert m.engine_class == m.model_class == "terra_nb.port.vllm_model.LlamaActionForCausalLM"
     assert m.summary["all_exact"] and m.summary["every_parameter_loaded"]
     assert [r.checkpoint_name for r in m.rows] == list(W.checkpoint_weights(tiny_ckpt))
     assert all(isinstance(r.rows, tuple) for r in m.rows)

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from terra_nb import bench  # noqa: E402
-from terra_nb.paths import RESULTS  # noqa: E402
-from terra_nb.viz import bar_chart_benchmark  # noqa: E402
+from terra_nb.workbook import bench  # noqa: E402
+from terra_nb.workbook.paths import RESULTS  # noqa: E402
+from terra_nb.workbook.viz import bar_chart_benchmark  # noqa: E402
 
 RAW = RESULTS / "raw"
 

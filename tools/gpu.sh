@@ -8,8 +8,8 @@
 #   bash tools/gpu.sh stock   stock vLLM Llama, same shape: profile, then the same curve ~8 min
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
 #
-# Then, here: python -m terra_nb.bench merge part_hf.json part_port.json part_stock.json \
-#               --out results/benchmark_<gpu>.json && python -m terra_nb.bench readme
+# Then, here: python -m terra_nb.workbook.bench merge part_hf.json part_port.json part_stock.json \
+#               --out results/benchmark_<gpu>.json && python -m terra_nb.workbook.bench readme
 set -uo pipefail
 test -d /tmp/site/vllm || { echo FRESH-MACHINE; exit 3; }
 export PYTHONPATH=/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
@@ -32,7 +32,7 @@ case "$1" in
     args=(tp --ref "$OUT/part_port.json") ;;
   *) echo "unknown part $1 (hf|port|stock|tp)"; exit 2 ;;
 esac
-python3 -m terra_nb.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
+python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?
 grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)|^\(MainProcess" "$OUT/log_$1.txt" | tail -120
 exit $rc

@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from terra_nb.results import markdown_table  # noqa: E402
+from terra_nb.workbook.results import markdown_table  # noqa: E402
 
 
 def gpu_slug(device: str) -> str:

@@ -31,7 +31,7 @@ mk() {  # mk reproduce|test ARGS...
   if command -v make > /dev/null; then
     if [ "$target" = reproduce ]; then make reproduce BACKEND=gpu PY=$PY SETUP=none REPRODUCE_ARGS="$*"
     else make test BACKEND=gpu PY=$PY SETUP=none PYTEST_ARGS="$*"; fi
-  elif [ "$target" = reproduce ]; then $PY -m terra_nb.reproduce --device cuda --preset terra "$@"
+  elif [ "$target" = reproduce ]; then $PY -m terra_nb.workbook.reproduce --device cuda --preset terra "$@"
   else $PY -m pytest "$@"; fi
 }
 
@@ -74,7 +74,7 @@ case "${1:-plan}" in
   setup)
     $PY -m pip install -q --no-deps --no-build-isolation -e . > "$STATE/pip.log" 2>&1 || { cat "$STATE/pip.log"; exit 1; }
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$STATE/nvidia-smi.txt"
-    $PY -c "import json; from terra_nb.show import environment_info; print(json.dumps(environment_info('cuda'), indent=2))" \
+    $PY -c "import json; from terra_nb.workbook.show import environment_info; print(json.dumps(environment_info('cuda'), indent=2))" \
       > "$STATE/environment.json" && cp "$STATE/environment.json" "$OUT/" && cat "$STATE/environment.json" ;;
   reproduce)
     nb=${2:?which notebook, e.g. 06}

@@ -20,13 +20,13 @@ def main(out_path: str) -> None:
     import transformers
     import vllm
 
-    from terra_nb.parity import token_parity
+    from terra_nb.lessons.parity import token_parity
     from terra_nb.toyworld import (ToyTokenizer, action_following_score, as_rollout_fn, end_errors, eval_clips,
                                    load_toy_model, random_toy_model, toy_checkpoint_dir)
     from terra_nb.toyworld.demo import steering_rollouts
     from terra_nb.toyworld.workbook import engine_rollout_fn
-    from terra_nb.vllm_compat import shutdown_llm
-    from terra_nb.vllm_rollout import make_llm
+    from terra_nb.port.vllm_compat import shutdown_llm
+    from terra_nb.port.vllm_rollout import make_llm
 
     t0 = time.time()
     llm = make_llm(toy_checkpoint_dir(), gpu_memory_utilization=0.3)

@@ -81,7 +81,7 @@ def run_notebook(nb: nbformat.NotebookNode, cwd: Path | str | None = None, timeo
     from nbclient import NotebookClient
 
     sys.path.insert(0, str(REPO))
-    from terra_nb.reproduce import KERNEL_NAME, CurrentEnvKernelManager, kernel_env
+    from terra_nb.workbook.reproduce import KERNEL_NAME, CurrentEnvKernelManager, kernel_env
 
     kernel_env()
     injected = None

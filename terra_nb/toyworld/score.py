@@ -49,7 +49,7 @@ def random_toy_model(seed: int = 0):
     (`checkpoints.write_random_checkpoint(..., "tiny", seed)`), loaded from a temporary folder."""
     import tempfile
 
-    from ..checkpoints import write_random_checkpoint
+    from terra_nb.port.checkpoints import write_random_checkpoint
 
     with tempfile.TemporaryDirectory() as d:
         return load_toy_model(write_random_checkpoint(Path(d) / "tiny", "tiny", seed=seed))
@@ -63,7 +63,7 @@ def as_rollout_fn(model_or_fn, sampling=None) -> RolloutFn:
     """
     if callable(model_or_fn) and not isinstance(model_or_fn, torch.nn.Module):
         return model_or_fn
-    from ..rollout import SamplingConfig, hf_rollout
+    from terra_nb.port.rollout import SamplingConfig, hf_rollout
 
     sampling = sampling or SamplingConfig(temperature=0.0, seed=0)
 

@@ -57,7 +57,7 @@ def codebook_init(model, codebook: np.ndarray, seed: int = 0) -> None:
 
 def toy_config():
     """The `tiny` preset's config, as the toy checkpoint stores it."""
-    from ..checkpoints import preset_config_dict
+    from terra_nb.port.checkpoints import preset_config_dict
 
     return preset_config_dict("tiny")
 
@@ -81,7 +81,7 @@ def cpu_info() -> dict:
     """Which CPU trained: seeded runs give byte-identical weights on the same machine, but the
     SIMD kernels torch picks (AVX2, AVX-512, ...) round differently, so another CPU's run drifts
     apart (measured: weights apart by up to 0.11, the same ADE to 0.01 m)."""
-    from ..show import cpu_model
+    from terra_nb.workbook.show import cpu_model
 
     return {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
@@ -89,8 +89,8 @@ def cpu_info() -> dict:
 def train(out_dir=None, log=print, device="cpu", save=True, **overrides):
     """Train and save; returns (model, training record: losses, seconds, settings)."""
     import terra_nb  # noqa: F401  (registers the model classes)
-    from ..checkpoints import preset_config
-    from ..hf_model import LlamaActionForCausalLM
+    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.port.hf_model import LlamaActionForCausalLM
 
     unknown = sorted(set(overrides) - set(DEFAULTS))
     if unknown:

@@ -68,9 +68,9 @@ def resolve_checkpoint(preset: str, checkpoint: str = "auto") -> str:
 def workbook_inputs(preset: str = "tiny", checkpoint: str = "auto", device: str = "cpu", n_frames: int = 6,
                     n_context: int = 3, random_dir: Path | None = None) -> WorkbookInputs:
     """The model and input of notebooks 06 and 08 (see the module docstring)."""
-    from ..checkpoints import write_random_checkpoint
-    from ..data import Sample, load_sample
-    from ..paths import CHECKPOINTS as CKPT_DIR
+    from terra_nb.port.checkpoints import write_random_checkpoint
+    from terra_nb.workbook.data import Sample, load_sample
+    from terra_nb.workbook.paths import CHECKPOINTS as CKPT_DIR
 
     kind = resolve_checkpoint(preset, checkpoint)
     if kind == "random":
@@ -105,8 +105,8 @@ def batch_actions(inputs: WorkbookInputs, batch: int) -> tuple[list[str], torch.
 def engine_rollout_fn(llm, sampling=None) -> RolloutFn:
     """A `score.RolloutFn` served by a vLLM engine (greedy unless `sampling` says otherwise), so the
     score, the steering demo and the widget can run on vLLM instead of HF."""
-    from ..rollout import SamplingConfig
-    from ..vllm_rollout import vllm_rollout
+    from terra_nb.port.rollout import SamplingConfig
+    from terra_nb.port.vllm_rollout import vllm_rollout
 
     sampling = sampling or SamplingConfig(temperature=0.0)
 
@@ -131,7 +131,7 @@ def gif_figure(frames, name: str, out_dir=None, n_context: int | None = None, fp
 
     from IPython.display import Image
 
-    from ..results import figure_path
+    from terra_nb.workbook.results import figure_path
     from .media import render_rollout_gif
 
     target = figure_path(out_dir, name)
@@ -147,7 +147,7 @@ def show_videos(inputs: WorkbookInputs, generated: dict, name: str, out_dir=None
     `truth`: optional frames shown first (e.g. the rendered commanded clip).
 
     Random checkpoints have no tokenizer: returns None and says so (draw codes with `viz`)."""
-    from ..results import figure_path
+    from terra_nb.workbook.results import figure_path
     from .media import rollout_strip, save_png
 
     if not inputs.is_toy:
@@ -233,7 +233,7 @@ def png_figure(img: np.ndarray, name: str, out_dir=None):
     from IPython.display import Image
     from PIL import Image as PILImage
 
-    from ..results import figure_path
+    from terra_nb.workbook.results import figure_path
     from .media import save_png
 
     target = figure_path(out_dir, name)

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import FrameLayout, LlamaActionConfig
-from .hf_model import frame_actions
-from .layout import interleave_segments, segments_length
-from .onnx_export import CONFIG_KEY, INPUTS
-from .rollout import SamplingConfig, run_rollout
+from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.port.hf_model import frame_actions
+from terra_nb.port.layout import interleave_segments, segments_length
+from terra_nb.port.onnx_export import CONFIG_KEY, INPUTS
+from terra_nb.port.rollout import SamplingConfig, run_rollout
 
 __all__ = ["OnnxDecoder", "make_session", "next_codes", "onnx_rollout", "providers_for", "rollout_calls", "step_inputs"]
 
@@ -204,7 +204,7 @@ def rollout_calls(config, context, actions) -> list[dict]:
     two-graph export would run each: a `decoder_with_past` graph traced with one new token and no
     dynamic token axis is fixed at 1 and cannot take the boundary step's 7. The merged graph runs all three.
     """
-    from .onnx_export import kv_shape
+    from terra_nb.port.onnx_export import kv_shape
 
     layout = FrameLayout.from_config(config)
     acts = torch.as_tensor(actions)[None]

@@ -2,7 +2,7 @@
 
 Every plotting function builds a `matplotlib.figure.Figure` directly (no pyplot state, so it is
 safe under the Agg backend, in tests and in papermill), returns it, and saves a PNG when given
-`save=path` (None: don't save; see `terra_nb.results.figure_path`). In a notebook, end the cell
+`save=path` (None: don't save; see `terra_nb.workbook.results.figure_path`). In a notebook, end the cell
 with the call and Jupyter shows the returned figure once.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from .config import FrameLayout
+from terra_nb.port.config import FrameLayout
 
 IMAGE_COLOR = "#4C72B0"
 ACTION_COLOR = "#DD8452"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .config import LlamaActionConfig
+from terra_nb.port.config import LlamaActionConfig
 
 MARKER = "terra_nb_checkpoint.json"
 

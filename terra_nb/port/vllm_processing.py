@@ -52,9 +52,9 @@ from vllm.multimodal.processing import (
     PromptUpdate,
 )
 
-from .config import FrameLayout, LlamaActionConfig
-from .layout import SEED_PLACEHOLDER, normalize_prompt, validate_actions
-from .vllm_compat import (
+from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.port.layout import SEED_PLACEHOLDER, normalize_prompt, validate_actions
+from terra_nb.port.vllm_compat import (
     DummyOptions,
     RequestValidationError,
     TokenIdsDummyInputsMixin,

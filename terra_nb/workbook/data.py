@@ -12,7 +12,7 @@
 
 The tiny sample and the trajectory are stored in `data/sample.json`; the terra context (3 x 576
 codes) is computed by the same function at load time to keep the repository small.
-`python -m terra_nb.data` rewrites `data/sample.json` and `data/configs/*.json`.
+`python -m terra_nb.workbook.data` rewrites `data/sample.json` and `data/configs/*.json`.
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import preset_config, preset_config_dict
-from .config import FrameLayout
+from terra_nb.port.checkpoints import preset_config, preset_config_dict
+from terra_nb.port.config import FrameLayout
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 SAMPLE_FILE = DATA_DIR / "sample.json"
 N_CONTEXT = 3
 N_TRAJECTORY = 47
@@ -89,7 +89,7 @@ def build_sample_json() -> dict:
     """What `data/sample.json` holds (tests check that the file matches)."""
     tiny = FrameLayout.from_config(preset_config("tiny"))
     return {
-        "about": "terra_nb sample: context codes of the tiny preset and a 47-frame trajectory; see terra_nb/data.py",
+        "about": "terra_nb sample: context codes of the tiny preset and a 47-frame trajectory; see terra_nb/workbook/data.py",
         "trajectory": trajectory().tolist(),
         "tiny": {"context": scene_codes(tiny).tolist()},
     }

@@ -26,8 +26,8 @@ from typing import Callable
 
 import torch
 
-from .config import FrameLayout
-from .layout import validate_actions, validate_codes
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import validate_actions, validate_codes
 
 GenerateRound = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 

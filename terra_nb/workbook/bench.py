@@ -3,10 +3,10 @@
 Each engine runs in its own process (a vLLM engine does not hand its GPU memory back reliably),
 so a run is a few invocations that each write a *part*, merged into one results file:
 
-    python -m terra_nb.bench run --rows hf,vllm_eager --out part_a.json
-    python -m terra_nb.bench run --rows vllm,vllm_b8,vllm_b32 --out part_b.json
-    python -m terra_nb.bench run --rows stock_llama --out part_c.json
-    python -m terra_nb.bench merge part_a.json part_b.json part_c.json --out results/benchmark_h200.json
+    python -m terra_nb.workbook.bench run --rows hf,vllm_eager --out part_a.json
+    python -m terra_nb.workbook.bench run --rows vllm,vllm_b8,vllm_b32 --out part_b.json
+    python -m terra_nb.workbook.bench run --rows stock_llama --out part_c.json
+    python -m terra_nb.workbook.bench merge part_a.json part_b.json part_c.json --out results/benchmark_h200.json
 
 Workload (`Workload`): 3 context frames from the sample, then frames generated with the sample
 trajectory's actions, temperature 0.9 (the public generator's default), warm-up excluded, the
@@ -29,10 +29,10 @@ from typing import Callable
 
 import torch
 
-from .checkpoints import write_random_checkpoint
-from .config import FrameLayout, LlamaActionConfig
-from .data import load_sample
-from .rollout import SamplingConfig, hf_generate_kwargs
+from terra_nb.port.checkpoints import write_random_checkpoint
+from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.workbook.data import load_sample
+from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 
 ROW_NAMES = ("hf", "vllm_eager", "vllm", "vllm_b8", "vllm_b32", "stock_llama", "stock_llama_b8", "stock_llama_b32")
 """The classic rows; any `vllm_b<N>` / `stock_llama_b<N>` (N rollouts at once) is valid too."""
@@ -161,7 +161,7 @@ def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
 
 
 def _engine(ckpt: Path, **kw):
-    from .vllm_rollout import make_llm
+    from terra_nb.port.vllm_rollout import make_llm
 
     t0 = time.perf_counter()
     llm = make_llm(ckpt, **kw)
@@ -197,7 +197,7 @@ class Progress:
 
 
 def _rollout_trials(llm, wl: Workload, batch: int, frames: int, repeats: int):
-    from .vllm_rollout import RolloutStats, vllm_rollout
+    from terra_nb.port.vllm_rollout import RolloutStats, vllm_rollout
 
     sample = load_sample(wl.preset)
     ctx = sample.context[: wl.n_ctx].expand(batch, -1, -1).contiguous()
@@ -227,7 +227,7 @@ def hit_rate_after_first(stats, n_ctx: int, frame_len: int) -> float:
 
 
 def _probe_port(llm, wl: Workload) -> dict:
-    from .vllm_rollout import engine_layout, frame_request
+    from terra_nb.port.vllm_rollout import engine_layout, frame_request
 
     layout, _ = engine_layout(llm)
     sample = load_sample(wl.preset)
@@ -268,7 +268,7 @@ def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | N
 
 
 def _shutdown(llm) -> None:
-    from .vllm_compat import shutdown_llm
+    from terra_nb.port.vllm_compat import shutdown_llm
 
     shutdown_llm(llm)
 
@@ -286,7 +286,7 @@ def stock_engine(ckpt: Path, **engine_kwargs):
     builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
     import vllm
 
-    from .vllm_rollout import _config_dtype
+    from terra_nb.port.vllm_rollout import _config_dtype
 
     stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
     cfg = LlamaActionConfig.from_pretrained(str(ckpt))
@@ -301,7 +301,7 @@ def stock_engine(ckpt: Path, **engine_kwargs):
 def stock_rollout(llm, ctx_prompt: list[int], layout: FrameLayout, batch: int, frames: int, sampling: SamplingConfig):
     """The port's frame-by-frame loop on plain token prompts: every step re-submits each prompt
     grown by its last frame and six placeholder ids, with the port's sampling parameters."""
-    from .vllm_rollout import step_params
+    from terra_nb.port.vllm_rollout import step_params
 
     prompts = [list(ctx_prompt) for _ in range(batch)]
     slots = [layout.placeholder_id] * layout.action_tokens
@@ -314,7 +314,7 @@ def stock_rollout(llm, ctx_prompt: list[int], layout: FrameLayout, batch: int, f
 def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None, profile_spec=None,
                 **engine_kwargs) -> list[dict]:
     """Stock vLLM Llama, same shape, plain token prompts, the same frame-by-frame loop."""
-    from .layout import build_prompt
+    from terra_nb.port.layout import build_prompt
 
     progress = progress or Progress()
     layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
@@ -361,7 +361,7 @@ def decode_probe(llm, request: dict, layout: FrameLayout, wl: Workload, repeats:
 
 
 def _suppress(layout: FrameLayout) -> dict:
-    from .vllm_rollout import sampling_params
+    from terra_nb.port.vllm_rollout import sampling_params
 
     bias = sampling_params(SamplingConfig(temperature=0.0), layout).logit_bias
     return {"logit_bias": bias} if bias else {}
@@ -369,7 +369,7 @@ def _suppress(layout: FrameLayout) -> dict:
 
 def greedy_tokens(llm, wl: Workload, frames: int = 3) -> list[list[int]]:
     """Greedy codes of a short rollout, to compare engines (e.g. TP=1 vs TP=2)."""
-    from .vllm_rollout import vllm_rollout
+    from terra_nb.port.vllm_rollout import vllm_rollout
 
     sample = load_sample(wl.preset)
     out = vllm_rollout(llm, sample.context[: wl.n_ctx], sample.actions, frames, SamplingConfig(temperature=0.0),
@@ -388,7 +388,7 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | No
     `deadline_s` seconds are skipped (listed in `errors`); with `profile_spec` (a
     `profiling.ProfileSpec`), each vLLM engine is also profiled before its rows (key `profile`).
     """
-    from .show import environment_info
+    from terra_nb.workbook.show import environment_info
 
     engines = {row_engine(r) for r in rows}  # raises on an unknown row
     ckpt = checkpoint(ckpt_root, wl)
@@ -418,9 +418,9 @@ def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dic
     """`profiling.profile_engine` on a built engine: our port (`engine="port"`, requests with
     actions) or stock vLLM Llama (`"stock"`, plain token prompts); the benchmark's context and
     sampling parameters."""
-    from .layout import build_prompt
-    from .profiling import profile_engine
-    from .vllm_rollout import frame_request
+    from terra_nb.port.layout import build_prompt
+    from terra_nb.workbook.profiling import profile_engine
+    from terra_nb.port.vllm_rollout import frame_request
 
     sample = load_sample(wl.preset)
     ctx = sample.context[: spec.n_ctx]
@@ -435,7 +435,7 @@ def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dic
 
 def profile(engine: str, wl: Workload, ckpt_root: Path, spec, engine_kwargs: dict | None = None) -> dict:
     """Build one engine (port or stock) and profile it; the file records device and versions."""
-    from .show import environment_info
+    from terra_nb.workbook.show import environment_info
 
     ckpt = checkpoint(ckpt_root, wl)
     kw = dict(engine_kwargs or {})
@@ -457,7 +457,7 @@ environment (`VLLM_ALLREDUCE_USE_FLASHINFER=0`, `NCCL_NVLS_ENABLE=0`, ...)."""
 
 def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None) -> dict:
     """Our default engine with `tensor_parallel_size=tp`: greedy tokens vs TP=1, and its timing."""
-    from .show import environment_info
+    from terra_nb.workbook.show import environment_info
 
     ckpt = checkpoint(ckpt_root, wl)
     llm, start = _engine(ckpt, tensor_parallel_size=tp, **NO_MULTICAST_TP_KWARGS)
@@ -513,7 +513,7 @@ def profile_digest(profiles: dict[str, dict]) -> dict | None:
     """What a results file keeps of the parts' profiles: per engine, each section's wall time and
     phases and each decode's kernels per step; port vs stock section by section when both ran.
     (The full profiles go beside the results file, see `main`.)"""
-    from .profiling import compare
+    from terra_nb.workbook.profiling import compare
 
     if not profiles:
         return None
@@ -555,7 +555,7 @@ def row_label(name: str) -> str:
 
 def load_results(results_dir: Path | None = None) -> dict[str, dict]:
     """Committed GPU results: {file stem: results}, from results/benchmark_*.json."""
-    from .paths import RESULTS
+    from terra_nb.workbook.paths import RESULTS
 
     folder = Path(results_dir) if results_dir is not None else RESULTS
     return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("benchmark_*.json"))}
@@ -596,7 +596,7 @@ def readme_section(results: dict[str, dict]) -> str:
 
 def update_readme(readme: Path | None = None, results: dict[str, dict] | None = None) -> bool:
     """Rewrite the README's benchmark section from the committed JSON; True if it changed."""
-    from .paths import REPO
+    from terra_nb.workbook.paths import REPO
 
     readme = Path(readme) if readme is not None else REPO / "README.md"
     text = readme.read_text()
@@ -656,7 +656,7 @@ def report_rows(res: dict) -> list[dict]:
 
 def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path | str,
             timeout: float | None = None) -> dict:
-    """Run `rows` with `python -m terra_nb.bench run`, one fresh process per engine group
+    """Run `rows` with `python -m terra_nb.workbook.bench run`, one fresh process per engine group
     (`engine_groups`), and merge the parts (see `merge`). Part files land in `work_dir`.
 
     A process that fails raises `RuntimeError` with the end of its output; a row group that fails
@@ -670,7 +670,7 @@ def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path
     for i, group in enumerate(engine_groups(rows)):
         out = work_dir / f"part_{i}.json"
         out.unlink(missing_ok=True)  # a stale part must not pass for this run's
-        cmd = [sys.executable, "-m", "terra_nb.bench", "run", "--rows", ",".join(group), "--preset", wl.preset,
+        cmd = [sys.executable, "-m", "terra_nb.workbook.bench", "run", "--rows", ",".join(group), "--preset", wl.preset,
                "--ckpt-root", str(ckpt_root), "--out", str(out)]
         for f in dataclasses.fields(Workload):
             if f.name != "preset":
@@ -684,7 +684,7 @@ def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m terra_nb.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m terra_nb.workbook.bench", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure some rows, write one part")
     r.add_argument("--rows", required=True, help=f"comma-separated, from {','.join(ROW_NAMES)}")
@@ -706,7 +706,7 @@ def main(argv=None):
     pr.add_argument("--ckpt-root", default="checkpoints")
     pr.add_argument("--out", required=True)
     pr.add_argument("--engine-kwargs", type=json.loads, default={})
-    from .profiling import ProfileSpec
+    from terra_nb.workbook.profiling import ProfileSpec
 
     for f in dataclasses.fields(ProfileSpec):
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
@@ -727,7 +727,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.cmd == "run":
         wl = Workload(preset=a.preset, **{f.name: getattr(a, f.name) for f in dataclasses.fields(Workload) if f.name != "preset"})
-        from .profiling import ProfileSpec
+        from terra_nb.workbook.profiling import ProfileSpec
 
         spec = ProfileSpec(batch=a.profile_batch, decode_steps=a.profile_decode_steps, n_ctx=wl.n_ctx,
                            temperature=wl.temperature) if a.profile else None
@@ -735,11 +735,11 @@ def main(argv=None):
                   deadline_s=a.deadline_s, profile_spec=spec)
         print(json.dumps([{k: v for k, v in r.items() if k != "greedy_tokens"} for r in res["rows"]], indent=2))
         if "profile" in res:
-            from .profiling import summary_lines
+            from terra_nb.workbook.profiling import summary_lines
 
             print("\n".join(summary_lines(res["profile"])))
     elif a.cmd == "profile":
-        from .profiling import ProfileSpec, summary_lines
+        from terra_nb.workbook.profiling import ProfileSpec, summary_lines
 
         spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
         res = profile(a.engine, Workload(preset=a.preset, n_ctx=spec.n_ctx), Path(a.ckpt_root), spec, a.engine_kwargs)
@@ -747,7 +747,7 @@ def main(argv=None):
         Path(a.out).write_text(json.dumps(res, indent=2))
         print("\n".join(summary_lines(res)))
     elif a.cmd == "profile-compare":
-        from .profiling import compare
+        from terra_nb.workbook.profiling import compare
 
         port, stock = (json.loads(Path(f).read_text()) for f in (a.port, a.stock))
         print(json.dumps(compare(port, stock), indent=2))
@@ -770,7 +770,7 @@ def main(argv=None):
                 prof = dict(part["profile"], env=part["env"], command=part["command"], dtype=part["dtype"])
                 out.with_name(out.stem.replace("benchmark", "profile") + f"_{prof['engine']}.json").write_text(
                     json.dumps(prof, indent=2))
-        from .viz import bar_chart_benchmark
+        from terra_nb.workbook.viz import bar_chart_benchmark
 
         bar_chart_benchmark(res["rows"], SEED_FIGURES, note=f"{res['device']}, vLLM {res['versions']['vllm']}",
                             save=out.with_suffix(".png"), curve=res["curve"])

@@ -50,9 +50,9 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.sequence import IntermediateTensors
 from vllm.utils.tensor_schema import TensorSchema, TensorShape
 
-from .config import FrameLayout, LlamaActionConfig
-from .hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
-from .vllm_processing import (
+from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.port.hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
+from terra_nb.port.vllm_processing import (
     MODALITY,
     TerraDummyInputsBuilder,
     TerraMultiModalProcessor,

@@ -2,7 +2,7 @@
 traced with hooks, the decode schedule of `generate` (this port's rule and the seed's), and the
 check that KV-cache decoding equals recomputation without a cache.
 
-Everything here *observes* `terra_nb.hf_model` (hooks, `generate`, plain forwards); nothing
+Everything here *observes* `terra_nb.port.hf_model` (hooks, `generate`, plain forwards); nothing
 re-implements the model. The seed's decode rule is written out (`decode_schedule(rule="seed")`)
 only to show where its logits came from.
 
@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .checkpoints import weight_shapes
-from .config import FrameLayout
-from .layout import interleave_segments, segments_length
-from .rollout import SamplingConfig, hf_generate_kwargs
-from .viz import ACTION_COLOR, DPI, IMAGE_COLOR, _save
+from terra_nb.port.checkpoints import weight_shapes
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import interleave_segments, segments_length
+from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
+from terra_nb.workbook.viz import ACTION_COLOR, DPI, IMAGE_COLOR, _save
 
 __all__ = [
     "LOGIT_TOLERANCE",

@@ -34,8 +34,8 @@ from torch import nn
 from transformers import LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .config import FrameLayout, LlamaActionConfig
-from .layout import codes_before, interleave_segments, segments_length, spatio_temporal_indices
+from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.port.layout import codes_before, interleave_segments, segments_length, spatio_temporal_indices
 
 IGNORE_INDEX = -100
 

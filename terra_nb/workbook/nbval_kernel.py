@@ -1,6 +1,6 @@
-"""pytest plugin (loaded by pyproject's `addopts = -p terra_nb.nbval_kernel`): nbval's notebook
+"""pytest plugin (loaded by pyproject's `addopts = -p terra_nb.workbook.nbval_kernel`): nbval's notebook
 kernels start in `reproduce.kernel_environment()` with `reproduce.KERNEL_ARGUMENTS`, like the
-kernels of `python -m terra_nb.reproduce`.
+kernels of `python -m terra_nb.workbook.reproduce`.
 
 nbval starts its kernels with the environment of the pytest process, `PYTEST_CURRENT_TEST`
 included, and has no option for a kernel environment; this plugin passes one to its
@@ -22,7 +22,7 @@ def pytest_configure(config) -> None:
 
     @functools.wraps(start)
     def start_new_kernel(*args, **kwargs):
-        from .reproduce import KERNEL_ARGUMENTS, kernel_environment
+        from terra_nb.workbook.reproduce import KERNEL_ARGUMENTS, kernel_environment
 
         kwargs.setdefault("env", kernel_environment())
         kwargs["extra_arguments"] = [*kwargs.get("extra_arguments", []), *KERNEL_ARGUMENTS]

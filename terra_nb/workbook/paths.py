@@ -1,14 +1,14 @@
 """Where things live, resolved from the package location rather than the working directory.
 
 Notebooks run with their own folder (`notebooks/`) as the working directory: JupyterLab,
-nbval and `python -m terra_nb.reproduce` all agree on that. Code and notebooks still never
+nbval and `python -m terra_nb.workbook.reproduce` all agree on that. Code and notebooks still never
 write `../data`: they use these constants, which work from any directory.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 """The repository root (the folder holding `terra_nb/`, `notebooks/`, `data/`)."""
 
 DATA = REPO / "data"

@@ -1,6 +1,6 @@
 """Execute every numbered notebook with papermill and write `outputs/report.md`.
 
-    python -m terra_nb.reproduce [--device auto|cpu|cuda] [--preset tiny|terra] [--out outputs]
+    python -m terra_nb.workbook.reproduce [--device auto|cpu|cuda] [--preset tiny|terra] [--out outputs]
                                  [--only 02] [-p name value ...] [--fail-fast]
 
 Each `notebooks/NN_*.ipynb` runs in a kernel of the current interpreter (no kernelspec needs to
@@ -28,8 +28,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
-from .paths import NOTEBOOKS, OUTPUTS, REPO
-from .results import load_results, markdown_table, result_to_markdown
+from terra_nb.workbook.paths import NOTEBOOKS, OUTPUTS, REPO
+from terra_nb.workbook.results import load_results, markdown_table, result_to_markdown
 
 KERNEL_NAME = "terra-nb-current-env"
 """A kernel name that always means: ipykernel in this very interpreter (sys.executable)."""
@@ -95,7 +95,7 @@ QUIET_WARNINGS = (
 processes inherit its environment, so this reaches them too; a warning about our own code never
 matches these)."""
 
-KERNEL_ARGUMENTS = ["--IPKernelApp.outstream_class=terra_nb.kernel_streams.QuietOutStream"]
+KERNEL_ARGUMENTS = ["--IPKernelApp.outstream_class=terra_nb.workbook.kernel_streams.QuietOutStream"]
 """Added to every notebook kernel's command line: its stderr drops known environment noise
 (`kernel_streams.NOISE`)."""
 
@@ -258,7 +258,7 @@ def _parse_value(s: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m terra_nb.reproduce", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m terra_nb.workbook.reproduce", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                     help="passed to every notebook; auto = cuda when torch sees a GPU")
     ap.add_argument("--preset", default="tiny", help="checkpoint preset passed to every notebook (tiny|terra)")
@@ -273,14 +273,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm.auto import tqdm
 
-    from .show import environment_info
+    from terra_nb.workbook.show import environment_info
 
     notebooks = find_notebooks(Path(args.notebooks), args.only)
     if not notebooks:
         print(f"reproduce: no notebooks matching {NOTEBOOK_GLOB} in {args.notebooks}"
               + (f" (filter {args.only})" if args.only else ""), file=sys.stderr)
         return 1
-    from .show import resolve_device
+    from terra_nb.workbook.show import resolve_device
 
     try:
         device = resolve_device(args.device)
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     total = time.perf_counter() - t0
 
-    command = "python -m terra_nb.reproduce" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    command = "python -m terra_nb.workbook.reproduce" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     report = write_report(out_dir, runs, env, command.strip(), total, parameters)
     (out_dir / "summary.json").write_text(json.dumps(
         {"environment": env, "parameters": parameters, "total_seconds": round(total, 1),

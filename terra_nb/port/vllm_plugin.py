@@ -3,7 +3,7 @@
 pyproject.toml declares it as a general plugin:
 
     [project.entry-points."vllm.general_plugins"]
-    terra_nb = "terra_nb.vllm_plugin:register"
+    terra_nb = "terra_nb.port.vllm_plugin:register"
 
 vLLM calls every general plugin in **every process it starts** (the front end while it parses the
 engine arguments, the engine core, each worker), so registering here, rather than in the notebook
@@ -14,7 +14,7 @@ must be idempotent and cheap: it registers
   does that), so vLLM reads a released `config.json` (which names remote code in `auto_map`)
   without `trust_remote_code`;
 * the two released architectures with vLLM's `ModelRegistry`, lazily ("module:Class"), so vLLM
-  imports `terra_nb.vllm_model` only when it builds or inspects the model;
+  imports `terra_nb.port.vllm_model` only when it builds or inspects the model;
 * the front door (`vllm_frontdoor.install`): every request to a Terra engine is checked before it
   reaches the engine core, including requests without `multi_modal_data`, which never meet the
   multimodal processor. It has to be installed here because such requests reach vLLM without
@@ -32,11 +32,11 @@ def register() -> None:
     import terra_nb  # noqa: F401  (registers LlamaActionConfig with AutoConfig, and the HF models)
     from vllm import ModelRegistry
 
-    from .vllm_frontdoor import install
+    from terra_nb.port.vllm_frontdoor import install
 
     install()
 
     supported = set(ModelRegistry.get_supported_archs())
     for arch in ARCHITECTURES:
         if arch not in supported:
-            ModelRegistry.register_model(arch, f"terra_nb.vllm_model:{arch}")
+            ModelRegistry.register_model(arch, f"terra_nb.port.vllm_model:{arch}")

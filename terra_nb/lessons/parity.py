@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from .config import FrameLayout
-from .rollout import plan_rounds
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.rollout import plan_rounds
 
 __all__ = ["TeacherForcedParity", "compare_teacher_forced", "prefix_cache_steps", "teacher_forced_parity",
            "token_parity"]
@@ -169,7 +169,7 @@ def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_
     vLLM's prompt position `p` (the distribution of token `p` given tokens before it) is HF's row
     `p - 1`. The tolerance is `hf_lessons.logit_tolerance(dtype)`, as in notebook 05's one-prompt check.
     """
-    from .hf_lessons import logit_tolerance
+    from terra_nb.lessons.hf_lessons import logit_tolerance
 
     L, F, P = len(vllm_lp.prompt_ids), layout.frame_len, layout.image_tokens
     if hf_lp.shape[0] != L:
@@ -199,7 +199,7 @@ def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5) -
     last frame come after every scored position, and attention is causal, so they change nothing
     scored. vLLM returns its top-`k` and the scored token at every position (`prompt_logprobs`).
     """
-    from .weight_mapping import hf_prompt_logprobs, vllm_prompt_logprobs
+    from terra_nb.lessons.weight_mapping import hf_prompt_logprobs, vllm_prompt_logprobs
 
     context, frames = torch.as_tensor(context).cpu(), torch.as_tensor(frames).cpu()
     if context.dim() != 2 or frames.dim() != 2 or context.shape[1] != frames.shape[1]:

@@ -27,10 +27,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .config import FrameLayout
-from .layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 
-MODALITY = "actions"  # the modality name of the port (terra_nb.vllm_processing.MODALITY)
+MODALITY = "actions"  # the modality name of the port (terra_nb.port.vllm_processing.MODALITY)
 
 __all__ = [
     "SEED_API",
@@ -193,7 +193,7 @@ def predicted_cached_tokens(old_ids: Sequence[int], old_actions, new_ids: Sequen
     least the last prompt token, so at most `len(new_ids) - 1` tokens (in whole blocks) come from
     the cache.
     """
-    from .pitfalls import action_items, reusable_prefix
+    from terra_nb.lessons.pitfalls import action_items, reusable_prefix
 
     shared = reusable_prefix(old_ids, action_items(old_actions, layout), new_ids,
                              action_items(new_actions, layout), block_size=block_size)
@@ -274,7 +274,7 @@ def worst_case(layout: FrameLayout, max_model_len: int | None = None) -> dict[st
     must leave room for the `image_tokens` new codes. Terra: 24 frames = 13824 codes + 144 action
     tokens = 13968, plus 576 generated = 14544 <= 14550.
     """
-    from .vllm_processing import max_prompt_frames
+    from terra_nb.port.vllm_processing import max_prompt_frames
 
     max_model_len = layout.max_len if max_model_len is None else int(max_model_len)
     frames = max_prompt_frames(layout, max_model_len)
@@ -326,7 +326,7 @@ def encoder_profile_batch(llm, n_items: int | None = None) -> dict[str, torch.Te
     batch) copies of the one-frame dummy item, batched as the model runner batches them."""
     from vllm.multimodal.utils import group_and_batch_mm_kwargs
 
-    from .vllm_compat import dummy_mm_inputs
+    from terra_nb.port.vllm_compat import dummy_mm_inputs
 
     if n_items is None:
         n_items = profiling_plan(llm)["encoder_items"]
@@ -404,7 +404,7 @@ def kv_cache_report(llm) -> KVCacheReport:
 def requests_that_fit(report: KVCacheReport, layout: FrameLayout) -> list[dict[str, int]]:
     """For a prompt of 1 .. max frames (plus the frame it generates): blocks per request, how many
     such requests the KV cache holds at once, and how many run at once (also capped by max_num_seqs)."""
-    from .vllm_processing import max_prompt_frames
+    from terra_nb.port.vllm_processing import max_prompt_frames
 
     rows = []
     for n in range(1, max_prompt_frames(layout, report.max_model_len) + 1):
@@ -425,7 +425,7 @@ def plot_placeholders(mm_input: Mapping[str, Any], layout: FrameLayout, save=Non
     import numpy as np
     from matplotlib.figure import Figure
 
-    from .viz import ACTION_COLOR, IMAGE_COLOR, _save
+    from terra_nb.workbook.viz import ACTION_COLOR, IMAGE_COLOR, _save
 
     ids = np.asarray(mm_input["prompt_token_ids"])
     ranges = mm_input["mm_placeholders"][MODALITY]
@@ -477,7 +477,7 @@ def plot_kv_budget(report: KVCacheReport, layout: FrameLayout, plan: Mapping[str
     import numpy as np
     from matplotlib.figure import Figure
 
-    from .viz import ACTION_COLOR, IMAGE_COLOR, _save
+    from terra_nb.workbook.viz import ACTION_COLOR, IMAGE_COLOR, _save
 
     wc = worst_case(layout, report.max_model_len)
     fig = Figure(figsize=(12, 4.2), layout="constrained")

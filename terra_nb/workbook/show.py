@@ -1,7 +1,7 @@
 """Notebook helpers: show the package's own source, trace tensors by shape, describe the machine.
 
 The notebooks follow "d2l in reverse": the logic lives in `terra_nb`, and a notebook shows the
-real function with `show_source(terra_nb.layout.build_prompt)` instead of pasting a second
+real function with `show_source(terra_nb.port.layout.build_prompt)` instead of pasting a second
 copy that could drift from the code that runs.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .paths import REPO
+from terra_nb.workbook.paths import REPO
 
 
 # --------------------------------------------------------------------------- source
@@ -70,7 +70,7 @@ class Source(str):
 
 
 def _resolve(obj: Any) -> Any:
-    """'terra_nb.layout:build_prompt' / 'terra_nb.layout.build_prompt' -> the object."""
+    """'terra_nb.port.layout:build_prompt' / 'terra_nb.port.layout.build_prompt' -> the object."""
     if not isinstance(obj, str):
         return obj
     if ":" in obj:

@@ -1,9 +1,9 @@
 """Result files written by notebooks and collected into `outputs/report.md`.
 
 Convention: a notebook has a papermill parameter `out_dir` (None when a reader runs it in
-JupyterLab or nbval runs it, the outputs folder when `python -m terra_nb.reproduce` runs it).
+JupyterLab or nbval runs it, the outputs folder when `python -m terra_nb.workbook.reproduce` runs it).
 - `figure_path(out_dir, "02_layout")` -> `<out_dir>/figures/02_layout.png` (or None): pass it as
-  `save=` to any plotting function in `terra_nb.viz`;
+  `save=` to any plotting function in `terra_nb.workbook.viz`;
 - `record_result("parity", {...}, out_dir)` -> `<out_dir>/results/parity.json`; the report renders
   every such file as a section (scalars as a key/value table, lists of dicts as tables).
 With `out_dir=None` both are no-ops, so running a notebook by hand writes nothing.
@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from .paths import figures_dir, results_dir
+from terra_nb.workbook.paths import figures_dir, results_dir
 
 
 def figure_path(out_dir, name: str) -> Path | None:

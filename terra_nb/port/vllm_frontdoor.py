@@ -60,9 +60,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .config import FrameLayout, LlamaActionConfig
-from .layout import SEED_PLACEHOLDER
-from .vllm_compat import InputProcessor, RequestValidationError
+from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.port.layout import SEED_PLACEHOLDER
+from terra_nb.port.vllm_compat import InputProcessor, RequestValidationError
 
 __all__ = [
     "check_generation_window",

@@ -44,8 +44,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from .config import FrameLayout
-from .layout import spatio_temporal_indices
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import spatio_temporal_indices
 
 INPUTS = ("input_ids", "action_vectors", "position_ids")
 CONFIG_KEY = "terra_config"

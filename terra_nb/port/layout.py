@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .config import FrameLayout
+from terra_nb.port.config import FrameLayout
 
 SEED_PLACEHOLDER = -3
 """The seed marked action slots with -3; vLLM V1 needs an in-vocabulary id (see notebook 02)."""

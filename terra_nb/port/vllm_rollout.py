@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import FrameLayout
-from .layout import build_prompt
-from .rollout import SamplingConfig, prepare_inputs, run_rollout
-from .vllm_processing import MODALITY, max_prompt_frames
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import build_prompt
+from terra_nb.port.rollout import SamplingConfig, prepare_inputs, run_rollout
+from terra_nb.port.vllm_processing import MODALITY, max_prompt_frames
 
 __all__ = [
     "RolloutStats",
@@ -83,7 +83,7 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
     """
     import vllm
 
-    from .config import LlamaActionConfig
+    from terra_nb.port.config import LlamaActionConfig
 
     cfg = LlamaActionConfig.from_pretrained(str(checkpoint_dir))
     layout = FrameLayout.from_config(cfg)

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import torch
 
-from .config import FrameLayout
-from .layout import SEED_PLACEHOLDER
+from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import SEED_PLACEHOLDER
 
 
 def seed_image_mask(input_ids: torch.Tensor) -> torch.Tensor:
@@ -99,7 +99,7 @@ def raw_request_pitfalls(context: torch.Tensor, actions: torch.Tensor, layout: F
     (`vllm_frontdoor`) the first one killed the engine, the others were served from garbage.
     Returns name -> (request, SamplingParams keyword overrides).
     """
-    from .layout import build_prompt
+    from terra_nb.port.layout import build_prompt
 
     context = torch.as_tensor(context).long()
     n = context.shape[0]
@@ -121,7 +121,7 @@ def probe_batch(llm, requests: list[dict], params):
     """`llm.generate` a batch; an `inspect_vllm.Probe` per request, or one for the whole batch
     when it is refused (vLLM adds a batch's requests one by one and, when one raises, aborts the
     ones already added and re-raises)."""
-    from .inspect_vllm import Probe
+    from terra_nb.lessons.inspect_vllm import Probe
 
     try:
         outs = llm.generate(requests, params, use_tqdm=False)

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .config import FrameLayout
-from .hf_lessons import logit_tolerance, text_table
-from .layout import build_prompt
-from .viz import ACTION_COLOR, DPI, IMAGE_COLOR, _save
+from terra_nb.port.config import FrameLayout
+from terra_nb.lessons.hf_lessons import logit_tolerance, text_table
+from terra_nb.port.layout import build_prompt
+from terra_nb.workbook.viz import ACTION_COLOR, DPI, IMAGE_COLOR, _save
 
 __all__ = [
     "MappingRow",
@@ -58,7 +58,7 @@ __all__ = [
     "vllm_prompt_logprobs",
 ]
 
-WEIGHTS_EXTENSION = "terra_nb.weight_mapping.WeightsWorkerExtension"
+WEIGHTS_EXTENSION = "terra_nb.lessons.weight_mapping.WeightsWorkerExtension"
 """Pass as `make_llm(..., worker_extension_cls=WEIGHTS_EXTENSION)` to make an engine inspectable."""
 
 # --------------------------------------------------------------------------- names on both sides
@@ -259,7 +259,7 @@ def loading_error(model, state_dict: Mapping[str, torch.Tensor]) -> str | None:
     """The `WeightLoadingError` message `model.load_weights(state_dict)` raises, or None if it loads.
 
     (It loads whatever it can before raising: use it on a model you do not serve from.)"""
-    from .vllm_model import WeightLoadingError
+    from terra_nb.port.vllm_model import WeightLoadingError
 
     try:
         with torch.no_grad():

@@ -36,13 +36,13 @@ from torch import nn
 
 __all__ = ["TRACE_EXTENSION", "ForwardTrace", "TraceWorkerExtension", "compare_with_hf", "trace_forward"]
 
-TRACE_EXTENSION = "terra_nb.vllm_trace.TraceWorkerExtension"
+TRACE_EXTENSION = "terra_nb.lessons.vllm_trace.TraceWorkerExtension"
 """Pass as `make_llm(..., worker_extension_cls=TRACE_EXTENSION)` to make an engine traceable."""
 
 
 def _position_embedding(model: nn.Module) -> nn.Module:
     """The model's spatio-temporal position-embedding module, wherever the port keeps it."""
-    from .hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
+    from terra_nb.port.hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
 
     for _name, module in model.named_modules():
         if isinstance(module, LearnableFactorizedSpatioTemporalPositionalEmbedding):
@@ -226,7 +226,7 @@ class ForwardTrace:
           (the spatial table), and the jump between frames is one temporal row;
         * `argmax_is_token`: the engine's token is the argmax of the traced logits (placeholder masked).
         """
-        from .layout import action_slot_mask
+        from terra_nb.port.layout import action_slot_mask
 
         L = self.input_ids.numel()
         out: dict[str, Any] = {
@@ -267,8 +267,8 @@ def trace_forward(llm, request: dict) -> ForwardTrace:
     The engine must have been built with `worker_extension_cls=TRACE_EXTENSION`. The prefix cache is
     reset first, so every prompt position goes through the traced forward pass.
     """
-    from .rollout import SamplingConfig
-    from .vllm_rollout import engine_layout, sampling_params
+    from terra_nb.port.rollout import SamplingConfig
+    from terra_nb.port.vllm_rollout import engine_layout, sampling_params
 
     layout, _ = engine_layout(llm)
     ext = getattr(llm.llm_engine.vllm_config.parallel_config, "worker_extension_cls", "")

@@ -1,0 +1,6 @@
+"""Workbook tooling: rendering, results, the papermill runner, the benchmark and its profiler.
+
+`show` and `viz` (source, shapes, figures), `results` and `reproduce` (`make reproduce` and its
+report), `bench` and `profiling` (the GPU benchmark), `paths` and `data` (where things live, the
+sample inputs), and the notebook kernels' setup for nbval and papermill.
+"""
