@@ -33,3 +33,23 @@ def test_cuda_devices_on_a_gpu():
     assert resolve_device("cuda") == "cuda" and resolve_device("cuda:0") == "cuda:0"
     with pytest.raises(ValueError, match="CUDA device"):
         resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_gpu_memory_share_caps_what_engines_ask_for(monkeypatch):
+    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, gpu_memory_share
+
+    monkeypatch.delenv(GPU_SHARE_ENV, raising=False)
+    assert gpu_memory_share(None) is None and gpu_memory_share(0.6) == 0.6   # unset: unchanged
+    monkeypatch.setenv(GPU_SHARE_ENV, "0.3")
+    assert gpu_memory_share(None) == 0.3      # vLLM's default (0.9) would take the whole GPU
+    assert gpu_memory_share(0.6) == 0.3       # a notebook's own share is capped
+    assert gpu_memory_share(0.2) == 0.2       # a smaller one is kept
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "half", "-0.2", "nan"])
+def test_a_bad_gpu_memory_cap_is_refused_by_name(monkeypatch, bad):
+    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, gpu_memory_share
+
+    monkeypatch.setenv(GPU_SHARE_ENV, bad)
+    with pytest.raises(ValueError, match=GPU_SHARE_ENV):
+        gpu_memory_share(0.5)

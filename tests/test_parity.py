@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from terra_nb.port.config import FrameLayout
-from terra_nb.lessons.parity import prefix_cache_steps, token_parity
+from terra_nb.lessons.parity import predicted_reuse, prefix_cache_steps, token_parity
 from terra_nb.port.vllm_rollout import RolloutStats
 
 TINY = FrameLayout(image_tokens=64, action_tokens=6, max_frames=25, vocab_size=513)
@@ -55,3 +55,19 @@ def test_prefix_cache_steps_follow_the_rounds():
     assert rows[22]["prompt_frames"] == 3 and rows[22]["round"] == 1
     with pytest.raises(ValueError, match="fresh RolloutStats"):
         prefix_cache_steps(st, n_ctx=3, n_frames=4, layout=TINY)
+
+
+def test_predicted_reuse_is_the_computed_tokens_in_full_blocks():
+    # tiny: F = 70, P = 64. After a 3-frame prompt the engine computed 210 + 63 tokens.
+    assert predicted_reuse(3, TINY, 128) == 256 and predicted_reuse(3, TINY, 16) == 272
+    assert [predicted_reuse(n, TINY, 128) for n in range(3, 8)] == [256, 256, 384, 384, 512]
+    st = RolloutStats(per_call_cached=[[0, 0], [272, 272], [336, 336]])
+    rows = prefix_cache_steps(st, n_ctx=3, n_frames=3, layout=TINY, block_size=16)
+    assert [r["predicted"] for r in rows] == [None, 544, 672]   # a batch of two: twice one rollout's
+
+
+def test_a_rounds_first_step_has_no_prediction():
+    st = RolloutStats(per_call_cached=[[0]] * 23)
+    rows = prefix_cache_steps(st, n_ctx=3, n_frames=23, layout=TINY, block_size=16)
+    assert rows[0]["predicted"] is None and rows[22]["predicted"] is None
+    assert rows[21]["predicted"] == predicted_reuse(23, TINY, 16)

@@ -83,6 +83,20 @@ def test_all_good_exits_zero(run, capsys):
     assert "1 of 1 ok" in report and "02_bad" not in report
 
 
+def test_a_notebook_parameter_reaches_that_notebook_only(run, capsys):
+    root, nbs, out = run
+    rc = reproduce.main(["--notebooks", str(nbs), "--out", str(out), "--only", "01", "--device", "cpu",
+                         "--preset", "terra", "--notebook-parameter", "01", "preset", "tiny",
+                         "--notebook-parameter", "02", "preset", "huge"])
+    assert rc == 0, capsys.readouterr().err
+    assert "| preset | tiny |" in (out / "report.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["parameters"]["preset"] == "terra"
+    assert summary["notebook_parameters"] == {"01": {"preset": "tiny"}, "02": {"preset": "huge"}}
+    assert reproduce.main(["--notebooks", str(nbs), "--out", str(out), "--notebook-parameter", "9", "preset", "x"]) == 1
+    assert "two-digit notebook number" in capsys.readouterr().err
+
+
 def test_no_notebooks(tmp_path, capsys):
     assert reproduce.main(["--notebooks", str(tmp_path), "--out", str(tmp_path / "o")]) == 1
     assert "no notebooks" in capsys.readouterr().err

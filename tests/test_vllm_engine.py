@@ -12,6 +12,8 @@ import torch
 pytest.importorskip("vllm")
 
 import terra_nb  # noqa: F401
+from terra_nb.lessons.parity import prefix_cache_steps
+from terra_nb.port.config import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 from terra_nb.port.rollout import SamplingConfig, hf_rollout
 from terra_nb.port.vllm_compat import PROMETHEUS_PREFIX_COUNTERS_EXACT, prefix_cache_counters, shutdown_llm
@@ -101,13 +103,11 @@ def test_prefix_cache_hits_when_a_rollout_resubmits_its_longer_prompt(llm, sampl
     after = prefix_cache_counters(llm)
     cached = [c[0] for c in stats.per_call_cached]
     assert cached[0] == 0
-    # every later step finds the previous prompt in the cache, up to the last full block
-    block = next(c for c in cached if c > 0) if any(cached) else 0
-    assert block > 0, f"no prefix-cache hit at all: {cached}"
-    for step in range(1, 4):
-        prev_prompt = (3 + step - 1) * FL
-        assert cached[step] >= prev_prompt - prev_prompt % block - block, (step, cached)
-        assert cached[step] > cached[step - 1] or cached[step] == (3 + step) * FL // block * block
+    # every later step finds the previous prompt and its generated frame, up to the last full block
+    block_size = llm.llm_engine.vllm_config.cache_config.block_size
+    rows = prefix_cache_steps(stats, 3, 4, FrameLayout.from_config(llm.model_config.hf_config),
+                              block_size=block_size)
+    assert [r["cached"] for r in rows[1:]] == [r["predicted"] for r in rows[1:]], (block_size, rows)
     assert stats.prefix_hit_rate > 0.5
     # vLLM's own counters agree (0.26 undercounts them, see vllm_compat)
     if PROMETHEUS_PREFIX_COUNTERS_EXACT:

@@ -36,18 +36,38 @@ def _pytest_line(log: Path) -> str:
 
 
 def notebook_rows(state: Path) -> list[dict]:
-    rows = []
+    """One row per notebook that papermill or nbval ran: status, preset and wall time of each."""
+    runs = {}
     for summary in sorted((state / "reproduce").glob("*/summary.json")):
-        for nb in json.loads(summary.read_text())["notebooks"]:
-            nbval = _json(state / "steps" / f"nbval_{summary.parent.name}.json")
-            rows.append({
-                "notebook": Path(nb["notebook"]).name, "papermill (terra shape)": nb["status"],
-                "wall time (s)": nb["seconds"],
-                "nbval": ("not run" if nbval is None else "passed" if nbval["rc"] == 0 else f"FAILED (exit {nbval['rc']})"),
-                "nbval time (s)": None if nbval is None else nbval["seconds"],
-                "error": (nb.get("error") or "")[:120],
-            })
+        s = json.loads(summary.read_text())
+        for nb in s["notebooks"]:
+            name = Path(nb["notebook"]).name
+            params = {**s.get("parameters", {}), **s.get("notebook_parameters", {}).get(name[:2], {})}
+            runs[name[:2]] = (name, nb, params.get("preset", "?"))
+    numbers = sorted(set(runs) | {p.stem[6:] for p in (state / "steps").glob("nbval_*.json")})
+    rows = []
+    for nn in numbers:
+        name, nb, preset = runs.get(nn, (nn, None, ""))
+        nbval = _json(state / "steps" / f"nbval_{nn}.json")
+        rows.append({
+            "notebook": name, "papermill": "not run" if nb is None else nb["status"], "preset": preset,
+            "wall time (s)": None if nb is None else nb["seconds"],
+            "nbval": ("not run" if nbval is None else "passed" if nbval["rc"] == 0 else f"FAILED (exit {nbval['rc']})"),
+            "nbval time (s)": None if nbval is None else nbval["seconds"],
+            "error": ((nb or {}).get("error") or "")[:120],
+        })
     return rows
+
+
+def lane_lines(state: Path) -> list[str]:
+    """`start`'s two lanes: when each step started and ended (empty when steps ran one by one)."""
+    log = state / "lanes.log"
+    if not log.exists():
+        return []
+    return ["## Timeline (`gpu_runner.sh start`: two lanes side by side on the one GPU)", "",
+            "The papermill lane capped each engine at 0.5 of GPU memory, the checks lane at 0.25 "
+            "(`TERRA_NB_GPU_MEMORY_UTILIZATION`); wall times above include sharing the GPU and its host.",
+            "", "```", log.read_text().rstrip(), "```", ""]
 
 
 def test_rows(state: Path) -> list[dict]:
@@ -91,12 +111,13 @@ def build_report(state: Path) -> tuple[str, str]:
         f"vllm {env.get('vllm')}",
         f"- git commit: {env.get('git_commit') or 'unknown'}",
         "",
-        "## Notebooks (papermill with `--device cuda --preset terra`; nbval with the notebooks' defaults)",
+        "## Notebooks (papermill: `make reproduce BACKEND=gpu`; nbval: the notebooks' defaults, "
+        "tiny model, on the GPU)",
         "",
         markdown_table(nbs) if nbs else "(no notebook ran)",
         "",
-        f"papermill total: {sum(r['wall time (s)'] for r in nbs):.0f} s over {len(nbs)} notebooks, "
-        f"{sum(r['papermill (terra shape)'] == 'ok' for r in nbs)} ok; nbval: "
+        f"papermill total: {sum(r['wall time (s)'] or 0 for r in nbs):.0f} s, "
+        f"{sum(r['papermill'] == 'ok' for r in nbs)} of {len(nbs)} notebooks ok; nbval: "
         f"{sum(r['nbval'] == 'passed' for r in nbs)} of {len(nbs)} passed.",
         "",
         "## bf16 parity (notebook 06, Terra shape, random weights)",
@@ -106,6 +127,8 @@ def build_report(state: Path) -> tuple[str, str]:
         "## Unit tests (`make test BACKEND=gpu`, in groups)",
         "",
         markdown_table(tests) if tests else "(no test group ran)",
+        "",
+        *lane_lines(state),
     ]
     bench = _json(state / "reproduce" / "07" / "results" / "07_benchmark_here.json")
     if bench:

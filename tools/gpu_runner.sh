@@ -10,20 +10,31 @@
 #   bash tools/gpu_runner.sh nbval 06          # nbval over one notebook, on the GPU
 #   bash tools/gpu_runner.sh report            # $OUT/gpu_report_<gpu>.md from everything above
 #
+# Or all of it at once, side by side on the one GPU (what fits a few device calls):
+#   bash tools/gpu_runner.sh start             # setup, then two lanes in the background:
+#                                              #   papermill: reproduce 01..09, one after another
+#                                              #   checks:    nbval 01..09, then the test groups
+#   bash tools/gpu_runner.sh wait 570          # wait up to 570 s; prints the finished steps;
+#                                              # always writes the report (partial until both end)
+# The lanes cap every engine's share of GPU memory ($TERRA_NB_GPU_MEMORY_UTILIZATION, see
+# terra_nb.port.vllm_rollout.gpu_memory_share): 0.5 for the Terra-shaped papermill lane, 0.25
+# for the tiny-model checks, so both fit beside each other and beside an HF model.
+#
 # The machine: vLLM 0.26 and the notebook tools unpacked in /tmp/site (the bundle of the GPU notes),
 # no network. Every step writes its log and summary under $STATE (kept while the machine stays
 # warm) and copies them to $OUT (what comes back from the call). Commit the report as
 # results/gpu_report_<gpu>.md; the executed notebooks stay out of git (tens of MB with figures).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+SITE=${GPU_SITE:-/tmp/site}   # where the bundle was unpacked
 if [ "${1:-plan}" != plan ] && [ "${1:-plan}" != report ]; then
-  test -d /tmp/site/vllm || { echo FRESH-MACHINE; exit 3; }
+  test -d "$SITE/vllm" || { echo FRESH-MACHINE; exit 3; }
 fi
-export PYTHONPATH=/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$SITE VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 STATE=${GPU_RUNNER_STATE:-/tmp/terra_gpu_runner}
 OUT=${OUT:-$STATE/out}
 mkdir -p "$STATE" "$OUT"
-PY=python3
+PY=${PY:-python3}
 
 # make when the machine has it, else the command the make target runs (same arguments)
 mk() {  # mk reproduce|test ARGS...
@@ -31,7 +42,8 @@ mk() {  # mk reproduce|test ARGS...
   if command -v make > /dev/null; then
     if [ "$target" = reproduce ]; then make reproduce BACKEND=gpu PY=$PY SETUP=none REPRODUCE_ARGS="$*"
     else make test BACKEND=gpu PY=$PY SETUP=none PYTEST_ARGS="$*"; fi
-  elif [ "$target" = reproduce ]; then $PY -m terra_nb.workbook.reproduce --device cuda --preset terra "$@"
+  elif [ "$target" = reproduce ]; then
+    $PY -m terra_nb.workbook.reproduce --device cuda --preset terra --notebook-parameter 09 preset tiny "$@"
   else $PY -m pytest "$@"; fi
 }
 
@@ -48,6 +60,7 @@ groups() {  # name -> pytest arguments
   esac
 }
 NOTEBOOKS=$(ls notebooks/[0-9][0-9]_*.ipynb | sed -E 's|notebooks/([0-9][0-9])_.*|\1|')
+NOTEBOOKS=${RUNNER_NOTEBOOKS:-$NOTEBOOKS}   # e.g. RUNNER_NOTEBOOKS="04 06": only those
 
 timed() {  # timed NAME CMD...: run, keep the log and {rc, seconds} under $STATE/steps
   local name=$1; shift
@@ -90,5 +103,42 @@ case "${1:-plan}" in
     timed "nbval_$nb" mk test -p no:cacheprovider notebooks/${nb}_*.ipynb ;;
   report)
     $PY tools/gpu_report.py "$STATE" --out "$OUT" ;;
+  lane)   # lane papermill|checks: its steps in order (started by `start`, in the background)
+    lane=${2:?papermill or checks}
+    if [ "$lane" = papermill ]; then
+      export TERRA_NB_GPU_MEMORY_UTILIZATION=${PAPERMILL_GPU_SHARE:-0.5}
+      steps=$(for nb in $NOTEBOOKS; do echo "reproduce $nb"; done)
+    else
+      export TERRA_NB_GPU_MEMORY_UTILIZATION=${CHECKS_GPU_SHARE:-0.25}
+      steps=$(for nb in $NOTEBOOKS; do echo "nbval $nb"; done; for g in ${TEST_GROUPS-fast engine1 engine2 engine3 engine4}; do echo "test $g"; done)
+    fi
+    echo "$steps" > "$STATE/lane_$lane.plan"
+    while read -r step; do
+      echo "$(date +%T) start $step" >> "$STATE/lanes.log"
+      OUT=$STATE/out bash "$0" $step > /dev/null 2>&1
+      rc=$?; echo "$(date +%T) done  $step (exit $rc)" >> "$STATE/lanes.log"
+    done <<< "$steps"
+    touch "$STATE/lane_$lane.done" ;;
+  start)
+    bash "$0" setup || exit 1
+    rm -f "$STATE"/lane_*.done
+    for lane in papermill checks; do
+      setsid nohup bash "$0" lane $lane > "$STATE/lane_$lane.log" 2>&1 < /dev/null &
+    done
+    sleep 2; echo "started: papermill and checks lanes (bash tools/gpu_runner.sh wait SECONDS)" ;;
+  wait)
+    limit=${2:-570}; t0=$(date +%s)
+    until [ -f "$STATE/lane_papermill.done" ] && [ -f "$STATE/lane_checks.done" ]; do
+      [ $(( $(date +%s) - t0 )) -ge "$limit" ] && break
+      sleep 5
+    done
+    cat "$STATE/lanes.log" 2>/dev/null
+    for lane in papermill checks; do
+      [ -f "$STATE/lane_$lane.done" ] && echo "lane $lane: finished" || echo "lane $lane: running"
+    done
+    $PY tools/gpu_report.py "$STATE" --out "$OUT"
+    # one archive of every step's log and record, the papermill summaries and results (no notebooks)
+    tar -C "$STATE" -czf "$OUT/gpu_runner_state.tgz" --exclude='*.ipynb' --exclude='figures' --exclude=out . 2>/dev/null
+    ls "$OUT" ;;
   *) echo "unknown step $1; see: bash tools/gpu_runner.sh plan" >&2; exit 2 ;;
 esac

