@@ -49,12 +49,13 @@ def test_report_from_a_real_reproduce_summary(tmp_path):
     (state / "steps" / "nbval_06.json").write_text(json.dumps({"step": "nbval_06", "rc": 0, "seconds": 95.5}))
     (state / "steps" / "test_fast.json").write_text(json.dumps({"step": "test_fast", "rc": 1, "seconds": 61.0}))
     (state / "steps" / "test_fast.log").write_text("....F\n===== 1 failed, 40 passed, 2 skipped in 60.1s =====\n")
-    assert gpu_report.main([str(state), "--out", str(tmp_path / "out")]) == 0
+    assert gpu_report.main([str(state), "--out", str(tmp_path / "out"), "--note", "nbval 06 re-run at abc123"]) == 0
     text = (tmp_path / "out" / "gpu_report_h100.md").read_text()
     assert "device: NVIDIA H100 80GB HBM3" in text and "vllm 0.26.0" in text and "torch 2.11.0+cu130" in text
     assert "| 06_p.ipynb | ok | tiny |" in text and "| passed | 95.5 |" in text
     assert "2184 of 3456 codes equal" in text and "top-1 agreement 3450/3456" in text and "0.0625" in text
     assert "| fast | 1 | 61 | 1 failed, 40 passed, 2 skipped in 60.1s |" in text
+    assert "## Notes\n\n- nbval 06 re-run at abc123" in text
 
 
 def test_gpu_slug():

@@ -1,7 +1,7 @@
 """The GPU runner's report: `results/gpu_report_<gpu>.md` from what `tools/gpu_runner.sh` left in
 its state folder (environment, per-notebook papermill summaries and results, test and nbval steps).
 
-    python tools/gpu_report.py STATE_DIR [--out DIR]      # writes DIR/gpu_report_<gpu>.md
+    python tools/gpu_report.py STATE_DIR [--out DIR] [--note TEXT ...]   # writes DIR/gpu_report_<gpu>.md
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def parity_lines(state: Path) -> list[str]:
     return out
 
 
-def build_report(state: Path) -> tuple[str, str]:
+def build_report(state: Path, notes: list[str] | None = None) -> tuple[str, str]:
     env = _json(state / "environment.json") or {}
     device = env.get("device", "unknown GPU")
     nbs, tests = notebook_rows(state), test_rows(state)
@@ -130,6 +130,8 @@ def build_report(state: Path) -> tuple[str, str]:
         "",
         *lane_lines(state),
     ]
+    if notes:
+        lines += ["## Notes", "", *[f"- {n}" for n in notes], ""]
     bench = _json(state / "reproduce" / "07" / "results" / "07_benchmark_here.json")
     if bench:
         lines += ["", "## Notebook 07's re-measurement", "", bench.get("note", ""), "",
@@ -141,8 +143,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("state", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="folder for the report (default: the state folder)")
+    ap.add_argument("--note", action="append", default=[], help="a line for the report's Notes section")
     args = ap.parse_args(argv)
-    slug, text = build_report(args.state)
+    slug, text = build_report(args.state, args.note)
     out = (args.out or args.state) / f"gpu_report_{slug}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -181,12 +181,14 @@ class TeacherForcedParity:
         }
 
 
-def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_ctx: int, dtype: torch.dtype) -> TeacherForcedParity:
+def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_ctx: int, dtype: torch.dtype,
+                           tolerance: float | None = None) -> TeacherForcedParity:
     """Compare `weight_mapping.hf_prompt_logprobs` with `weight_mapping.vllm_prompt_logprobs` of the
     same prompt (`n_ctx` context frames, then the generated frames) on the generated frames' codes.
 
     vLLM's prompt position `p` (the distribution of token `p` given tokens before it) is HF's row
-    `p - 1`. The tolerance is `hf_lessons.logit_tolerance(dtype)`, as in notebook 05's one-prompt check.
+    `p - 1`. The tolerance is `hf_lessons.logit_tolerance(dtype)` unless given, as in notebook 05's
+    one-prompt check.
     """
     from terra_nb.lessons.hf_lessons import logit_tolerance
 
@@ -206,7 +208,8 @@ def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_
     idx = torch.arange(len(pos))
     margin = rows[idx, hf_top1] - rows[idx, vllm_top1]
     return TeacherForcedParity(n_frames, P, hf_top1, vllm_top1, gap, margin, top2[:, 0] - top2[:, 1],
-                               str(dtype).replace("torch.", ""), logit_tolerance(dtype))
+                               str(dtype).replace("torch.", ""),
+                               logit_tolerance(dtype) if tolerance is None else tolerance)
 
 
 def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5) -> TeacherForcedParity:
@@ -218,7 +221,7 @@ def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5) -
     last frame come after every scored position, and attention is causal, so they change nothing
     scored. vLLM returns its top-`k` and the scored token at every position (`prompt_logprobs`).
     """
-    from terra_nb.lessons.weight_mapping import hf_prompt_logprobs, vllm_prompt_logprobs
+    from terra_nb.lessons.weight_mapping import engine_tolerance, hf_prompt_logprobs, vllm_prompt_logprobs
 
     context, frames = torch.as_tensor(context).cpu(), torch.as_tensor(frames).cpu()
     if context.dim() != 2 or frames.dim() != 2 or context.shape[1] != frames.shape[1]:
@@ -235,4 +238,5 @@ def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5) -
     layout = FrameLayout.from_config(llm.model_config.hf_config)
     hf_lp = hf_prompt_logprobs(hf_model, prompt, actions)
     vllm_lp = vllm_prompt_logprobs(llm, prompt, actions, k=k)
-    return compare_teacher_forced(hf_lp, vllm_lp, layout, context.shape[0], next(hf_model.parameters()).dtype)
+    dtype = next(hf_model.parameters()).dtype
+    return compare_teacher_forced(hf_lp, vllm_lp, layout, context.shape[0], dtype, engine_tolerance(llm, dtype))
