@@ -1,6 +1,8 @@
 """`show.resolve_device`: the one place where a notebook's `device = "auto"` becomes a device."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -53,3 +55,15 @@ def test_a_bad_gpu_memory_cap_is_refused_by_name(monkeypatch, bad):
     monkeypatch.setenv(GPU_SHARE_ENV, bad)
     with pytest.raises(ValueError, match=GPU_SHARE_ENV):
         gpu_memory_share(0.5)
+
+
+def test_float32_engines_ask_triton_for_ieee_dot_products(monkeypatch):
+    from terra_nb.port.vllm_rollout import ieee_fp32_attention
+
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "unset below")   # so monkeypatch restores the original
+    monkeypatch.delenv("TRITON_F32_DEFAULT")
+    ieee_fp32_attention()
+    assert os.environ["TRITON_F32_DEFAULT"] == "ieee"
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "tf32")   # a caller's own choice stands
+    ieee_fp32_attention()
+    assert os.environ["TRITON_F32_DEFAULT"] == "tf32"

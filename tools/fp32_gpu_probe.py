@@ -1,11 +1,12 @@
 """Where float32 HF vs vLLM differences come from on a GPU: run notebook 05's one-prompt parity
 (tiny preset, float32) and print the largest |HF - vLLM| prompt logprob.
 
-    python tools/fp32_gpu_probe.py                         # vLLM's fp32 attention as shipped
-    TRITON_F32_DEFAULT=ieee python tools/fp32_gpu_probe.py # Triton dot products in full fp32
+    TRITON_F32_DEFAULT=tf32 python tools/fp32_gpu_probe.py  # Triton's default: TF32 dot products
+    python tools/fp32_gpu_probe.py                          # make_llm's choice for fp32: ieee
 
-If the difference falls to the CPU's ~1e-6 with `ieee`, it came from TF32 in vLLM's Triton
-attention kernels (hf_lessons.GPU_FP32_TOLERANCE), not from the port.
+Seen on an H200 (vLLM 0.26, before make_llm set `ieee` itself, so "unset" meant TF32):
+3.0e-4 with TF32, 9.5e-7 with `ieee`, top-1 209/209 both times. The difference came from TF32
+in vLLM's Triton attention kernels, not from the port (`vllm_rollout.ieee_fp32_attention`).
 """
 from __future__ import annotations
 

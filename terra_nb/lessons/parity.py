@@ -221,7 +221,7 @@ def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5) -
     last frame come after every scored position, and attention is causal, so they change nothing
     scored. vLLM returns its top-`k` and the scored token at every position (`prompt_logprobs`).
     """
-    from terra_nb.lessons.weight_mapping import engine_tolerance, hf_prompt_logprobs, vllm_prompt_logprobs
+    from terra_nb.lessons.weight_mapping import hf_prompt_logprobs, vllm_prompt_logprobs
 
     context, frames = torch.as_tensor(context).cpu(), torch.as_tensor(frames).cpu()
     if context.dim() != 2 or frames.dim() != 2 or context.shape[1] != frames.shape[1]:
@@ -238,5 +238,4 @@ def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5) -
     layout = FrameLayout.from_config(llm.model_config.hf_config)
     hf_lp = hf_prompt_logprobs(hf_model, prompt, actions)
     vllm_lp = vllm_prompt_logprobs(llm, prompt, actions, k=k)
-    dtype = next(hf_model.parameters()).dtype
-    return compare_teacher_forced(hf_lp, vllm_lp, layout, context.shape[0], dtype, engine_tolerance(llm, dtype))
+    return compare_teacher_forced(hf_lp, vllm_lp, layout, context.shape[0], next(hf_model.parameters()).dtype)

