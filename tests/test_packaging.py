@@ -40,3 +40,13 @@ def test_gpu_extra_covers_the_gpu_machine_release():
 def test_vllm_plugin_entry_point_declared():
     eps = _pyproject()["entry-points"]["vllm.general_plugins"]
     assert eps == {"terra_nb": "terra_nb.port.vllm_plugin:register"}
+
+
+def test_the_readme_links_only_files_that_exist():
+    import re
+
+    readme = REPO / "README.md"
+    links = re.findall(r"\]\(((?!https?://|#)[^)\s]+)\)", readme.read_text())
+    assert "results/gpu_report_h200.md" in links
+    missing = [link for link in links if not (REPO / link.split("#")[0]).exists()]
+    assert not missing, f"README links to missing files: {missing}"

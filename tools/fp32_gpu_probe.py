@@ -40,7 +40,6 @@ def main() -> int:
     v = vllm_prompt_logprobs(llm, context, sample.actions, k=5)
     p = compare_logprobs(hf_lp, v, layout, dtype)
     print(json.dumps({"TRITON_F32_DEFAULT": os.environ.get("TRITON_F32_DEFAULT", "(unset)"),
-                      "attention_backend": str(getattr(llm.llm_engine.vllm_config, "attention_config", "")),
                       **{k: p.summary()[k] for k in ("dtype", "max_abs_logprob_diff", "top1_agreement",
                                                      "next_token_hf", "next_token_vllm")}}))
     return 0
