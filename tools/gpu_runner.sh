@@ -18,7 +18,10 @@
 #                                              # always writes the report (partial until both end)
 # The lanes cap every engine's share of GPU memory ($TERRA_NB_GPU_MEMORY_UTILIZATION, see
 # terra_nb.port.vllm_rollout.gpu_memory_share): 0.5 for the Terra-shaped papermill lane, 0.25
-# for the tiny-model checks, so both fit beside each other and beside an HF model.
+# for the tiny-model checks, so both fit beside each other and beside an HF model. Two lanes, not
+# more: vLLM sizes its KV cache from the GPU memory in use while it profiles, so engines starting
+# at the same moment count each other's memory. Seven at once (0.1 each) on an H200 failed with
+# "No available memory for the cache blocks"; the two lanes never did.
 #
 # The machine: vLLM 0.26 and the notebook tools unpacked in /tmp/site (the bundle of the GPU notes),
 # no network. Every step writes its log and summary under $STATE (kept while the machine stays
