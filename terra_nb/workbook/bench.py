@@ -286,7 +286,7 @@ def stock_engine(ckpt: Path, **engine_kwargs):
     builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
     import vllm
 
-    from terra_nb.port.vllm_rollout import _config_dtype, gpu_memory_share
+    from terra_nb.port.vllm_rollout import _config_dtype, gpu_memory_share, ieee_fp32_attention
 
     stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
     cfg = LlamaActionConfig.from_pretrained(str(ckpt))
@@ -295,6 +295,8 @@ def stock_engine(ckpt: Path, **engine_kwargs):
     share = gpu_memory_share(extra.get("gpu_memory_utilization")) if torch.cuda.is_available() else None
     if share is not None:
         extra["gpu_memory_utilization"] = share
+    if torch.cuda.is_available() and _config_dtype(cfg) == "float32":
+        ieee_fp32_attention()  # as make_llm does for the port: the same attention arithmetic
     t0 = time.perf_counter()
     llm = vllm.LLM(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
                    max_model_len=FrameLayout.from_config(cfg).max_len, dtype=_config_dtype(cfg),
