@@ -16,8 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 
 def main() -> int:
     from transformers import AutoModelForCausalLM

@@ -181,14 +181,12 @@ class TeacherForcedParity:
         }
 
 
-def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_ctx: int, dtype: torch.dtype,
-                           tolerance: float | None = None) -> TeacherForcedParity:
+def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_ctx: int, dtype: torch.dtype) -> TeacherForcedParity:
     """Compare `weight_mapping.hf_prompt_logprobs` with `weight_mapping.vllm_prompt_logprobs` of the
     same prompt (`n_ctx` context frames, then the generated frames) on the generated frames' codes.
 
     vLLM's prompt position `p` (the distribution of token `p` given tokens before it) is HF's row
-    `p - 1`. The tolerance is `hf_lessons.logit_tolerance(dtype)` unless given, as in notebook 05's
-    one-prompt check.
+    `p - 1`. The tolerance is `hf_lessons.logit_tolerance(dtype)`, as in notebook 05's one-prompt check.
     """
     from terra_nb.lessons.hf_lessons import logit_tolerance
 
@@ -208,8 +206,7 @@ def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_
     idx = torch.arange(len(pos))
     margin = rows[idx, hf_top1] - rows[idx, vllm_top1]
     return TeacherForcedParity(n_frames, P, hf_top1, vllm_top1, gap, margin, top2[:, 0] - top2[:, 1],
-                               str(dtype).replace("torch.", ""),
-                               logit_tolerance(dtype) if tolerance is None else tolerance)
+                               str(dtype).replace("torch.", ""), logit_tolerance(dtype))
 
 
 def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5) -> TeacherForcedParity:

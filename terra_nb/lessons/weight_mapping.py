@@ -360,13 +360,12 @@ class LogprobParity:
         }
 
 
-def compare_logprobs(hf_lp: torch.Tensor, v: VllmLogprobs, layout: FrameLayout, dtype: torch.dtype,
-                     tolerance: float | None = None) -> LogprobParity:
+def compare_logprobs(hf_lp: torch.Tensor, v: VllmLogprobs, layout: FrameLayout, dtype: torch.dtype) -> LogprobParity:
     """Compare `hf_prompt_logprobs` with `vllm_prompt_logprobs` on every id vLLM returned.
 
     Position `j >= 1` of vLLM's prompt logprobs is HF row `j - 1`; the next-token logprobs are HF's
     last row. Top-1 agreement: vLLM's rank-1 id at a position is HF's argmax there. The tolerance
-    is `hf_lessons.logit_tolerance(dtype)` unless given.
+    is `hf_lessons.logit_tolerance(dtype)`.
     """
     L = len(v.prompt_ids)
     if hf_lp.shape[0] != L:
@@ -386,7 +385,7 @@ def compare_logprobs(hf_lp: torch.Tensor, v: VllmLogprobs, layout: FrameLayout, 
     hf_next = int(last.argmax())
     gap = float(last[hf_next] - last[v.next_token])
     return LogprobParity(diffs, top1, L, hf_next, v.next_token, next_diff, gap, n_vals, dtype,
-                         logit_tolerance(dtype) if tolerance is None else tolerance, layout)
+                         logit_tolerance(dtype), layout)
 
 
 def plot_logprob_differences(p: LogprobParity, save=None, floor: float = 1e-9) -> Figure:
