@@ -67,3 +67,15 @@ def test_float32_engines_ask_triton_for_ieee_dot_products(monkeypatch):
     monkeypatch.setenv("TRITON_F32_DEFAULT", "tf32")   # a caller's own choice stands
     ieee_fp32_attention()
     assert os.environ["TRITON_F32_DEFAULT"] == "tf32"
+
+
+def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
+    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, apply_gpu_settings
+
+    monkeypatch.setenv(GPU_SHARE_ENV, "0.4")
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "unset below")
+    monkeypatch.delenv("TRITON_F32_DEFAULT")
+    bf16 = apply_gpu_settings({"dtype": "bfloat16"})
+    assert bf16["gpu_memory_utilization"] == 0.4 and "TRITON_F32_DEFAULT" not in os.environ
+    assert apply_gpu_settings({"dtype": "float32", "gpu_memory_utilization": 0.3})["gpu_memory_utilization"] == 0.3
+    assert os.environ["TRITON_F32_DEFAULT"] == "ieee"

@@ -41,6 +41,7 @@ from terra_nb.port.vllm_processing import MODALITY, max_prompt_frames
 
 __all__ = [
     "RolloutStats",
+    "apply_gpu_settings",
     "engine_layout",
     "frame_request",
     "gpu_memory_share",
@@ -134,12 +135,20 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
                       max_num_batched_tokens=max(kwargs["max_model_len"], 2048))
     kwargs.update(overrides)
     if not _on_cpu():
-        share = gpu_memory_share(kwargs.get("gpu_memory_utilization"))
-        if share is not None:
-            kwargs["gpu_memory_utilization"] = share
-        if kwargs["dtype"] == "float32":
-            ieee_fp32_attention()
+        apply_gpu_settings(kwargs)
     return vllm.LLM(**kwargs)
+
+
+def apply_gpu_settings(kwargs: dict) -> dict:
+    """What every engine built here gets on a GPU (`make_llm`, and `bench.stock_engine` so that stock
+    vLLM is measured alike): `gpu_memory_utilization` capped by `gpu_memory_share`, and for a
+    float32 `dtype` full-fp32 attention (`ieee_fp32_attention`). Edits `kwargs` and returns it."""
+    share = gpu_memory_share(kwargs.get("gpu_memory_utilization"))
+    if share is not None:
+        kwargs["gpu_memory_utilization"] = share
+    if kwargs.get("dtype") == "float32":
+        ieee_fp32_attention()
+    return kwargs
 
 
 def ieee_fp32_attention() -> None:

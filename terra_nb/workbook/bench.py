@@ -286,21 +286,19 @@ def stock_engine(ckpt: Path, **engine_kwargs):
     builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
     import vllm
 
-    from terra_nb.port.vllm_rollout import _config_dtype, gpu_memory_share, ieee_fp32_attention
+    from terra_nb.port.vllm_rollout import _config_dtype, apply_gpu_settings
 
     stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
     cfg = LlamaActionConfig.from_pretrained(str(ckpt))
-    extra = {} if torch.cuda.is_available() else dict(gpu_memory_utilization=0.2)  # see make_llm
-    extra.update(engine_kwargs)
-    share = gpu_memory_share(extra.get("gpu_memory_utilization")) if torch.cuda.is_available() else None
-    if share is not None:
-        extra["gpu_memory_utilization"] = share
-    if torch.cuda.is_available() and _config_dtype(cfg) == "float32":
-        ieee_fp32_attention()  # as make_llm does for the port: the same attention arithmetic
+    kwargs = dict(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
+                  max_model_len=FrameLayout.from_config(cfg).max_len, dtype=_config_dtype(cfg))
+    if not torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = 0.2  # see make_llm
+    kwargs.update(engine_kwargs)
+    if torch.cuda.is_available():
+        apply_gpu_settings(kwargs)  # as make_llm: the same memory cap and attention arithmetic
     t0 = time.perf_counter()
-    llm = vllm.LLM(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
-                   max_model_len=FrameLayout.from_config(cfg).max_len, dtype=_config_dtype(cfg),
-                   **extra)
+    llm = vllm.LLM(**kwargs)
     return llm, time.perf_counter() - t0
 
 
