@@ -65,8 +65,9 @@ def lane_lines(state: Path) -> list[str]:
     if not log.exists():
         return []
     return ["## Timeline (`gpu_runner.sh start`: two lanes side by side on the one GPU)", "",
-            "The papermill lane capped each engine at 0.5 of GPU memory, the checks lane at 0.25 "
-            "(`TERRA_NB_GPU_MEMORY_UTILIZATION`); wall times above include sharing the GPU and its host.",
+            "Each lane capped its engines' share of GPU memory (`TERRA_NB_GPU_MEMORY_UTILIZATION`; 0.5 "
+            "and 0.25 unless overridden, the lane lines below say); wall times above include sharing the "
+            "GPU and its host.",
             "", "```", log.read_text().rstrip(), "```", ""]
 
 

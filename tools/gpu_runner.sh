@@ -116,6 +116,7 @@ case "${1:-plan}" in
       steps=$(for nb in $NOTEBOOKS; do echo "nbval $nb"; done; for g in ${TEST_GROUPS-fast engine1 engine2 engine3 engine4}; do echo "test $g"; done)
     fi
     echo "$steps" > "$STATE/lane_$lane.plan"
+    echo "$(date +%T) lane $lane: engines capped at $TERRA_NB_GPU_MEMORY_UTILIZATION of GPU memory" >> "$STATE/lanes.log"
     while read -r step; do
       echo "$(date +%T) start $step" >> "$STATE/lanes.log"
       OUT=$STATE/out bash "$0" $step > /dev/null 2>&1
