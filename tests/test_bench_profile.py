@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("vllm")
+import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 from terra_nb.workbook import profiling
 

@@ -14,8 +14,9 @@ autosave never writes into `notebooks/`), and Playwright drives the system's Chr
 the browser from several minutes to about one and a half on 2 CPU cores; every cell up to the
 widget still runs, and the widget drives the notebook's real vLLM engine.
 
-Skipped, saying why, where no Chromium or no Playwright is installed (`.ci/run` installs the
-browser and `make test`'s setup installs Playwright, so CI runs it).
+Skipped, saying why, where no Chromium is installed, except in CI (`CI=true`), where a missing
+browser is an error: `.ci/run` installs it (and fails when it cannot), and `make test`'s setup
+installs Playwright, a declared dependency imported plainly.
 """
 from __future__ import annotations
 
@@ -32,10 +33,13 @@ import pytest
 
 from terra_nb.workbook.paths import NOTEBOOKS, OUTPUTS, REPO
 
+from playwright import sync_api  # declared (the dev extra): a broken install must fail, not skip
+
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on PATH (Debian: apt-get install chromium; "
-                                                          ".ci/run installs it)")
-sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
+NO_CHROMIUM = "no Chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)"
+if CHROMIUM is None and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    raise RuntimeError(f"CI=true but {NO_CHROMIUM}: the browser test must run in CI")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
 BROWSER_PARAMS = {"n_clips": 2, "n_frames": 4}
 """08's parameters here: 2 held-out clips in the score (default 16), 4 generated frames per rollout (12)."""

