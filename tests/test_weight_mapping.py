@@ -172,6 +172,20 @@ def test_compare_logprobs_logic(hf):
         assert W.compare_logprobs(tie, other, TINY, torch.bfloat16).passed == bf16_passes, gap
 
 
+def test_negative_controls_move_logprobs_far_above_tolerance_and_restore_the_model(hf):
+    """Each loader mistake, applied to HF, moves the compared logprobs by far more than rounding."""
+    from terra_nb.port.layout import build_prompt
+
+    s = load_sample("tiny")
+    lp = W.hf_prompt_logprobs(hf, s.context[:2], s.actions)
+    before = {k: t.clone() for k, t in hf.state_dict().items()}
+    moved = W.negative_controls(hf, s.context[:2], s.actions, _fake_vllm(lp, build_prompt(s.context[:2], TINY)))
+    assert set(moved) == set(W.NEGATIVE_CONTROLS)
+    assert all(d > 100 * 1e-4 for d in moved.values()), moved
+    assert all(torch.equal(t, before[k]) for k, t in hf.state_dict().items())
+    torch.testing.assert_close(W.hf_prompt_logprobs(hf, s.context[:2], s.actions), lp, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------- a real engine
 
 
@@ -211,3 +225,5 @@ def test_engine_logprobs_match_hf(llm, hf):
     assert p.positions == 3 * 70 and p.compared_values >= 209 * 6
     assert p.passed, p.summary()
     assert p.top1_agree == 209 and p.next_token_hf == p.next_token_vllm
+    controls = W.negative_controls(hf, s.context, s.actions, v)   # the same check, against broken HF weights
+    assert min(controls.values()) > 100 * p.tolerance, controls

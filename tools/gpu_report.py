@@ -1,7 +1,14 @@
 """The GPU runner's report: `results/gpu_report_<gpu>.md` from what `tools/gpu_runner.sh` left in
 its state folder (environment, per-notebook papermill summaries and results, test and nbval steps).
 
-    python tools/gpu_report.py STATE_DIR [--out DIR] [--note TEXT ...]   # writes DIR/gpu_report_<gpu>.md
+    python tools/gpu_report.py STATE_DIR --lease TEXT [--commit SHA] [--out DIR] [--note TEXT ...]
+        # writes DIR/gpu_report_<gpu>.md and .json: one commit, one lease
+    python tools/gpu_report.py --readme    # README's GPU section from results/gpu_report_*.json
+
+A report holds the results of one run: one commit (the code the device ran; `--commit` overrides
+the device copy's `git rev-parse`, which is stale when its .git came from elsewhere) and one lease
+(`--lease`: which machine lease, e.g. "H200 lease 1 of 2026-11-23"). Re-runs on another commit or
+lease belong in a report of their own, or in the JSON's `other_runs` (a separate, labelled table).
 """
 from __future__ import annotations
 
@@ -96,10 +103,26 @@ def parity_lines(state: Path) -> list[str]:
     return out
 
 
-def build_report(state: Path, notes: list[str] | None = None) -> tuple[str, str]:
+def report_data(state: Path, commit: str | None = None, lease: str | None = None) -> dict:
+    """What the README's GPU section is generated from (saved beside the report as JSON)."""
+    env = _json(state / "environment.json") or {}
+    parity = _json(state / "reproduce" / "06" / "results" / "06_parity.json") or {}
+    return {
+        "device": env.get("device", "unknown GPU"), "date": env.get("date"),
+        "versions": {k: env.get(k) for k in ("python", "torch", "transformers", "vllm")},
+        "commit": commit or env.get("git_commit") or "unknown", "lease": lease or "lease not named",
+        "notebooks": notebook_rows(state),
+        "parity_06": {k: parity.get(k) for k in ("equal", "tokens", "frames", "first_mismatch", "teacher_forced")},
+        "other_runs": [],
+    }
+
+
+def build_report(state: Path, notes: list[str] | None = None, commit: str | None = None,
+                 lease: str | None = None) -> tuple[str, str]:
     env = _json(state / "environment.json") or {}
     device = env.get("device", "unknown GPU")
     nbs, tests = notebook_rows(state), test_rows(state)
+    data = report_data(state, commit, lease)
     lines = [
         f"# GPU runner report: {device}",
         "",
@@ -110,7 +133,8 @@ def build_report(state: Path, notes: list[str] | None = None) -> tuple[str, str]
         f"- device: {device} ({env.get('gpu_count', '?')} GPU(s), {env.get('cpu_count', '?')} CPU cores)",
         f"- versions: python {env.get('python')}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
         f"vllm {env.get('vllm')}",
-        f"- git commit: {env.get('git_commit') or 'unknown'}",
+        f"- commit: {data['commit']} (every result below is this commit's)",
+        f"- lease: {data['lease']}",
         "",
         "## Notebooks (papermill: `make reproduce BACKEND=gpu`; nbval: the notebooks' defaults, "
         "tiny model, on the GPU)",
@@ -140,18 +164,80 @@ def build_report(state: Path, notes: list[str] | None = None) -> tuple[str, str]
     return gpu_slug(device), "\n".join(lines).rstrip() + "\n"
 
 
+# --------------------------------------------------------------------------- the README's GPU section
+
+README_START, README_END = "<!-- gpu-report:start -->", "<!-- gpu-report:end -->"
+
+
+def _nbval_line(rows: list[dict]) -> str:
+    ran = [r for r in rows if r["nbval"] != "not run"]
+    failed = [r["notebook"][:2] for r in ran if r["nbval"] != "passed"]
+    return (f"{len(ran) - len(failed)} of {len(ran)} passed"
+            + (f" (failed: {', '.join(failed)})" if failed else ""))
+
+
+def readme_paragraph(stem: str, d: dict) -> str:
+    """One report as README prose: every figure with the commit and lease it came from."""
+    nbs = d["notebooks"]
+    times = ", ".join(f"{r['notebook'][:2]} {r['wall time (s)']:.0f} s"
+                      + ("" if r["preset"] == "terra" else f" ({r['preset']})")
+                      for r in nbs if r["papermill"] == "ok")
+    out = [f"**GPU report: [results/{stem}.md](results/{stem}.md)** ({d['device']}, vLLM {d['versions']['vllm']}; "
+           f"commit {d['commit']}, {d['lease']}). Papermill ran {sum(r['papermill'] == 'ok' for r in nbs)} of "
+           f"{len(nbs)} notebooks without error, wall time each (Terra shape unless marked): {times}. nbval, same commit and lease: "
+           f"{_nbval_line(nbs)}."]
+    p, tf = d.get("parity_06") or {}, (d.get("parity_06") or {}).get("teacher_forced")
+    if tf:
+        out.append(f"Notebook 06 on that run ({tf['dtype']}): teacher-forced top-1 agreement {tf['top1_agreement']}, "
+                   f"{tf['of_which_near_ties']} of {tf['top1_disagreements']} disagreements near-ties, largest logprob "
+                   f"gap {tf['max_abs_logprob_gap']:.2g} (tolerance {tf['tolerance']:g}); free-running greedy "
+                   f"agreement {p['equal']}/{p['tokens']}"
+                   + (f", first flip at code {p['first_mismatch']['index']}." if p.get("first_mismatch") else "."))
+    for run in d.get("other_runs", []):
+        res = "; ".join(f"{nb} {status}" for nb, status in run["nbval"].items())
+        out.append(f"Not in those figures (another commit, in the report's separate table): commit {run['commit']}, "
+                   f"{run['lease']}: nbval {res}.")
+    return " ".join(out)
+
+
+def readme_section(results_dir: Path = REPO / "results") -> str:
+    reports = {p.stem: json.loads(p.read_text()) for p in sorted(results_dir.glob("gpu_report_*.json"))}
+    if not reports:
+        return "No GPU report is committed yet (`results/gpu_report_<gpu>.json`)."
+    return "\n\n".join(readme_paragraph(stem, d) for stem, d in reports.items())
+
+
+def update_readme(readme: Path = REPO / "README.md", results_dir: Path = REPO / "results") -> bool:
+    """Rewrite the README's GPU section from the committed report JSON; True if it changed."""
+    text = readme.read_text()
+    a, b = text.index(README_START) + len(README_START), text.index(README_END)
+    new = text[:a] + "\n" + readme_section(results_dir) + "\n" + text[b:]
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("state", type=Path)
+    ap.add_argument("state", type=Path, nargs="?")
     ap.add_argument("--out", type=Path, default=None, help="folder for the report (default: the state folder)")
     ap.add_argument("--note", action="append", default=[], help="a line for the report's Notes section")
+    ap.add_argument("--commit", default=None, help="the commit the device ran (default: its git rev-parse)")
+    ap.add_argument("--lease", default=None, help='which lease ran it, e.g. "H200 lease 2 of 2026-11-23"')
+    ap.add_argument("--readme", action="store_true", help="regenerate README's GPU section from results/")
     args = ap.parse_args(argv)
-    slug, text = build_report(args.state, args.note)
+    if args.readme:
+        print("README updated" if update_readme() else "README already up to date")
+        return 0
+    if args.state is None:
+        ap.error("STATE_DIR is required unless --readme")
+    slug, text = build_report(args.state, args.note, args.commit, args.lease)
     out = (args.out or args.state) / f"gpu_report_{slug}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps(report_data(args.state, args.commit, args.lease), indent=2) + "\n")
     print(text)
-    print(f"written: {out}")
+    print(f"written: {out} and {out.with_suffix('.json').name}")
     return 0
 
 

@@ -8,7 +8,10 @@
 #   bash tools/gpu_runner.sh reproduce 06      # papermill, real Terra shape (--device cuda --preset terra)
 #   bash tools/gpu_runner.sh test engine1      # a group of unit tests (see `groups` below)
 #   bash tools/gpu_runner.sh nbval 06          # nbval over one notebook, on the GPU
-#   bash tools/gpu_runner.sh report            # $OUT/gpu_report_<gpu>.md from everything above
+#   bash tools/gpu_runner.sh report            # $OUT/gpu_report_<gpu>.md (+ .json) from everything above
+# The report names one commit and one lease: set TERRA_NB_LEASE (e.g. "H200 lease 2 of 2026-11-23")
+# and, when the device's .git is not the code's, TERRA_NB_COMMIT; then `python tools/gpu_report.py
+# --readme` regenerates the README's GPU section from the committed results/gpu_report_*.json.
 #
 # Or all of it at once, side by side on the one GPU (what fits a few device calls):
 #   bash tools/gpu_runner.sh start             # setup, then two lanes in the background:
@@ -106,7 +109,7 @@ case "${1:-plan}" in
     nb=${2:?which notebook, e.g. 06}
     timed "nbval_$nb" mk test -p no:cacheprovider notebooks/${nb}_*.ipynb ;;
   report)
-    $PY tools/gpu_report.py "$STATE" --out "$OUT" ;;
+    $PY tools/gpu_report.py "$STATE" --out "$OUT" --lease "${TERRA_NB_LEASE:-}" --commit "${TERRA_NB_COMMIT:-}" ;;
   lane)   # lane papermill|checks: its steps in order (started by `start`, in the background)
     lane=${2:?papermill or checks}
     if [ "$lane" = papermill ]; then
@@ -141,7 +144,7 @@ case "${1:-plan}" in
     for lane in papermill checks; do
       [ -f "$STATE/lane_$lane.done" ] && echo "lane $lane: finished" || echo "lane $lane: running"
     done
-    $PY tools/gpu_report.py "$STATE" --out "$OUT"
+    $PY tools/gpu_report.py "$STATE" --out "$OUT" --lease "${TERRA_NB_LEASE:-}" --commit "${TERRA_NB_COMMIT:-}"
     # one archive of every step's log and record, the papermill summaries and results (no notebooks)
     tar -C "$STATE" -czf "$OUT/gpu_runner_state.tgz" --exclude='*.ipynb' --exclude='figures' --exclude=out . 2>/dev/null
     ls "$OUT" ;;

@@ -22,6 +22,12 @@ CLI:
     python tools/nb.py execute notebooks/02_placeholder_design.ipynb   # refresh stored outputs
     python tools/nb.py check [notebooks/*.ipynb]                        # the conventions below
     python tools/nb.py cells notebooks/02_placeholder_design.ipynb      # dump as (kind, source)
+    python tools/nb.py figures [notebooks/*.ipynb]                      # typed measured figures
+
+A measured figure in a notebook's prose (a number with a unit: 0.63 ms, 2.7x, 99.8%, 0.75 m) must
+be rendered from the variable that holds it (`show.show_md(f"...")` in a code cell), so it cannot
+drift from the run: `typed_figures` lists the figures a markdown cell carries that the notebook's
+stored outputs do not show, except the few in `FIXED_FIGURES` (the seed's figures, constants).
 """
 from __future__ import annotations
 
@@ -180,18 +186,80 @@ def check_conventions(path) -> list[str]:
     return problems
 
 
+# A number with a unit, as prose writes a measurement. "x" only right after the number ("2.7x";
+# "8 x 8" and "8x8" are shapes); units must end the word ("2 m", not "2 models").
+_UNITS = (r"ms|µs|us|ns|s|sec|seconds?|min|minutes?|h|hours?|Hz|x|%|m|km|"
+          r"GiB|MiB|KiB|GB|MB|kB|KB|B|frames/s|tokens/s|fps")
+_FIGURE_RE = re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)*(?:e-?\d+)?)(\s?)(" + _UNITS + r")(?![\w/]|\d)")
+_CODE_RE = re.compile(r"```.*?```|`[^`\n]*`", re.S)   # code spans and blocks are code, not prose
+
+FIXED_FIGURES = frozenset({
+    # the seed's figures: 22 frames after 3 at 10 Hz (2.2 s of video), HF 242.68 s = 11.03 s per frame,
+    # its vLLM 0.6 port 93.53 s = 4.25 s per frame, 2.6x
+    "11.03 s", "4.25 s", "2.6x", "242.68 s", "93.53 s", "2.2 s", "10 Hz",
+    # constants: Terra's size (2.04 B parameters, about 8 GB in fp32), the GPU machine's 10-minute calls
+    "2 B", "2.04 B", "8 GB", "10 minutes", "10-minute",
+})
+
+
+def _figure_key(number: str, unit: str) -> str:
+    return f"{number}{unit}" if unit in ("x", "%") else f"{number} {unit}"
+
+
+def _output_text(nb) -> str:
+    """Everything the stored outputs show as text, except rendered source (`show_source`): a
+    figure in a code comment is as typed as one in prose."""
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "```python" in str(data.get("text/markdown", "")):
+                continue
+            texts = [out.get("text", "")] + [v for k, v in data.items() if k.startswith("text/")]
+            parts += ["".join(t) if isinstance(t, list) else str(t) for t in texts]
+    return "\n".join(parts)
+
+
+def typed_figures(path, fixed: frozenset = FIXED_FIGURES) -> list[str]:
+    """Measured figures in the markdown cells of notebook `path` that its stored outputs do not show.
+
+    Each entry reads "cells[N]: 0.63 ms" (N counts from 0, as `nb.cells[N]`). A figure counts as
+    shown when an output carries the same number with the same unit (a rendered sentence or
+    table: `show.show_md`).
+    """
+    nb = nbformat.read(path, as_version=4)
+    shown = _output_text(nb)
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        for m in _FIGURE_RE.finditer(_CODE_RE.sub(" ", cell.source)):
+            number, space, unit = m.groups()
+            if unit == "x" and space:
+                continue
+            key = _figure_key(number, unit)
+            pattern = r"(?<![\d.])" + re.escape(number) + r"\s?" + re.escape(unit) + r"(?![\w/]|\d)"
+            if key not in fixed and not re.search(pattern, shown):
+                problems.append(f"cells[{i}]: {key}")
+    return problems
+
+
 def _main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("execute", "check", "cells"):
+    if not argv or argv[0] not in ("execute", "check", "cells", "figures"):
         print(__doc__.split("CLI:")[1])
         return 2
     cmd, paths = argv[0], [Path(p) for p in argv[1:]]
-    if cmd == "check" and not paths:
+    if cmd in ("check", "figures") and not paths:
         paths = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     status = 0
     for p in paths:
         if cmd == "execute":
             execute_in_place(p)
             print(f"executed {p}")
+        elif cmd == "figures":
+            typed = typed_figures(p)
+            print(f"{p}: " + ("ok" if not typed else "typed figures, not in any output:\n  " + "\n  ".join(typed)))
+            status |= bool(typed)
         elif cmd == "cells":
             for cell in read_cells(p):
                 print(repr(cell))

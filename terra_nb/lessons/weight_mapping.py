@@ -52,6 +52,7 @@ __all__ = [
     "loading_error",
     "mapping_summary",
     "mapping_table",
+    "negative_controls",
     "observe_mapping",
     "plot_logprob_differences",
     "tampered",
@@ -386,6 +387,52 @@ def compare_logprobs(hf_lp: torch.Tensor, v: VllmLogprobs, layout: FrameLayout, 
     gap = float(last[hf_next] - last[v.next_token])
     return LogprobParity(diffs, top1, L, hf_next, v.next_token, next_diff, gap, n_vals, dtype,
                          logit_tolerance(dtype), layout)
+
+
+def _swap_k_v(model, layer: int = 0) -> None:
+    attn = model.model.layers[layer].self_attn
+    k, v = attn.k_proj.weight, attn.v_proj.weight   # same shape under GQA: kv_heads * head_dim rows
+    tmp = k.detach().clone()
+    k.data.copy_(v.data)
+    v.data.copy_(tmp)
+
+
+def _zero_position_tables(model) -> None:
+    for table in model.pos_embedding_spatio_temporal.parameters():
+        table.data.zero_()
+
+
+NEGATIVE_CONTROLS = {
+    "k and v swapped in layer 0": _swap_k_v,
+    "position tables zeroed": _zero_position_tables,
+}
+"""Loader mistakes `load_weights` could make without an error, applied to the HF side."""
+
+
+@torch.no_grad()
+def negative_controls(model, context: torch.Tensor, actions: torch.Tensor, v: VllmLogprobs) -> dict[str, float]:
+    """The parity check against a broken model: for each of `NEGATIVE_CONTROLS`, the largest
+    |HF - vLLM| logprob when the HF model carries that mistake and vLLM's logprobs `v` do not.
+
+    This is what the check sees if the engine's loader made the mistake: it must be far above the
+    tolerance, or the check could not tell a misplaced shard from rounding. The model's weights
+    are restored afterwards.
+    """
+    attn = model.model.layers[0].self_attn
+    touched = [attn.k_proj.weight, attn.v_proj.weight, *model.pos_embedding_spatio_temporal.parameters()]
+    saved = [t.detach().clone() for t in touched]   # only what the mistakes touch (Terra: a few MB)
+    layout = FrameLayout.from_config(model.config)
+    moved = {}
+    try:
+        for name, mistake in NEGATIVE_CONTROLS.items():
+            mistake(model)
+            moved[name] = compare_logprobs(hf_prompt_logprobs(model, context, actions), v, layout, model.dtype).max_diff
+            for t, keep in zip(touched, saved):
+                t.data.copy_(keep)
+        return moved
+    finally:
+        for t, keep in zip(touched, saved):
+            t.data.copy_(keep)
 
 
 def plot_logprob_differences(p: LogprobParity, save=None, floor: float = 1e-9) -> Figure:

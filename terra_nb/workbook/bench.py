@@ -146,8 +146,8 @@ def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
             out = model.generate(input_ids=ids, actions=actions, max_new_tokens=n_tokens, **kw)
         assert out.shape[1] == ids.shape[1] + n_tokens, out.shape
 
-    # Warm-up at the full trial length: the first pass through each new cache size pays for the
-    # allocator's growth (measured on an H200: 102 s for the first 4-frame call, 36 s after).
+    # Warm-up at the full trial length: the first call at a new length can pay one-off costs
+    # (allocation, kernel selection) that are not per-frame time (notebook 07, trap 2).
     _timed(lambda: gen(wl.short_frames * layout.image_tokens))
     torch.manual_seed(wl.seed)
     trials = [_timed(lambda: gen(wl.short_frames * layout.image_tokens)) for _ in range(wl.short_repeats)]
@@ -508,6 +508,8 @@ def merge(parts: list[dict]) -> dict:
             "eager_vs_hf": by["hf"]["s_per_frame"] / by["vllm_eager"]["s_per_frame"]
             if {"hf", "vllm_eager"} <= by.keys() else None,
         },
+        commit=env.get("git_commit"),   # the code that ran; a results file holds one commit and one lease
+        lease=None,                      # set when committing: which machine lease measured the parts
         curve=throughput_curve(rows),
         profile=profile_digest({p["profile"]["engine"]: p["profile"] for p in parts if "profile" in p}),
     )
@@ -565,23 +567,43 @@ def load_results(results_dir: Path | None = None) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("benchmark_*.json"))}
 
 
+RATIO_LABEL = "frames/s ÷ HF's frames/s"
+"""What `results_table`'s ratio column and `report_rows`' `x_hf` divide: a row's frames per second
+(all its rollouts together) by the HF row's (batch 1), each over the frames its own trials ran."""
+
+
+def _hf_basis(res: dict) -> str:
+    hf = next((r for r in res["rows"] if r["name"] == "hf"), None)
+    return f"HF: batch 1, {hf['frames']} frames per trial" if hf else "no HF row"
+
+
+def _provenance(res: dict) -> str:
+    """Which commit's code and which lease measured a results file (every row of it)."""
+    commit = res.get("commit") or (res.get("env") or {}).get("git_commit") or "unknown"
+    return f"Commit {commit}; {res.get('lease') or 'lease not recorded'}."
+
+
 def results_table(res: dict) -> str:
-    """A Markdown table of one results file, with the seed's figures beside ours."""
+    """A Markdown table of one results file (one commit, one lease), with the seed's figures beside ours."""
     hf = next((r["frames_per_s"] for r in res["rows"] if r["name"] == "hf"), None)
-    lines = ["| row | batch | frames | s / frame (per rollout) | frames / s (all rollouts) | throughput vs HF |",
+    lines = [f"| row | batch | frames per trial | s / frame (per rollout) | frames / s (all rollouts) | "
+             f"{RATIO_LABEL} ({_hf_basis(res)}) |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
         ratio = f"{r['frames_per_s'] / hf:.1f}x" if hf else ""
         lines.append(f"| {row_label(r['name'])} | {r['batch']} | {r['frames']} | "
                      f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} | {ratio} |")
-    lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x |")
-    lines.append(f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | | 2.6x |")
+    lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x (÷ seed HF) |")
+    lines.append(f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | | 2.6x (÷ seed HF) |")
     v = res["versions"]
-    foot = (f"\n{res['device']}, vLLM {v['vllm']}, torch {v['torch']}, transformers {v['transformers']}, "
-            f"{res['dtype']}, {res['date']}. Medians of repeated trials, warm-up excluded; "
-            f"temperature {res['workload']['temperature']}, {res['workload']['n_ctx']} context frames.")
+    foot = (f"\n{_provenance(res)} {res['device']}, vLLM {v['vllm']}, torch {v['torch']}, "
+            f"transformers {v['transformers']}, {res['dtype']}, {res['date']}. Medians of repeated trials, "
+            f"warm-up excluded; temperature {res['workload']['temperature']}, {res['workload']['n_ctx']} context frames.")
     if res.get("speedup_vs_hf"):
-        foot += f" Speed-up of our default over HF: {res['speedup_vs_hf']:.1f}x."
+        by = {r["name"]: r for r in res["rows"]}
+        foot += (f" Speed-up of our default over HF (HF's s/frame ÷ the default's, both batch 1; HF timed on "
+                 f"{by['hf']['frames']} frames per trial, the default on {by['vllm']['frames']}): "
+                 f"{res['speedup_vs_hf']:.1f}x.")
     if res.get("prefix_cache_hit_rate") is not None:
         foot += f" Prefix-cache hits after the first frame: {100 * res['prefix_cache_hit_rate']:.1f}% of prompt tokens."
     for note in res.get("notes", []):
@@ -646,7 +668,8 @@ def default_rows(device: str) -> list[str]:
 
 def report_rows(res: dict) -> list[dict]:
     """The seed's two figures followed by a results file's rows, as plain dicts for
-    `results.record_result` (the report renders them as one table)."""
+    `results.record_result` (the report renders them as one table). `x_hf` is `RATIO_LABEL`: a
+    row's frames/s ÷ its HF's (the seed's rows: ÷ the seed's HF)."""
     s_hf = SEED_FIGURES["seed HF (11.03 s)"]
     out = [{"row": name, "batch": 1, "frames": 22, "s_per_frame": s, "frames_per_s": round(1 / s, 4),
             "x_hf": round(s_hf / s, 2)} for name, s in SEED_FIGURES.items()]

@@ -142,6 +142,24 @@ def show_source(obj: Any) -> Source:
     return src
 
 
+# --------------------------------------------------------------------------- prose
+
+
+def show_md(text: str) -> None:
+    """Render `text` as Markdown: prose that quotes a measured figure, written as an f-string in a
+    code cell (`show_md(f"onnxruntime took {ms:.2f} ms per code")`), so the figure is the run's.
+
+    A typed figure in a markdown cell drifts from the outputs the next run stores;
+    `tools/nb.py figures` (and tests/test_notebook_figures.py) refuse one.
+    """
+    if _in_ipython():
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    else:
+        print(text)
+
+
 # --------------------------------------------------------------------------- shapes
 
 
