@@ -1,0 +1,170 @@
+"""A small mutation check of the port: realistic bugs in `terra_nb/port/`, each of which some test
+of `make test` must catch.
+
+    python tools/mutants.py                 # every mutant; prints mutant -> the test that caught it
+    python tools/mutants.py kv_swapped ...  # only these
+    python tools/mutants.py --list          # the mutants and their test files
+
+Each mutant replaces one small anchored snippet of one source file (the snippet must occur exactly
+once, or the tool stops: a refactor moved it, update the anchor). A mutant may list the same bug at
+two sites (the code before and after a refactor of `port/`): exactly one of them must apply. It is applied to a copy of the
+repository in a temporary folder (the checkout is never touched), and the mutant's test files run
+there with `pytest -x` (the copy's `terra_nb` first on PYTHONPATH, also for vLLM's engine
+processes). A mutant is *caught* when pytest fails; the first failing test is reported. Exit
+status 1 if any mutant survives. Slow (each run starts vLLM engines): not part of `make test`;
+`tests/test_mutants.py` checks only that every anchor is still there.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Site:
+    path: str
+    anchor: str
+    replacement: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str
+    sites: tuple[Site, ...]
+    tests: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        return " | ".join(dict.fromkeys(s.path for s in self.sites))
+
+
+MUTANTS = (
+    Mutant("kv_swapped", "the weight loader puts k_proj into the v shard of qkv_proj and v_proj into the k shard",
+           (Site("terra_nb/port/vllm_model.py",
+                 '(".qkv_proj", ".k_proj", "k"),\n    (".qkv_proj", ".v_proj", "v"),',
+                 '(".qkv_proj", ".k_proj", "v"),\n    (".qkv_proj", ".v_proj", "k"),'),
+            # after the loader became vLLM's AutoWeightsLoader: the names it is fed, k and v swapped
+            Site("terra_nb/port/vllm_model.py",
+                 "        yield name, tensor\n",
+                 '        yield name.replace(".k_proj.", ".@.").replace(".v_proj.", ".k_proj.").replace(".@.", ".v_proj."), tensor\n')),
+           ("tests/test_weight_mapping.py", "tests/test_vllm_engine.py")),
+    Mutant("slot_offset", "each action item's placeholder range starts one position late (on the first slot + 1)",
+           (Site("terra_nb/port/vllm_processing.py",
+                 "offset=k * layout.frame_len + layout.image_tokens,",
+                 "offset=k * layout.frame_len + layout.image_tokens + 1,"),),
+           ("tests/test_vllm_processing.py", "tests/test_vllm_engine.py")),
+    Mutant("position_off_by_one", "vLLM's forward looks up the spatio-temporal embedding of position + 1",
+           (Site("terra_nb/port/vllm_model.py",
+                 "pos_emb = self.pos_embedding_spatio_temporal(positions)",
+                 "pos_emb = self.pos_embedding_spatio_temporal(positions + 1)"),),
+           ("tests/test_vllm_engine.py",)),
+    Mutant("door_slot_rule_removed", "the front door lets a prompt with action slots but no actions through",
+           (Site("terra_nb/port/vllm_frontdoor.py", "    if slot is not None:\n", "    if False:\n"),
+            Site("terra_nb/port/layout.py", "    if slot is not None:\n", "    if False:\n")),   # the rules' new home
+           ("tests/test_vllm_frontdoor.py", "tests/test_vllm_fuzz.py")),
+    Mutant("placeholder_not_suppressed", "the rollout's sampling parameters no longer suppress the placeholder id",
+           (Site("terra_nb/port/vllm_rollout.py",
+                 "logit_bias={layout.placeholder_id: SUPPRESS_BIAS},",
+                 "logit_bias={},"),),
+           ("tests/test_vllm_engine.py",)),
+    # not in port/: the verdict that excuses bf16 near-ties (its constructed cases run before any engine)
+    Mutant("near_tie_wrong_margin", "a flip is excused when HF's own top two are close, not HF's best and vLLM's pick",
+           (Site("terra_nb/lessons/parity.py",
+                 "(differ & (self.hf_margin <= self.tolerance))",
+                 "(differ & (self.hf_top2_margin <= self.tolerance))"),),
+           ("tests/test_teacher_forced.py",)),
+)
+
+
+def apply(mutant: Mutant, root: Path) -> Site:
+    """Replace the mutant's anchor in `root`'s copy of its file and return the site; ValueError
+    unless exactly one site's anchor is found, exactly once."""
+    counts = {}
+    for site in mutant.sites:
+        f = root / site.path
+        counts[site] = f.read_text().count(site.anchor) if f.is_file() else 0
+    hits = [site for site, n in counts.items() if n == 1]
+    if len(hits) != 1:
+        found = ", ".join(f"{s.path}: {n}" for s, n in counts.items())
+        raise ValueError(f"mutant {mutant.name}: anchor found {found} times (expected once, at one site); "
+                         f"update tools/mutants.py: {[s.anchor for s in mutant.sites]!r}")
+    f = root / hits[0].path
+    f.write_text(f.read_text().replace(hits[0].anchor, hits[0].replacement))
+    return hits[0]
+
+
+def copy_repo(dest: Path) -> Path:
+    root = dest / "repo"
+    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".gpu", "outputs", "checkpoints", "__pycache__", ".pytest_cache", "*.ipynb"))
+    return root
+
+
+def plugin_entry_point(root: Path) -> None:
+    """vLLM finds the plugin by its entry point; where this interpreter has no installed terra-nb,
+    give the copy a minimal dist-info so its engine processes load it too."""
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "terra_nb" for ep in entry_points(group="vllm.general_plugins")):
+        return
+    info = root / "terra_nb_mutant-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: terra-nb-mutant\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nterra_nb = terra_nb.port.vllm_plugin:register\n")
+
+
+def run(mutant: Mutant, timeout: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"mutant_{mutant.name}_") as tmp:
+        root = copy_repo(Path(tmp))
+        apply(mutant, root)
+        plugin_entry_point(root)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", *mutant.tests]
+        t0 = time.time()
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        out = proc.stdout + proc.stderr
+        failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.M)
+        return {"mutant": mutant.name, "caught": proc.returncode != 0, "by": failed[0] if failed else None,
+                "rc": proc.returncode, "seconds": round(time.time() - t0, 1),
+                "tail": "" if failed else out[-1500:]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per mutant")
+    a = ap.parse_args(argv)
+    chosen = [m for m in MUTANTS if not a.names or m.name in a.names]
+    unknown = set(a.names) - {m.name for m in MUTANTS}
+    if unknown:
+        ap.error(f"unknown mutants: {sorted(unknown)}")
+    if a.list:
+        for m in chosen:
+            print(f"{m.name:28s} {m.path}: {m.bug}\n{'':28s} tests: {' '.join(m.tests)}")
+        return 0
+    survived = 0
+    for m in chosen:
+        r = run(m, a.timeout)
+        survived += not r["caught"]
+        verdict = f"caught by {r['by']}" if r["caught"] and r["by"] else ("caught (rc %d)" % r["rc"] if r["caught"] else "SURVIVED")
+        print(f"{m.name:28s} {verdict}  [{r['seconds']} s]", flush=True)
+        if r["tail"]:
+            print(r["tail"], flush=True)
+    print(f"{len(chosen) - survived} of {len(chosen)} mutants caught")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
