@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, LlamaModel, PreTrainedModel
+from transformers import LlamaModel, PreTrainedModel
 
 from .config import TinyVLMConfig
 
@@ -84,9 +84,7 @@ class TinyVLMModel(TinyVLMPreTrainedModel):
         return self.language_model(inputs_embeds=embeds, **kwargs)
 
 
-class TinyVLMForConditionalGeneration(TinyVLMPreTrainedModel, GenerationMixin):
-    _tied_weights_keys: dict = {}
-
+class TinyVLMForConditionalGeneration(TinyVLMPreTrainedModel):
     def __init__(self, config: TinyVLMConfig):
         super().__init__(config)
         self.model = TinyVLMModel(config)

@@ -10,7 +10,7 @@ def make_llm(checkpoint_dir: str | Path, **overrides):
 
     On the CPU backend also a small KV-cache share, chunked prefill off (as `make_llm` of Terra's
     port, for the same reasons), eager mode (no torch.compile: seconds instead of a minute for a
-    model this small) and 16-token KV blocks, so that short prompts fill whole blocks the prefix
+    model this small) and 32-token KV blocks (the smallest the CPU attention takes), so that short prompts fill whole blocks the prefix
     cache can reuse. On a GPU the settings of Terra's engines (`apply_gpu_settings`: memory cap,
     full-fp32 attention for a float32 model).
     """
@@ -30,7 +30,7 @@ def make_llm(checkpoint_dir: str | Path, **overrides):
     )
     if current_platform.is_cpu():
         kwargs.update(gpu_memory_utilization=0.05, max_num_seqs=8, enable_chunked_prefill=False,
-                      max_num_batched_tokens=512, block_size=16, enforce_eager=True)
+                      max_num_batched_tokens=512, block_size=32, enforce_eager=True)
     kwargs.update(overrides)
     if not current_platform.is_cpu():
         apply_gpu_settings(kwargs)
