@@ -71,9 +71,11 @@ class TinyVLMModel(TinyVLMPreTrainedModel):
         """All images' patches -> `[P, H]`, in prompt order."""
         return self.multi_modal_projector(self.vision_tower(pixel_values, image_grid_hw))
 
-    def forward(self, input_ids, pixel_values=None, image_grid_hw=None, **kwargs):
+    def forward(self, input_ids, pixel_values=None, image_grid_hw=None, image_mask=None, **kwargs):
+        """`image_mask`: which positions take image rows (default: every `<image>` token; a greedy
+        loop passes the prompt's, since a generated `<image>` is an ordinary word, as in vLLM)."""
         embeds = self.language_model.embed_tokens(input_ids)
-        is_image = input_ids == self.config.image_token_id
+        is_image = input_ids == self.config.image_token_id if image_mask is None else image_mask
         if pixel_values is not None:
             images = self.image_embeddings(pixel_values, image_grid_hw).to(embeds.dtype)
             if int(is_image.sum()) != images.shape[0]:
@@ -91,10 +93,10 @@ class TinyVLMForConditionalGeneration(TinyVLMPreTrainedModel):
         self.lm_head = nn.Linear(config.text_config.hidden_size, config.text_config.vocab_size, bias=False)
         self.post_init()
 
-    def forward(self, input_ids, pixel_values=None, image_grid_hw=None, **kwargs) -> torch.Tensor:
+    def forward(self, input_ids, pixel_values=None, image_grid_hw=None, image_mask=None, **kwargs) -> torch.Tensor:
         """Logits `[B, L, V]` for a whole prompt (no KV cache: the model is tiny)."""
         kwargs.pop("attention_mask", None)
-        hidden = self.model(input_ids, pixel_values, image_grid_hw, use_cache=False).last_hidden_state
+        hidden = self.model(input_ids, pixel_values, image_grid_hw, image_mask, use_cache=False).last_hidden_state
         return self.lm_head(hidden)
 
 
@@ -104,9 +106,11 @@ def greedy_generate(model: TinyVLMForConditionalGeneration, inputs, max_new_toke
     of the parity check: simple beats fast here). `inputs`: the processor's output."""
     ids = inputs["input_ids"]
     images = {k: inputs[k] for k in ("pixel_values", "image_grid_hw") if k in inputs}
+    prompt_images = ids == model.config.image_token_id  # generated tokens are never image rows
     out: list[int] = []
     for _ in range(max_new_tokens):
-        logits = model(ids, **images)
+        mask = torch.cat([prompt_images, torch.zeros(1, len(out), dtype=torch.bool)], dim=1)
+        logits = model(ids, image_mask=mask, **images)
         nxt = int(logits[0, -1].argmax())
         out.append(nxt)
         ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)

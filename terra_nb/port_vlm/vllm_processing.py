@@ -131,10 +131,11 @@ class TinyVLMMultiModalProcessor(BaseMultiModalProcessor[TinyVLMProcessingInfo])
         out_mm_kwargs: MultiModalKwargsItems,
     ) -> Sequence[PromptUpdate]:
         image_token_id = self.info.get_hf_config().image_token_id
-        images = mm_items.get_items(MODALITY, ImageProcessorItems)
 
         def expand(item_idx: int) -> list[int]:
-            size = images.get_image_size(item_idx)
+            # looked up lazily, per item: with vLLM's processor cache, `mm_items` holds only the
+            # images not cached yet (none at all when every image was seen before)
+            size = mm_items.get_items(MODALITY, ImageProcessorItems).get_image_size(item_idx)
             return [image_token_id] * self.info.get_num_image_tokens(image_width=size.width, image_height=size.height)
 
         # the k-th `<image>` token of the prompt becomes image k's run of placeholders
