@@ -17,10 +17,17 @@ warm engine whose prompts are already in the prefix cache:
 cProfile times are inflated by the profiler itself, so each section also records its wall time
 without the profiler. The JSON keeps the top functions by own time and by cumulative time (vLLM's
 and ours), so two files, port and stock, can be compared line by line (`compare`).
+
+Two phases enclose the model's forward, `engine_step` and `model_runner`, and these are timed
+directly (a clock around the engine's own calls, `TIMED_PHASES`) instead of read from cProfile: on
+the H200 (Python 3.12, vLLM 0.26, CUDA graphs) cProfile recorded none of the frames around the
+forward (`LLM.generate`, `LLMEngine.step`, `EngineCore.step`, `execute_model`) while it kept the
+calls before and after it (scheduler, sampler), so both phases read 0 there.
 """
 from __future__ import annotations
 
 import cProfile
+import contextlib
 import dataclasses
 import io
 import pstats
@@ -32,18 +39,28 @@ import torch
 TOP = 30
 # Functions whose cumulative time splits a `generate` into phases (file fragment, function name).
 PHASES = {
-    "input_processing": [("offline.py", "_render_and_add_requests"), ("llm.py", "_validate_and_add_requests"),
-                         ("llm.py", "_add_request")],
+    "input_processing": [("offline.py", "_render_and_add_requests"), ("offline_utils.py", "_render_and_add_requests"),
+                         ("llm.py", "_validate_and_add_requests"), ("llm.py", "_add_request")],
     "our_processor": [("vllm_processing.py", "apply")],
     "engine_add_request": [("core.py", "add_request"), ("core.py", "preprocess_add_request")],
-    "engine_step": [("core.py", "step"), ("core.py", "step_with_batch_queue")],
-    "model_runner": [("model_runner.py", "execute_model"), ("gpu_model_runner.py", "execute_model")],
+    "engine_step": [],   # timed directly: TIMED_PHASES
+    "model_runner": [],  # timed directly: TIMED_PHASES
     "mm_embeddings": [("default.py", "get_mm_embeddings"), ("gpu_model_runner.py", "_gather_mm_embeddings"),
                       ("gpu_model_runner.py", "_execute_mm_encoder")],
     "embed_input_ids": [("vllm_model.py", "embed_input_ids"), ("interfaces.py", "embed_input_ids")],
     "sampler": [("sampler.py", "__call__"), ("sampler.py", "forward"), ("sampler.py", "sample")],
     "scheduler": [("scheduler.py", "schedule")],
     "update_from_output": [("scheduler.py", "update_from_output")],
+}
+
+
+# Phases timed by a clock around one method of an engine object (see the module doc): phase ->
+# (path of the object from the `vllm.LLM`, method). `engine_step`: the front end waiting for one
+# engine-core step (`EngineCoreClient.get_output`: the step itself when the engine runs in process,
+# the wait for its process otherwise); `model_runner`: the executor's `execute_model` (in process only).
+TIMED_PHASES = {
+    "engine_step": ("llm_engine.engine_core", "get_output"),
+    "model_runner": ("llm_engine.engine_core.engine_core.model_executor", "execute_model"),
 }
 
 
@@ -59,6 +76,55 @@ class ProfileSpec:
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def _attr_path(obj, path: str):
+    """`obj.a.b` for path "a.b"; None where an attribute is missing (e.g. an engine core in its own process)."""
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+    return obj
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def timed_calls(targets: dict[str, tuple[object, str]]):
+    """While the block runs, every call of `obj.method` adds its wall seconds to the phase's total.
+    `targets`: phase -> (obj, method name); a None obj or a missing method leaves its phase at 0.
+    Yields the totals (phase -> seconds). The instance attribute that does it is removed after."""
+    totals = {phase: 0.0 for phase in targets}
+    restore = []
+
+    def clocked(phase, inner):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                totals[phase] += time.perf_counter() - t0
+        return call
+
+    try:
+        for phase, (obj, name) in targets.items():
+            inner = getattr(obj, name, None) if obj is not None else None
+            if inner is None:
+                continue
+            own = vars(obj).get(name, _MISSING) if hasattr(obj, "__dict__") else _MISSING
+            setattr(obj, name, clocked(phase, inner))
+            restore.append((obj, name, own))
+        yield totals
+    finally:
+        for obj, name, own in reversed(restore):
+            if own is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
+
+
+def engine_targets(llm) -> dict[str, tuple[object, str]]:
+    """`TIMED_PHASES` resolved on a `vllm.LLM` (None where this engine does not have the object)."""
+    return {phase: (_attr_path(llm, path), name) for phase, (path, name) in TIMED_PHASES.items()}
 
 
 def _phase_times(stats: pstats.Stats) -> dict[str, float]:
@@ -103,21 +169,25 @@ def _wall(fn, gc_off: bool = False, repeats: int = 3) -> float:
     return round(statistics.median(times), 5)
 
 
-def profiled(fn, label: str) -> dict:
-    """Run `fn` once plain (wall time) and once under cProfile (phases, top functions)."""
+def profiled(fn, label: str, timed: dict[str, tuple[object, str]] | None = None) -> dict:
+    """Run `fn` once plain (wall time) and once under cProfile (phases, top functions); the phases
+    in `timed` (phase -> (obj, method), see `timed_calls`) are clocked in that same run instead."""
     _sync()
     t0 = time.perf_counter()
     fn()
     _sync()
     wall = time.perf_counter() - t0
     prof = cProfile.Profile()
-    prof.enable()
-    fn()
-    _sync()
-    prof.disable()
+    with timed_calls(timed or {}) as clocked:
+        prof.enable()
+        fn()
+        _sync()
+        prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
+    phases = _phase_times(stats)
+    phases.update({k: round(v, 5) for k, v in clocked.items()})
     return dict(label=label, wall_s=round(wall, 5), profiled_s=round(stats.total_tt, 5),  # type: ignore[attr-defined]
-                phases=_phase_times(stats), top_own=_top(stats, "own_s"), top_cum=_top(stats, "cum_s"))
+                phases=phases, top_own=_top(stats, "own_s"), top_cum=_top(stats, "cum_s"))
 
 
 def kernel_profile(fn, steps: int, label: str) -> dict:
@@ -156,13 +226,15 @@ def profile_engine(llm, make_request, layout, spec: ProfileSpec, sampling_kwargs
         return lambda: llm.generate(reqs, [params(n_tokens, b) for b in range(batch)], use_tqdm=False)
 
     gen(spec.batch, 2)()  # fills the prefix cache with every prompt
+    timed = engine_targets(llm)
     out = dict(spec=dataclasses.asdict(spec), sections=[], kernels=[])
-    out["sections"].append(profiled(gen(spec.batch, 1), f"front end: {spec.batch} requests, 1 token"))
+    out["sections"].append(profiled(gen(spec.batch, 1), f"front end: {spec.batch} requests, 1 token", timed))
     out["sections"].append(profiled(gen(spec.batch, layout.image_tokens),
-                                    f"frame step: {spec.batch} requests x {layout.image_tokens} tokens"))
+                                    f"frame step: {spec.batch} requests x {layout.image_tokens} tokens", timed))
     out["decode_wall_s"] = {"gc on": _wall(gen(1, spec.decode_steps)), "gc off": _wall(gen(1, spec.decode_steps), gc_off=True)}
     for batch in (1, spec.batch):
-        out["sections"].append(profiled(gen(batch, spec.decode_steps), f"decode: {batch} x {spec.decode_steps} tokens"))
+        out["sections"].append(profiled(gen(batch, spec.decode_steps), f"decode: {batch} x {spec.decode_steps} tokens",
+                                        timed))
         if spec.torch_profile:
             out["kernels"].append(kernel_profile(gen(batch, spec.decode_steps), spec.decode_steps,
                                                  f"decode: {batch} x {spec.decode_steps} tokens"))
