@@ -85,3 +85,90 @@ def test_committed_readme_gpu_section_matches_the_committed_reports():
         assert data["commit"] not in ("", "unknown") and data["lease"] != "lease not named", path.name
         md = path.with_suffix(".md").read_text()
         assert f"- commit: {data['commit']}" in md and f"- lease: {data['lease']}" in md, path.name
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_tree_state_is_the_commit_whatever_a_copy_did_to_modes_and_index(tmp_path):
+    """What reaches the GPU machine is a copy: file modes, the git index and ignored files beside the
+    tree (an egg-info from `pip install -e .`) may differ; only the files' content counts."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "run.sh").write_text("echo run\n")
+    (repo / "run.sh").chmod(0o755)
+    (repo / "a.txt").write_text("a\n")
+    (repo / ".gitignore").write_text("*.egg-info/\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "c")
+    head, head_tree = _git(repo, "rev-parse", "HEAD").strip(), _git(repo, "rev-parse", "HEAD^{tree}").strip()
+    (repo / "run.sh").chmod(0o644)
+    (repo / ".git" / "index").unlink()
+    (repo / "x.egg-info").mkdir()
+    (repo / "x.egg-info" / "PKG-INFO").write_text("x\n")
+    assert _git(repo, "status", "--porcelain", "--untracked-files=no")  # git status calls this copy dirty
+    tree = gpu_report.tree_state(repo)
+    assert tree == {"commit": head, "short": head[:7], "clean": True, "changed": [], "tree": head_tree}
+    assert gpu_report.commit_label(tree) == head[:7]
+    assert gpu_report.tree_check(tree, head, repo) == f"files run: tree {head_tree[:12]}, the same as commit {head}'s"
+    (repo / "new.py").write_text("print('not committed')\n")  # a file beside the commit's: other files ran
+    tree = gpu_report.tree_state(repo)
+    assert tree["clean"] and tree["tree"] != head_tree and "**DIFFERENT from**" in gpu_report.tree_check(tree, head, repo)
+    (repo / "a.txt").write_text("edited\n")
+    (repo / "run.sh").unlink()
+    tree = gpu_report.tree_state(repo)
+    assert not tree["clean"] and tree["changed"] == ["a.txt", "run.sh"]
+    assert gpu_report.commit_label(tree) == f"{head[:7]}-dirty (2 tracked files differ from it: a.txt, run.sh)"
+
+
+def test_report_header_checks_the_files_and_says_when_steps_are_of_several_checkouts(tmp_path):
+    state = tmp_path / "state"
+    (state / "steps").mkdir(parents=True)
+    (state / "tree.json").write_text(json.dumps({"commit": "abc1234" + "0" * 33, "short": "abc1234", "clean": True,
+                                                 "changed": [], "tree": "f" * 40}))
+    for step, commit in (("nbval_01", "abc1234"), ("test_fast", "abc1234")):
+        (state / "steps" / f"{step}.json").write_text(json.dumps({"step": step, "rc": 0, "seconds": 1.0,
+                                                                  "commit": commit}))
+    _, text = gpu_report.build_report(state)
+    assert "- commit: abc1234 (every result below is this commit's)\n" in text and "more than one" not in text
+    assert "- files run: tree ffffffffffff; the device's git: abc1234\n" in text
+    _, text = gpu_report.build_report(state, commit="0" * 40)
+    assert f"- commit: {'0' * 40} (every" in text and "is not in this repository: not checked" in text
+    (state / "steps" / "test_engine1.json").write_text(json.dumps({"step": "test_engine1", "rc": 0, "seconds": 1.0,
+                                                                   "commit": "def5678"}))
+    _, text = gpu_report.build_report(state)
+    assert "**steps from more than one checkout** (not one run): abc1234: nbval_01, test_fast; def5678: test_engine1" in text
+
+
+def test_setup_records_the_tree_for_the_report(tmp_path):
+    r = subprocess.run([sys.executable, str(REPO / "tools" / "gpu_report.py"), str(tmp_path / "st"), "--record-tree"],
+                       capture_output=True, text=True)
+    tree = json.loads((tmp_path / "st" / "tree.json").read_text())
+    assert r.returncode == 0 and tree["commit"] == _git(REPO, "rev-parse", "HEAD").strip()
+    assert gpu_report.tree_check(tree, None) in r.stdout
+
+
+def test_test_groups_cover_every_test_module_once_and_keep_shared_engines_together():
+    """`test fast` + `test engine1..4` run every module of tests/ exactly once (but test_browser), and the modules that
+    share a session engine (tests/conftest.py: SHARED_ENGINES) sit in one group, so each builds it once."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("repo_conftest", REPO / "conftest.py")
+    repo_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repo_conftest)
+    r = subprocess.run(["bash", str(REPO / "tools" / "gpu_runner.sh"), "groups"], capture_output=True, text=True)
+    groups = dict(line.split(": ", 1) for line in r.stdout.splitlines())
+    modules = {p.name for p in (REPO / "tests").glob("test_*.py")}
+    ignored = set(re.findall(r"--ignore tests/(\S+)", groups.pop("fast")))
+    in_groups = [m for args in groups.values() for m in re.findall(r"tests/(test_\w+\.py)", args)]
+    # test_browser runs on CPU CI only (no Chromium on the GPU machine); every other module once
+    assert r.returncode == 0 and sorted(in_groups) == sorted(ignored - {"test_browser.py"}) and ignored < modules
+    named = {g: set(re.findall(r"tests/(test_\w+\.py)", args)) for g, args in groups.items()}
+    for name in repo_conftest.shared_engines():
+        users = {p.name for p in (REPO / "tests").glob("test_*.py") if re.search(rf"\b{name}\b", p.read_text())}
+        holding = [g for g, mods in named.items() if users & mods]
+        assert users and len(holding) == 1 and users <= named[holding[0]], (name, users, holding)

@@ -4,18 +4,29 @@ its state folder (environment, per-notebook papermill summaries and results, tes
     python tools/gpu_report.py STATE_DIR --lease TEXT [--commit SHA] [--out DIR] [--note TEXT ...]
         # writes DIR/gpu_report_<gpu>.md and .json: one commit, one lease
     python tools/gpu_report.py --readme    # README's GPU section from results/gpu_report_*.json
+    python tools/gpu_report.py STATE_DIR --record-tree   # STATE_DIR/tree.json (the runner's setup)
 
 A report holds the results of one run: one commit (the code the device ran; `--commit` overrides
 the device copy's `git rev-parse`, which is stale when its .git came from elsewhere) and one lease
 (`--lease`: which machine lease, e.g. "H200 lease 1 of 2026-11-23"). Re-runs on another commit or
 lease belong in a report of their own, or in the JSON's `other_runs` (a separate, labelled table).
+
+What the device ran is recorded when the runner's `setup` installs the project (`tree.json`): the
+tree of its files (every file git does not ignore, hashed into a git tree with a scratch index, so
+neither the device copy's index, file modes nor HEAD enter it), the HEAD its git reports and the
+tracked files whose content differs from that HEAD. The report checks the tree against `--commit`
+where the repository has that commit (the CPU side, from the runner's state archive), and every
+step records the HEAD it ran on, so that a state holding steps of several checkouts says so.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +38,101 @@ def gpu_slug(device: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'h100'; 'NVIDIA H200' -> 'h200'; otherwise a lower-case word."""
     m = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Za-z]?)\b", device)
     return (m.group(1) if m else re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_") or "gpu").lower()
+
+
+def _git(repo: Path, *args: str, stdin: str | None = None, env: dict | None = None) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True,
+                          check=True, timeout=120, env=env).stdout
+
+
+def working_tree(repo: Path = REPO) -> str:
+    """The git tree id of every file in `repo` that git does not ignore, as they are on disk, in a
+    scratch index (the repository's own index does not enter). File modes are HEAD's where HEAD has
+    the file: a copy that lost the +x bits still has the commit's tree."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+        _git(repo, "read-tree", "HEAD", env=env)
+        _git(repo, "-c", "core.fileMode=false", "add", "-A", ".", env=env)
+        return _git(repo, "write-tree", env=env).strip()
+
+
+def tree_state(repo: Path = REPO) -> dict:
+    """What is checked out: the tree of its files, the HEAD its git reports and the tracked files
+    whose content differs from that HEAD (blob by blob, not `git status`, so a copied tree whose
+    modes, timestamps or index changed still counts as HEAD)."""
+    try:
+        head = _git(repo, "rev-parse", "HEAD").strip()
+        entries = []
+        for line in _git(repo, "ls-tree", "-r", "-z", "HEAD").split("\0"):
+            if line:
+                meta, path = line.split("\t", 1)
+                mode, kind, blob = meta.split()
+                if kind == "blob" and mode != "120000":  # symbolic links: nothing to hash here
+                    entries.append((path, blob))
+        present = [(p, b) for p, b in entries if (repo / p).is_file()]
+        hashes = _git(repo, "hash-object", "--stdin-paths", stdin="".join(p + "\n" for p, _ in present)).split()
+        tree = working_tree(repo)
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"commit": None, "clean": None, "changed": [], "error": str(e)[:200]}
+    changed = sorted({p for (p, b), h in zip(present, hashes) if h != b} | {p for p, _ in entries if not (repo / p).is_file()})
+    return {"commit": head, "short": head[:7], "clean": not changed, "changed": changed, "tree": tree}
+
+
+def commit_label(tree: dict | None) -> str:
+    """'abc1234' for a checkout whose tracked files are HEAD's, 'abc1234-dirty (...)' otherwise."""
+    if not tree or not tree.get("commit"):
+        return "unknown" + (f" ({tree['error']})" if tree and tree.get("error") else "")
+    if tree["clean"]:
+        return tree["short"]
+    shown = ", ".join(tree["changed"][:8]) + (", ..." if len(tree["changed"]) > 8 else "")
+    return f"{tree['short']}-dirty ({len(tree['changed'])} tracked files differ from it: {shown})"
+
+
+def step_commits(state: Path) -> dict[str, list[str]]:
+    """HEAD -> the steps that ran on it (steps recorded before HEADs were recorded: 'unrecorded')."""
+    out: dict[str, list[str]] = {}
+    for step in sorted((state / "steps").glob("*.json")):
+        s = json.loads(step.read_text())
+        out.setdefault(s.get("commit") or "unrecorded", []).append(s["step"])
+    return out
+
+
+def tree_check(tree: dict | None, commit: str | None, repo: Path = REPO) -> str | None:
+    """Whether the files the device ran are `commit`'s tree: a sentence, or None with nothing to say."""
+    if not tree or not tree.get("tree"):
+        return None
+    if commit:
+        try:
+            expected = _git(repo, "rev-parse", f"{commit}^{{tree}}").strip()
+        except (OSError, subprocess.SubprocessError):
+            return f"files run: tree {tree['tree'][:12]} (commit {commit} is not in this repository: not checked)"
+        same = expected == tree["tree"]
+        return (f"files run: tree {tree['tree'][:12]}, " + ("the same as" if same else "**DIFFERENT from**")
+                + f" commit {commit}'s")
+    return f"files run: tree {tree['tree'][:12]}; the device's git: {commit_label(tree)}"
+
+
+def _commit(state: Path, commit: str | None) -> str:
+    """`--commit`, else what setup recorded (tree.json), else the environment's git_commit."""
+    if commit:
+        return commit
+    tree = _json(state / "tree.json")
+    if tree:
+        return commit_label(tree)
+    return (_json(state / "environment.json") or {}).get("git_commit") or "unknown"
+
+
+def commit_lines(state: Path, commit: str | None) -> list[str]:
+    """The header's check of the files run, and a warning when the steps ran on several HEADs."""
+    lines = []
+    check = tree_check(_json(state / "tree.json"), commit)
+    if check:
+        lines.append(f"- {check}")
+    heads = step_commits(state)
+    if len(heads) > 1:
+        lines.append("- **steps from more than one checkout** (not one run): " + "; ".join(
+            f"{c}: {', '.join(steps)}" for c, steps in heads.items()))
+    return lines
 
 
 def _json(path: Path):
@@ -110,7 +216,7 @@ def report_data(state: Path, commit: str | None = None, lease: str | None = None
     return {
         "device": env.get("device", "unknown GPU"), "date": env.get("date"),
         "versions": {k: env.get(k) for k in ("python", "torch", "transformers", "vllm")},
-        "commit": commit or env.get("git_commit") or "unknown", "lease": lease or "lease not named",
+        "commit": _commit(state, commit), "lease": lease or "lease not named",
         "notebooks": notebook_rows(state),
         "parity_06": {k: parity.get(k) for k in ("equal", "tokens", "frames", "first_mismatch", "teacher_forced")},
         "other_runs": [],
@@ -134,6 +240,7 @@ def build_report(state: Path, notes: list[str] | None = None, commit: str | None
         f"- versions: python {env.get('python')}, torch {env.get('torch')}, transformers {env.get('transformers')}, "
         f"vllm {env.get('vllm')}",
         f"- commit: {data['commit']} (every result below is this commit's)",
+        *commit_lines(state, commit),
         f"- lease: {data['lease']}",
         "",
         "## Notebooks (papermill: `make reproduce BACKEND=gpu`; nbval: the notebooks' defaults, "
@@ -143,7 +250,8 @@ def build_report(state: Path, notes: list[str] | None = None, commit: str | None
         "",
         f"papermill total: {sum(r['wall time (s)'] or 0 for r in nbs):.0f} s, "
         f"{sum(r['papermill'] == 'ok' for r in nbs)} of {len(nbs)} notebooks ok; nbval: "
-        f"{sum(r['nbval'] == 'passed' for r in nbs)} of {len(nbs)} passed.",
+        f"{sum(r['nbval'] == 'passed' for r in nbs)} of {len(nbs)} passed, "
+        f"{sum(r['nbval time (s)'] or 0 for r in nbs):.0f} s.",
         "",
         "## bf16 parity (notebook 06, Terra shape, random weights)",
         "",
@@ -152,6 +260,9 @@ def build_report(state: Path, notes: list[str] | None = None, commit: str | None
         "## Unit tests (`make test BACKEND=gpu`, in groups)",
         "",
         markdown_table(tests) if tests else "(no test group ran)",
+        "",
+        f"unit-test groups: {sum(r['exit'] == 0 for r in tests)} of {len(tests)} passed, "
+        f"{sum(r['seconds'] for r in tests):.0f} s in all.",
         "",
         *lane_lines(state),
     ]
@@ -225,7 +336,17 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None, help="the commit the device ran (default: its git rev-parse)")
     ap.add_argument("--lease", default=None, help='which lease ran it, e.g. "H200 lease 2 of 2026-11-23"')
     ap.add_argument("--readme", action="store_true", help="regenerate README's GPU section from results/")
+    ap.add_argument("--record-tree", action="store_true",
+                    help="only write STATE_DIR/tree.json: the files checked out here and git's HEAD")
     args = ap.parse_args(argv)
+    if args.record_tree:
+        if args.state is None:
+            ap.error("STATE_DIR is required with --record-tree")
+        args.state.mkdir(parents=True, exist_ok=True)
+        tree = tree_state()
+        (args.state / "tree.json").write_text(json.dumps(tree, indent=2))
+        print(tree_check(tree, None) or f"git commit: {commit_label(tree)}")
+        return 0
     if args.readme:
         print("README updated" if update_readme() else "README already up to date")
         return 0

@@ -6,7 +6,7 @@
 #   bash tools/gpu_runner.sh plan              # the calls, in order, one per line
 #   bash tools/gpu_runner.sh setup             # install the project (no downloads), record the machine
 #   bash tools/gpu_runner.sh reproduce 06      # papermill, real Terra shape (--device cuda --preset terra)
-#   bash tools/gpu_runner.sh test engine1      # a group of unit tests (see `groups` below)
+#   bash tools/gpu_runner.sh test engine1      # a group of unit tests (`bash tools/gpu_runner.sh groups` lists them)
 #   bash tools/gpu_runner.sh nbval 06          # nbval over one notebook, on the GPU
 #   bash tools/gpu_runner.sh report            # $OUT/gpu_report_<gpu>.md (+ .json) from everything above
 # The report names one commit and one lease: set TERRA_NB_LEASE (e.g. "H200 lease 2 of 2026-11-23")
@@ -33,7 +33,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=${GPU_SITE:-/tmp/site}   # where the bundle was unpacked
-if [ "${1:-plan}" != plan ] && [ "${1:-plan}" != report ]; then
+if [ "${1:-plan}" != plan ] && [ "${1:-plan}" != report ] && [ "${1:-plan}" != groups ]; then
   test -d "$SITE/vllm" || { echo FRESH-MACHINE; exit 3; }
 fi
 export PYTHONPATH=$SITE VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
@@ -59,9 +59,10 @@ groups() {  # name -> pytest arguments
   case "$1" in
     # test_browser: the GPU machine has neither Chromium nor Playwright; .ci/run (CPU CI) runs it
     fast) local a=(tests --ignore tests/test_browser.py); for t in "${ENGINE_TESTS[@]}"; do a+=(--ignore "tests/$t.py"); done; echo "${a[@]}" ;;
-    engine1) echo tests/test_vllm_engine.py tests/test_vllm_engine_v2.py ;;
+    # test_vllm_engine and test_teacher_forced share one engine (tests/conftest.py: tiny_llm): one group
+    engine1) echo tests/test_vllm_engine.py tests/test_teacher_forced.py tests/test_vllm_engine_v2.py ;;
     engine2) echo tests/test_vllm_trace.py tests/test_weight_mapping.py tests/test_vllm_compat.py ;;
-    engine3) echo tests/test_toyworld_workbook.py tests/test_teacher_forced.py tests/test_teacher_forced_bf16.py ;;
+    engine3) echo tests/test_toyworld_workbook.py tests/test_teacher_forced_bf16.py ;;
     engine4) echo tests/test_bench_measure.py ;;
     *) echo "unknown test group $1 (fast, engine1..engine4)" >&2; return 2 ;;
   esac
@@ -76,8 +77,9 @@ timed() {  # timed NAME CMD...: run, keep the log and {rc, seconds} under $STATE
   "$@" > "$STATE/steps/$name.log" 2>&1
   local rc=$?
   local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-  printf '{"step": "%s", "rc": %d, "seconds": %d.%d, "command": "%s"}\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000 / 100)) "$*" \
-    > "$STATE/steps/$name.json"
+  local commit=$(git rev-parse HEAD 2> /dev/null | cut -c1-7)
+  printf '{"step": "%s", "rc": %d, "seconds": %d.%d, "commit": "%s", "command": "%s"}\n' "$name" "$rc" $((ms / 1000)) \
+    $((ms % 1000 / 100)) "$commit" "$*" > "$STATE/steps/$name.json"
   # the log's end, without the engine's per-request chatter
   grep -v -E "it/s\]$|^\((EngineCore|Worker)" "$STATE/steps/$name.log" | tail -40
   cp "$STATE/steps/$name.log" "$STATE/steps/$name.json" "$OUT/"
@@ -91,8 +93,18 @@ case "${1:-plan}" in
     for g in fast engine1 engine2 engine3 engine4; do echo "test $g"; done
     for nb in $NOTEBOOKS; do echo "nbval $nb"; done
     echo report ;;
+  groups)  # the unit-test groups and their pytest arguments, one per line
+    for g in fast engine1 engine2 engine3 engine4; do echo "$g: $(groups $g)"; done ;;
   setup)
+    # One report, one run: steps a state folder kept from another commit go aside, not into the report.
+    old=$(sed -n 's/.*"short": "\([0-9a-f]*\)".*/\1/p' "$STATE/tree.json" 2> /dev/null)
+    if [ -n "$old" ] && [ "$old" != "$(git rev-parse HEAD | cut -c1-7)" ] && [ -d "$STATE/steps" ]; then
+      mkdir -p "$STATE/previous_$old" && mv "$STATE"/steps "$STATE"/reproduce "$STATE"/lanes.log "$STATE/previous_$old/" 2> /dev/null
+      echo "steps of commit $old moved to $STATE/previous_$old"
+    fi
     $PY -m pip install -q --no-deps --no-build-isolation -e . > "$STATE/pip.log" 2>&1 || { cat "$STATE/pip.log"; exit 1; }
+    # The commit and whether the tree is exactly it (content, not modes or index): the report's header.
+    $PY tools/gpu_report.py "$STATE" --record-tree && cp "$STATE/tree.json" "$OUT/"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$STATE/nvidia-smi.txt"
     $PY -c "import json; from terra_nb.workbook.show import environment_info; print(json.dumps(environment_info('cuda'), indent=2))" \
       > "$STATE/environment.json" && cp "$STATE/environment.json" "$OUT/" && cat "$STATE/environment.json" ;;
