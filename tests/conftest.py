@@ -98,3 +98,57 @@ def layout(llm):
     from terra_nb.port.config import FrameLayout
 
     return FrameLayout.from_config(llm.model_config.hf_config)
+
+
+# ---------------------------------------------------------------------------- shared vLLM engines
+# A vLLM engine takes ~40 s to start on two cores and holds ~3 GiB, so modules that need the same
+# engine share one session fixture (SHARED_ENGINES) instead of building their own. It is built on
+# first use and shut down right after the last test that uses it, so that (as with module-scoped
+# engines) a pytest process holds one test engine at a time: on a GPU each is capped by
+# $TERRA_NB_GPU_MEMORY_UTILIZATION. The repository's conftest.py runs a shared engine's tests back to
+# back and, under pytest-xdist (`make test`), in one worker.
+SHARED_ENGINES = ("tiny_llm",)
+_engines: dict = {}
+_last_user: dict = {}
+
+
+def _gpu_share() -> dict:
+    """On a GPU leave room for another engine and an HF model (vLLM's default takes 0.9 of it)."""
+    import torch
+
+    return {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
+
+
+def _shutdown(name: str) -> None:
+    engine = _engines.pop(name, None)
+    if engine is not None:
+        from terra_nb.port.vllm_compat import shutdown_llm
+
+        shutdown_llm(engine)
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_ckpt):
+    """A vLLM engine on `tiny_ckpt` with `make_llm`'s defaults and vLLM's stats on (its prefix-cache
+    counters can be read), shared by every module that needs exactly this engine."""
+    from terra_nb.port.vllm_rollout import make_llm
+
+    _engines["tiny_llm"] = make_llm(tiny_ckpt, disable_log_stats=False, **_gpu_share())
+    yield _engines["tiny_llm"]
+    _shutdown("tiny_llm")
+
+
+def pytest_collection_finish(session):
+    for name in SHARED_ENGINES:
+        users = [it for it in session.items if name in getattr(it, "fixturenames", ())]
+        if users:
+            _last_user[name] = users[-1]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Shut a shared engine down after its last test (its fixture's own teardown, at the end of the
+    session, then finds nothing left to do)."""
+    for name, last in _last_user.items():
+        if item is last:
+            _shutdown(name)

