@@ -42,14 +42,14 @@ reproduce: setup
 	$(PY) -m terra_nb.workbook.reproduce $(BACKEND_ARGS) $(REPRODUCE_ARGS)
 
 # The tests run in TEST_WORKERS pytest-xdist processes (2 on the CPU: much of the suite waits on engine
-# starts, notebook kernels and subprocesses rather than computing); `--dist loadgroup` keeps each module,
+# starts, notebook kernels and subprocesses rather than computing); `--dist loadfile` keeps each module,
 # each notebook and the modules that share an engine together (tests/conftest.py). On a GPU one process
 # (tools/gpu_runner.sh runs a second lane beside it on the one GPU); with more, every worker's engines
 # need room under $$TERRA_NB_GPU_MEMORY_UTILIZATION. TEST_WORKERS=0, or no pytest-xdist (SETUP=none on
 # an interpreter without it): one process.
 TEST_WORKERS ?= $(if $(filter gpu,$(BACKEND)),0,2)
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),$$($(PY) -c 'import xdist' 2>/dev/null \
-	&& echo --numprocesses=$(TEST_WORKERS) --dist=loadgroup || echo "pytest-xdist is not installed: one process" >&2))
+	&& echo --numprocesses=$(TEST_WORKERS) --dist=loadfile || echo "pytest-xdist is not installed: one process" >&2))
 
 test: setup
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)

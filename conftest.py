@@ -1,10 +1,12 @@
-"""How pytest-xdist splits the suite (`make test` runs `--dist loadgroup`), for tests/ and notebooks/.
+"""How pytest-xdist splits the suite (`make test`: `--dist loadfile`), for tests/ and notebooks/.
 
-Each test module and each notebook is one group (one worker runs it, in order: module fixtures and
-nbval's kernel stay whole), except that the modules using one of the shared session engines of
-tests/conftest.py (SHARED_ENGINES) form one group, so the engine is built once. Those tests also
-run back to back, from where the first of them was collected, so that the engine can be shut
-down after the last one. Without xdist only that order applies.
+Each test module and each notebook is one unit of work (one worker runs it, in order: module
+fixtures and nbval's kernel stay whole), except that the modules using one of the shared session
+engines of tests/conftest.py (SHARED_ENGINES) form one unit, so that the engine is built once.
+Those tests also run back to back, from where the first of them was collected, so that the engine
+can be shut down after the last one. The units start longest first (START_FIRST, then collection
+order), so that no long one is left for the end while the other worker idles. Without xdist only
+the order applies.
 
 Each xdist worker computes on one thread (OMP_NUM_THREADS=1, inherited by the kernels and
 subprocesses it starts; vLLM's CPU engines bind their own): two workers on two cores, rather than
@@ -14,44 +16,80 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).parent
+# The longest files of `make test` on the 2-core CPU machine (each several minutes there: engines,
+# HF rollouts of the toy model, a training run, notebooks that build engines), started first.
+START_FIRST = ("tests/test_toyworld.py", "tests/test_bench_profile.py", "notebooks/08_toy_world.ipynb",
+               "notebooks/06_vllm_forward.ipynb", "tests/test_toyworld_train.py", "tests/test_toyworld_workbook.py",
+               "notebooks/03_actions_modality.ipynb", "notebooks/04_dummy_data.ipynb",
+               "notebooks/05_weight_remapping.ipynb", "tests/test_notebooks.py")
+
 
 def shared_engines() -> tuple[str, ...]:
     """tests/conftest.py's SHARED_ENGINES, read from its source (it may not be imported yet)."""
-    tree = ast.parse((Path(__file__).parent / "tests" / "conftest.py").read_text())
+    tree = ast.parse((ROOT / "tests" / "conftest.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SHARED_ENGINES" for t in node.targets):
             return tuple(ast.literal_eval(node.value))
     return ()
 
 
+def shared_engine_modules() -> dict[str, str]:
+    """tests/ module path (as in node ids) -> the shared engine it uses, from the modules' source."""
+    out = {}
+    for name in shared_engines():
+        for path in sorted((ROOT / "tests").glob("test_*.py")):
+            if re.search(rf"\b{name}\b", path.read_text()):
+                out[f"tests/{path.name}"] = name
+    return out
+
+
 def pytest_configure(config):
-    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs a group's tests in one worker")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         if "torch" in sys.modules:  # already read its thread count
             sys.modules["torch"].set_num_threads(1)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def _file(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """A shared engine's tests back to back, their modules one xdist group; every other module or
-    notebook a group of its own (`--dist loadgroup` then splits by file, like `--dist loadfile`)."""
+    """START_FIRST files first, then a shared engine's tests back to back (from where the first
+    of them is), each file's tests otherwise in collection order."""
+    rank = {f: i for i, f in enumerate(START_FIRST)}
+    items.sort(key=lambda it: rank.get(_file(it), len(rank)))  # stable: the rest keep their order
     for name in shared_engines():
         users = [it for it in items if name in getattr(it, "fixturenames", ())]
-        if not users:
-            continue
-        first = items.index(users[0])
-        rest = [it for it in items if name not in getattr(it, "fixturenames", ())]
-        items[:] = rest[:first] + users + rest[first:]
-        modules = {it.path for it in users}
-        for it in items:
-            if it.path in modules:
-                it.add_marker(pytest.mark.xdist_group(name))
-    for it in items:
-        if not it.get_closest_marker("xdist_group"):
-            it.add_marker(pytest.mark.xdist_group(it.path.name))
+        if users:
+            first = items.index(users[0])
+            rest = [it for it in items if name not in getattr(it, "fixturenames", ())]
+            items[:] = rest[:first] + users + rest[first:]
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with the modules of one shared engine as one unit and the units in
+    collection order (see pytest_collection_modifyitems) instead of by their number of tests.
+    (`--dist loadgroup` cannot group here: pytest 9 ignores the node-id suffix it relies on.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    shared = shared_engine_modules()
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return shared.get(path, path)
+
+    config.option.loadscopereorder = False
+    return FileScheduling(config, log)
