@@ -96,15 +96,17 @@ case "${1:-plan}" in
   groups)  # the unit-test groups and their pytest arguments, one per line
     for g in fast engine1 engine2 engine3 engine4; do echo "$g: $(groups $g)"; done ;;
   setup)
-    # One report, one run: steps a state folder kept from another commit go aside, not into the report.
-    old=$(sed -n 's/.*"short": "\([0-9a-f]*\)".*/\1/p' "$STATE/tree.json" 2> /dev/null)
-    if [ -n "$old" ] && [ "$old" != "$(git rev-parse HEAD | cut -c1-7)" ] && [ -d "$STATE/steps" ]; then
-      mkdir -p "$STATE/previous_$old" && mv "$STATE"/steps "$STATE"/reproduce "$STATE"/lanes.log "$STATE/previous_$old/" 2> /dev/null
-      echo "steps of commit $old moved to $STATE/previous_$old"
-    fi
     $PY -m pip install -q --no-deps --no-build-isolation -e . > "$STATE/pip.log" 2>&1 || { cat "$STATE/pip.log"; exit 1; }
-    # The commit and whether the tree is exactly it (content, not modes or index): the report's header.
+    # What runs: the tree of the files here (content; not the copy's modes, index or HEAD) and git's
+    # HEAD (tools/gpu_report.py --record-tree). One report, one run: the steps a kept state folder
+    # holds from other files go aside, not into the report.
+    tree() { sed -n 's/.*"tree": "\([0-9a-f]*\)".*/\1/p' "$STATE/tree.json" 2> /dev/null; }
+    old=$(tree)
     $PY tools/gpu_report.py "$STATE" --record-tree && cp "$STATE/tree.json" "$OUT/"
+    if [ -n "$old" ] && [ "$old" != "$(tree)" ] && [ -d "$STATE/steps" ]; then
+      mkdir -p "$STATE/previous_${old:0:12}" && mv "$STATE"/steps "$STATE"/reproduce "$STATE"/lanes.log "$STATE/previous_${old:0:12}/" 2> /dev/null
+      echo "steps of tree ${old:0:12} moved to $STATE/previous_${old:0:12}"
+    fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$STATE/nvidia-smi.txt"
     $PY -c "import json; from terra_nb.workbook.show import environment_info; print(json.dumps(environment_info('cuda'), indent=2))" \
       > "$STATE/environment.json" && cp "$STATE/environment.json" "$OUT/" && cat "$STATE/environment.json" ;;
