@@ -12,7 +12,8 @@ Three subpackages, so the port can be found (and copied) as one folder:
 
 plus `terra_nb.toyworld`, the toy driving world of notebook 08.
 """
-from .port.config import FrameLayout, LlamaActionConfig
+from .port.config import LlamaActionConfig
+from .port.layout import FrameLayout
 from .port.hf_model import (
     LearnableFactorizedSpatioTemporalPositionalEmbedding,
     LlamaActionForCausalLM,

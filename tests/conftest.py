@@ -95,7 +95,7 @@ def sample():
 @pytest.fixture(scope="module")
 def layout(llm):
     """The frame layout of the module's engine (modules that use it define an `llm` fixture)."""
-    from terra_nb.port.config import FrameLayout
+    from terra_nb.port.layout import FrameLayout
 
     return FrameLayout.from_config(llm.model_config.hf_config)
 

@@ -16,7 +16,7 @@ from terra_nb.port.checkpoints import (
     weight_shapes,
     write_random_checkpoint,
 )
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import SAMPLE_FILE, build_sample_json, load_sample, scene_codes, trajectory
 from terra_nb.port.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM
 

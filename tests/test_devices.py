@@ -57,16 +57,16 @@ def test_a_bad_gpu_memory_cap_is_refused_by_name(monkeypatch, bad):
         gpu_memory_share(0.5)
 
 
-def test_float32_engines_ask_triton_for_ieee_dot_products(monkeypatch):
-    from terra_nb.port.vllm_rollout import ieee_fp32_attention
+def test_triton_fp32_precision_is_set_as_asked(monkeypatch):
+    from terra_nb.port.vllm_rollout import set_triton_fp32_precision
 
     monkeypatch.setenv("TRITON_F32_DEFAULT", "unset below")   # so monkeypatch restores the original
-    monkeypatch.delenv("TRITON_F32_DEFAULT")
-    ieee_fp32_attention()
-    assert os.environ["TRITON_F32_DEFAULT"] == "ieee"
-    monkeypatch.setenv("TRITON_F32_DEFAULT", "tf32")   # a caller's own choice stands
-    ieee_fp32_attention()
+    set_triton_fp32_precision("tf32")
     assert os.environ["TRITON_F32_DEFAULT"] == "tf32"
+    set_triton_fp32_precision("ieee")
+    assert os.environ["TRITON_F32_DEFAULT"] == "ieee"
+    with pytest.raises(ValueError, match="fp32_attention must be"):
+        set_triton_fp32_precision("fp64")
 
 
 def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
@@ -79,3 +79,6 @@ def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
     assert bf16["gpu_memory_utilization"] == 0.4 and "TRITON_F32_DEFAULT" not in os.environ
     assert apply_gpu_settings({"dtype": "float32", "gpu_memory_utilization": 0.3})["gpu_memory_utilization"] == 0.3
     assert os.environ["TRITON_F32_DEFAULT"] == "ieee"
+    monkeypatch.delenv("TRITON_F32_DEFAULT")
+    apply_gpu_settings({"dtype": "float32"}, fp32_attention=None)  # the caller keeps Triton's default
+    assert "TRITON_F32_DEFAULT" not in os.environ

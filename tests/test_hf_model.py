@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import terra_nb  # noqa: F401
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.hf_model import (
     IGNORE_INDEX,
     LlamaActionForCausalLM,
@@ -173,9 +173,9 @@ def test_forward_errors(m1):
         m1(input_ids=ids, actions=a, attention_mask=torch.zeros(1, P, dtype=torch.long))
     with pytest.raises(ValueError, match="inputs_embeds"):
         m1(inputs_embeds=torch.zeros(1, 3, 128))
-    with pytest.raises(ValueError, match="actions are needed for frame"):
+    with pytest.raises(ValueError, match=r"actions cover 0 frames but \d+ are needed"):
         m1(input_ids=ids)
-    with pytest.raises(ValueError, match="actions cover 1 frames but frame 1"):
+    with pytest.raises(ValueError, match="actions cover 1 frames but 2 are needed"):
         m1(input_ids=codes(2 * P), actions=a)
     with pytest.raises(ValueError, match="sequence too long"):
         m1(input_ids=codes(25 * P + 1), actions=acts(25))
@@ -297,7 +297,7 @@ def test_generate_needs_actions_only_up_to_the_second_last_new_frame(m1):
         out = m1.generate(input_ids=ctx, actions=acts(3, seed=7), max_new_tokens=2 * P, do_sample=False,
                           eos_token_id=None, pad_token_id=512)
         assert out.shape == (1, 4 * P)
-        with pytest.raises(ValueError, match="actions cover 3 frames but frame 3"):
+        with pytest.raises(ValueError, match="actions cover 3 frames but 4 are needed"):
             m1.generate(input_ids=ctx, actions=acts(3, seed=7), max_new_tokens=2 * P + 1, do_sample=False,
                         eos_token_id=None, pad_token_id=512)
 

@@ -15,7 +15,7 @@ import torch
 import terra_nb  # noqa: F401
 from terra_nb.lessons import inspect_vllm as I
 from terra_nb.port.checkpoints import preset_config
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 
 P, A, FL = 64, 6, 70  # tiny: codes per frame, action slots, frame length
@@ -59,9 +59,9 @@ def test_text_table():
 
 # ---------------------------------------------------------------------------- one request
 def test_engine_processor_is_the_ports(llm):
-    from terra_nb.port.vllm_processing import TerraMultiModalProcessor
+    from terra_nb.port.vllm_processing import LlamaActionMultiModalProcessor
 
-    assert isinstance(I.engine_processor(llm), TerraMultiModalProcessor)
+    assert isinstance(I.engine_processor(llm), LlamaActionMultiModalProcessor)
 
 
 def test_engine_input_items_kwargs_and_hashes(llm, layout, sample):
@@ -79,20 +79,15 @@ def test_engine_input_items_kwargs_and_hashes(llm, layout, sample):
 
 
 def test_bad_requests_each_raise_the_named_value_error(llm, layout, sample):
-    expected = {
-        "wrong action shape": "wrong action shape",
-        "NaN in the actions": "NaN",
-        "too few frames of actions": "actions do not match the prompt",
-        "image code out of range": "image code out of range",
-        "prompt not frame-aligned": "not frame-aligned",
-        "wrong action slots": "wrong action slots",
-        "too many frames": "too many frames",
-    }
+    from terra_nb.port.layout import RULES, rule_of
+
     bad = I.bad_requests(sample.context, sample.actions, layout)
-    assert list(bad) == list(expected)
-    for name, req in bad.items():
-        with pytest.raises(ValueError, match=expected[name]):
+    assert list(bad) == ["wrong_action_shape", "actions_not_finite", "actions_mismatch", "code_out_of_range",
+                         "not_frame_aligned", "wrong_action_slots", "too_many_frames"]
+    for rule, req in bad.items():
+        with pytest.raises(ValueError) as err:
             I.engine_input(llm, req)
+        assert rule_of(err.value) == rule and rule in RULES, (rule, str(err.value))
     assert len(I.engine_input(llm, request(sample.context, sample.actions[:3]))["mm_placeholders"]["actions"]) == 3
 
 
@@ -188,7 +183,7 @@ load_general_plugins()
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.renderers import renderer_from_config
 from terra_nb.lessons import inspect_vllm as I
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample
 from terra_nb.port.layout import build_prompt
 

@@ -1,12 +1,16 @@
 """Token layout: spatio-temporal indices, interleaving plan, prompts and every validator's error."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import (
+    RULES,
     SEED_PLACEHOLDER,
+    TerraInputError,
     action_slot_mask,
     build_prompt,
     from_seed_prompt,
@@ -96,15 +100,15 @@ def test_validate_prompt_errors():
         validate_prompt(ok[:-1], TINY)
     with pytest.raises(ValueError, match="not frame-aligned: 0 tokens"):
         validate_prompt([], TINY)
-    with pytest.raises(ValueError, match="too many frames: the prompt has 26"):
+    with pytest.raises(TerraInputError, match="too many frames: the prompt holds 26, at most 25 fit"):
         validate_prompt(build_prompt(torch.zeros(26, 64, dtype=torch.long), TINY), TINY)
     bad = list(ok)
     bad[70 + 66] = 5
-    with pytest.raises(ValueError, match="wrong action slots: frame 1 slot 2 holds 5"):
+    with pytest.raises(TerraInputError, match=r"wrong action slots: position 136 \(frame 1, action slot 2\) holds 5"):
         validate_prompt(bad, TINY)
     bad = list(ok)
     bad[70 + 3] = 512
-    with pytest.raises(ValueError, match="image code out of range: frame 1 position 3 holds 512"):
+    with pytest.raises(TerraInputError, match=r"image code out of range: position 73 \(frame 1, image code 3\) holds 512"):
         validate_prompt(bad, TINY)
 
 
@@ -115,11 +119,11 @@ def test_validate_codes_errors():
         validate_codes(good.float(), TINY)
     with pytest.raises(ValueError, match=r"shape \[\.\.\., n_frames, 64\]"):
         validate_codes(good[..., :60], TINY)
-    with pytest.raises(ValueError, match="too many frames: context has 26"):
+    with pytest.raises(TerraInputError, match="too many frames: context holds 26"):
         validate_codes(torch.zeros(26, 64, dtype=torch.long), TINY)
-    with pytest.raises(ValueError, match="image code out of range in context: 512"):
+    with pytest.raises(TerraInputError, match=r"image code out of range: context\[0, 0\] holds 512"):
         validate_codes(torch.full((1, 64), 512), TINY)
-    with pytest.raises(ValueError, match="out of range in context: -1"):
+    with pytest.raises(TerraInputError, match=r"out of range: context\[0, 0\] holds -1"):
         validate_codes(torch.full((1, 64), -1), TINY)
 
 
@@ -134,7 +138,7 @@ def test_validate_actions_forms():
 def test_validate_actions_errors():
     with pytest.raises(ValueError, match="empty list"):
         validate_actions([], TINY)
-    with pytest.raises(ValueError, match=r"item 1 has shape \[5, 3\]"):
+    with pytest.raises(TerraInputError, match=r"got item 1 of shape \[5, 3\]"):
         validate_actions([torch.zeros(6, 3), torch.zeros(5, 3)], TINY)
     with pytest.raises(ValueError, match="must be numbers"):
         validate_actions(torch.zeros(2, 6, 3, dtype=torch.bool), TINY)
@@ -142,8 +146,8 @@ def test_validate_actions_errors():
         validate_actions(torch.zeros(2, 5, 3), TINY)
     with pytest.raises(ValueError, match=r"wrong action shape: got \[13, 3\]"):
         validate_actions(torch.zeros(13, 3), TINY)
-    with pytest.raises(ValueError, match="NaN or inf"):
-        validate_actions(torch.tensor([[[float("nan")] * 3] * 6]), TINY)
+    with pytest.raises(TerraInputError, match=r"NaN or inf \(first at frame 1, slot 4\)"):
+        validate_actions(torch.zeros(2, 6, 3).index_put_((torch.tensor(1), torch.tensor(4)), torch.tensor(float("nan"))), TINY)
     with pytest.raises(ValueError, match="cover 2 frames but 3 are needed"):
         validate_actions(torch.zeros(2, 6, 3), TINY, n_frames=3)
 
@@ -162,17 +166,96 @@ def test_codes_before():
 
 def test_validate_prompt_refuses_ids_that_are_not_ints():
     ok = build_prompt(torch.randint(0, 512, (2, 64)), TINY)
-    with pytest.raises(ValueError, match="must be a flat list of ints, got torch.float32"):
+    with pytest.raises(TerraInputError, match=r"must be a flat list of ints, got float \d+\.5 at position 0"):
         validate_prompt([t + 0.5 for t in ok], TINY)  # would be truncated to the good prompt
-    with pytest.raises(ValueError, match="must be a flat list of ints, got torch.int64 of shape \\[1, 140\\]"):
+    with pytest.raises(TerraInputError, match="must be a flat list of ints, got list"):
         validate_prompt([ok], TINY)
-    with pytest.raises(ValueError, match="prompt token ids could not be read as numbers"):
+    with pytest.raises(TerraInputError, match="token id 1180591620717411303424 at position 0 is out of vocabulary"):
         validate_prompt([2**70] + ok[1:], TINY)
     assert validate_prompt(torch.tensor(ok, dtype=torch.int32), TINY) == 2
 
 
 def test_validate_actions_refuses_data_that_is_not_numbers():
-    with pytest.raises(ValueError, match="actions could not be read as numbers"):
+    with pytest.raises(ValueError, match="actions must be numbers, got str"):
         validate_actions("abc", TINY)
-    with pytest.raises(ValueError, match="actions item 1 could not be read as numbers"):
+    with pytest.raises(ValueError, match="actions item 1 must be numbers, got NoneType"):
         validate_actions([torch.zeros(6, 3), None], TINY)
+
+
+# ---------------------------------------------------------------------------- the rule table
+def _one_of_each_refusal():
+    """rule id -> a call that breaks exactly that rule (every rule of RULES appears once)."""
+    from types import SimpleNamespace
+
+    from terra_nb.port import layout as L
+
+    ok = build_prompt(torch.zeros(2, 64, dtype=torch.long), TINY)
+    return {
+        "prompt_not_token_ids": lambda: L.token_array("a road"),
+        "ids_not_ints": lambda: L.token_array([1.5, 2]),
+        "id_negative": lambda: L.check_plain_prompt([3, -1], TINY),
+        "id_out_of_vocab": lambda: L.check_plain_prompt([3, 513], TINY),
+        "not_frame_aligned": lambda: validate_prompt(ok[:-1], TINY),
+        "wrong_action_slots": lambda: validate_prompt(ok[:64] + [7] * 6 + ok[70:], TINY),
+        "code_out_of_range": lambda: validate_prompt([600] + ok[1:], TINY),
+        "too_many_frames": lambda: L.normalize_prompt(ok, TINY, max_frames=1, why="a test"),
+        "slots_without_actions": lambda: L.check_plain_prompt(ok, TINY),
+        "plain_prompt_too_long": lambda: L.check_plain_prompt([1] * 65, TINY),
+        "generation_window": lambda: L.check_generation_window(60, 5, TINY),
+        "sequence_too_long": lambda: L.interleave_step(24 * 70, 65, TINY, torch.zeros(1, 25, 6, 3)),
+        "ends_in_action_slots": lambda: interleave_segments(70 + 66, 1, TINY),
+        "actions_not_numbers": lambda: validate_actions("abc", TINY),
+        "wrong_action_shape": lambda: validate_actions(torch.zeros(2, 5, 3), TINY),
+        "actions_not_finite": lambda: validate_actions(torch.full((1, 6, 3), float("inf")), TINY),
+        "actions_missing": lambda: L.interleave_step(0, 64, TINY, None),
+        "actions_mismatch": lambda: L.check_actions_match(2, 3, TINY),
+        "batch_mismatch": lambda: L.batched_actions(torch.zeros(2, 1, 6, 3), 3, TINY),
+        "codes_not_ints": lambda: validate_codes(torch.zeros(1, 64), TINY),
+        "frames_shape": lambda: build_prompt(torch.zeros(2, 63, dtype=torch.long), TINY),
+        "out_of_bounds": lambda: L.plan_rounds(3, 0),
+        "max_model_len": lambda: L.check_max_model_len(26 * 70, TINY),
+    }
+
+
+def test_every_rule_refuses_with_its_own_id_param_and_message():
+    from terra_nb.port.layout import rule_of
+
+    cases = _one_of_each_refusal()
+    assert set(cases) == set(RULES)
+    for rule, call in cases.items():
+        with pytest.raises(TerraInputError) as err:
+            call()
+        assert err.value.rule == rule
+        assert err.value.param == RULES[rule].param or rule == "too_many_frames"  # it names prompt or context
+        assert rule_of(str(err.value)) == rule, (rule, str(err.value))  # the text alone names the rule
+        assert rule_of(f"prefix: {err.value} (parameter=x)") == rule  # as vLLM's error prints it
+    assert rule_of("some other error") is None
+
+
+def test_each_rule_message_is_written_once_in_the_package():
+    """`grep` finds every rule's message text once: the RULES table, nowhere else in the port or
+    its lessons (the toy world and the workbook check inputs of their own, in their own words)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "terra_nb"
+    # adjacent string literals joined, so that a message split over source lines reads as one
+    sources = {p: re.sub(r'"\s*\n\s*f?"', "", p.read_text())
+               for sub in ("port", "lessons") for p in (root / sub).rglob("*.py")}
+    import terra_nb.port.layout as L
+
+    layout_py = root / "port" / "layout.py"
+    sources[layout_py] = sources[layout_py].replace(L.__doc__, "")  # its table quotes the messages
+    for rule in RULES.values():
+        # the first words of the rule's first literal phrase of 3 words or more
+        words = next(p.split() for p in re.split(r"\{[a-z_]*\}", rule.template) if len(p.split()) >= 3)
+        head = " ".join(words[:4])
+        hits = [str(p.relative_to(root)) for p, text in sources.items() for _ in re.finditer(re.escape(head), text)]
+        assert hits == ["port/layout.py"], (rule.id, head, hits)
+
+
+def test_the_docstring_table_lists_every_rule_with_its_param():
+    import terra_nb.port.layout as L
+
+    rows = re.findall(r"^\| `([a-z_]+)` \| ([a-z_]+) \|", L.__doc__, re.M)
+    assert dict(rows) == {r.id: r.param for r in RULES.values()}

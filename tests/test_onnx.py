@@ -8,9 +8,11 @@ import torch
 import onnxruntime  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 from terra_nb.port.checkpoints import preset_config_dict  # noqa: E402
-from terra_nb.port.config import FrameLayout, LlamaActionConfig  # noqa: E402
+from terra_nb.port.config import LlamaActionConfig  # noqa: E402
+from terra_nb.port.layout import FrameLayout  # noqa: E402
 from terra_nb.port.hf_model import LlamaActionForCausalLM  # noqa: E402
-from terra_nb.port.onnx_export import export_merged, graph_io  # noqa: E402
+from terra_nb.lessons.onnx_graph import graph_io  # noqa: E402
+from terra_nb.port.onnx_export import export_merged  # noqa: E402
 from terra_nb.lessons.onnx_parity import load_reference, logit_steps, summarize_steps  # noqa: E402
 from terra_nb.port.onnx_rollout import OnnxDecoder, onnx_rollout, step_inputs  # noqa: E402
 from terra_nb.port.rollout import SamplingConfig, hf_rollout  # noqa: E402
@@ -80,7 +82,7 @@ def test_step_inputs_put_the_action_slots_after_a_frames_last_code(ort_v1, input
     assert feed["position_ids"][0].tolist() == list(range(last, last + 7))
     assert np.array_equal(feed["action_vectors"][:, 1:], actions[:, 0].numpy())
     assert not feed["action_vectors"][:, 0].any()
-    with pytest.raises(ValueError, match="actions cover 0 frames but frame 0"):
+    with pytest.raises(ValueError, match="actions cover 0 frames but 1 are needed"):
         step_inputs(torch.tensor([[5]]), actions[:1, :0], last, layout)
     with pytest.raises(ValueError, match="sequence too long"):
         step_inputs(torch.tensor([[5]]), actions[:1], layout.max_len, layout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.lessons.parity import predicted_reuse, prefix_cache_steps, token_parity
 from terra_nb.port.vllm_rollout import RolloutStats
 

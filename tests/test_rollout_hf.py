@@ -7,7 +7,8 @@ from transformers import AutoModelForCausalLM
 
 import terra_nb  # noqa: F401
 from terra_nb.port.checkpoints import preset_config_dict
-from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.port.config import LlamaActionConfig
+from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample
 from terra_nb.port.hf_model import LlamaActionForCausalLM
 from terra_nb.port.rollout import Round, SamplingConfig, hf_rollout, plan_rounds, run_rollout
@@ -37,11 +38,11 @@ def test_more_rounds_and_edge_cases():
 
 
 @pytest.mark.parametrize("args,msg", [
-    ((0, 5), "at least one context frame"),
-    ((3, 0), "n_frames must be >= 1"),
-    ((25, 1), "too many context frames"),
-    ((3, 5, 25, 0), "overlap must lie in 1..24"),
-    ((3, 5, 25, 25), "overlap must lie in 1..24"),
+    ((0, 5), "context frames out of bounds: must be >= 1"),
+    ((3, 0), "n_frames out of bounds: must be >= 1"),
+    ((25, 1), "too many frames: the context holds 25"),
+    ((3, 5, 25, 0), "overlap out of bounds: must be in 1..24"),
+    ((3, 5, 25, 25), "overlap out of bounds: must be in 1..24"),
 ])
 def test_plan_rounds_errors(args, msg):
     with pytest.raises(ValueError, match=msg):
@@ -106,15 +107,15 @@ def test_run_rollout_validates_before_calling_the_backend():
     ctx = torch.randint(0, 512, (3, 64))
     with pytest.raises(ValueError, match="cover 4 frames but 5 are needed"):
         run_rollout(never, ctx, torch.zeros(4, 6, 3), 3, TINY, progress=False)
-    with pytest.raises(ValueError, match="out of range in context: 512"):
+    with pytest.raises(ValueError, match=r"out of range: context\[0, 0\] holds 512"):
         run_rollout(never, torch.full((3, 64), 512), torch.zeros(5, 6, 3), 3, TINY, progress=False)
     with pytest.raises(ValueError, match=r"shape \[\.\.\., n_frames, 64\]"):
         run_rollout(never, torch.zeros(3, 60, dtype=torch.long), torch.zeros(5, 6, 3), 3, TINY, progress=False)
     with pytest.raises(ValueError, match="actions hold 3 rollouts but context holds 2"):
         run_rollout(never, ctx.expand(2, 3, 64), torch.zeros(3, 5, 6, 3), 3, TINY, progress=False)
-    with pytest.raises(ValueError, match="n_frames must be >= 1"):
+    with pytest.raises(ValueError, match="n_frames out of bounds: must be >= 1"):
         run_rollout(never, ctx, torch.zeros(5, 6, 3), 0, TINY, progress=False)
-    with pytest.raises(ValueError, match="too many context frames"):
+    with pytest.raises(ValueError, match="too many frames: the context holds 25"):
         run_rollout(never, torch.zeros(25, 64, dtype=torch.long), torch.zeros(25, 6, 3), 1, TINY, progress=False)
 
 
@@ -122,7 +123,7 @@ def test_run_rollout_checks_backend_output():
     ctx, a = torch.randint(0, 512, (3, 64)), torch.zeros(5, 6, 3)
     with pytest.raises(ValueError, match=r"backend returned shape \[1, 2, 64\] in round 0"):
         run_rollout(lambda w, x, n: torch.zeros(1, 2, 64, dtype=torch.long), ctx, a, 3, TINY, progress=False)
-    with pytest.raises(ValueError, match="round 0 output: 512"):
+    with pytest.raises(ValueError, match=r"out of range: round 0 output\[.*\] holds 512"):
         run_rollout(lambda w, x, n: torch.full((1, n, 64), 512), ctx, a, 3, TINY, progress=False)
 
 

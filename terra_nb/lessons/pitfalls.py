@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER
 
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.lessons.hf_lessons import logit_tolerance, text_table
 from terra_nb.port.layout import build_prompt
 from terra_nb.workbook.viz import ACTION_COLOR, DPI, IMAGE_COLOR, _save

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from terra_nb.port.config import LlamaActionConfig
+from .config import LlamaActionConfig, head_dim
 
 MARKER = "terra_nb_checkpoint.json"
 
@@ -122,11 +122,6 @@ def preset_config(name: str, variant: str = "v1") -> LlamaActionConfig:
     return LlamaActionConfig(**preset_config_dict(name, variant))
 
 
-def _head_dim(config) -> int:
-    hd = getattr(config, "head_dim", None)
-    return int(hd) if hd else config.hidden_size // config.num_attention_heads
-
-
 def _variant_of(config) -> str:
     archs = getattr(config, "architectures", None) or []
     return "v2" if ARCHITECTURES["v2"] in archs else "v1"
@@ -136,7 +131,7 @@ def weight_shapes(config, variant: str | None = None) -> dict[str, tuple[int, ..
     """Every weight of the released format with its shape, in a fixed order."""
     variant = variant or _variant_of(config)
     H, I, V = config.hidden_size, config.intermediate_size, config.vocab_size
-    hd = _head_dim(config)
+    hd = head_dim(config)
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
     attn_bias = bool(getattr(config, "attention_bias", False))
     mlp_bias = bool(getattr(config, "mlp_bias", False))

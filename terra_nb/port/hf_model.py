@@ -7,21 +7,18 @@ positions hold `action_projection(action vector (x, y, t))`. Every position then
 factorized spatio-temporal embedding of its absolute position `p`: `spatio[p % 582] + temporal[p // 582]`.
 Rotary position ids of the Llama backbone are the same absolute positions.
 
-The caller passes **image codes only** (`input_ids`, as the seed did) plus the actions of every
-frame; `forward` builds the interleaved sequence itself, continuing from the length of the KV cache:
+The caller passes **image codes only** (`input_ids`) plus the actions of every frame; `forward` builds the interleaved sequence itself, continuing from the length of the KV cache:
 
 * a frame's 6 action embeddings follow directly after its last image code, whether that code comes
   in a prompt (prefill) or in a decode step;
 * a chunk that ends inside a frame gets no actions after it (that frame is still being generated).
 
-**The seed's off-by-one, fixed here.** The seed's decode step waited until the cache held a whole
-frame and then *prepended* that frame's actions to the next fed token. That token is the first
-code of the next frame, and it had already been sampled from the logits of the previous frame's
-last image code, without seeing the actions. Here, the decode step that feeds the *last* code of a
-frame (cache length % 582 == 575) appends the frame's 6 action embeddings in the same forward
-(7 positions), and the next frame's first code is sampled from the logits of the last action
-position. That is exactly what the vLLM port does (its prompt holds the frames plus 6 action slots
-each, and it generates the next frame from the last slot), so the two backends agree token for token.
+**Decode steps.** The step that feeds the *last* code of a frame (cache length % 582 == 575)
+appends the frame's 6 action embeddings in the same forward (7 positions), and the next frame's
+first code is sampled from the logits of the last action position: exactly what the vLLM port does
+(its prompt holds the frames plus 6 action slots each), so the two backends agree token for token.
+(Why: docs/decisions.md, 1.) The layout's rules (`layout.interleave_step`) refuse a step past the
+round or one that completes a frame without its actions.
 
 Weight names are exactly the released ones (`model.*`, `lm_head.weight`,
 `pos_embedding_spatio_temporal.{spatio,temporal}_embeddings.weight`, `action_projection.*`).
@@ -34,8 +31,8 @@ from torch import nn
 from transformers import LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from terra_nb.port.config import FrameLayout, LlamaActionConfig
-from terra_nb.port.layout import codes_before, interleave_segments, segments_length, spatio_temporal_indices
+from .config import LlamaActionConfig
+from .layout import FrameLayout, codes_before, interleave_segments, interleave_step, spatio_temporal_indices
 
 IGNORE_INDEX = -100
 
@@ -45,8 +42,8 @@ class LearnableFactorizedSpatioTemporalPositionalEmbedding(nn.Module):
 
     `forward(positions)` takes absolute positions of the interleaved sequence (any shape) and returns
     `spatio_embeddings(pos % num_spatio) + temporal_embeddings(pos // num_spatio)` with a trailing
-    hidden dimension. Unlike the seed's HF version it needs no cache-length branch: the caller passes
-    the absolute positions (the vLLM port passes its `positions` tensor the same way).
+    hidden dimension. The caller passes the absolute positions (the vLLM port passes its `positions`
+    tensor the same way), so there is no cache-length branch.
     """
 
     def __init__(self, num_spatio_embeddings: int, num_temporal_embeddings: int, embedding_dim: int):
@@ -59,22 +56,6 @@ class LearnableFactorizedSpatioTemporalPositionalEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         spatio, temporal = spatio_temporal_indices(positions, self.num_spatio_embeddings)
         return self.spatio_embeddings(spatio) + self.temporal_embeddings(temporal)
-
-
-def frame_actions(actions: torch.Tensor, batch_size: int, layout: FrameLayout) -> torch.Tensor:
-    """Batched actions `[B, n*6, 3]` or `[B, n, 6, 3]` -> `[B, n, 6, 3]` (B may be 1 and is broadcast)."""
-    a, d = layout.action_tokens, layout.action_dim
-    actions = torch.as_tensor(actions)
-    if actions.dim() == 3 and actions.shape[-1] == d and actions.shape[1] % a == 0:
-        actions = actions.reshape(actions.shape[0], -1, a, d)
-    if actions.dim() != 4 or tuple(actions.shape[2:]) != (a, d):
-        raise ValueError(
-            f"wrong action shape: got {list(actions.shape)}, expected [batch, n_frames*{a}, {d}] "
-            f"or [batch, n_frames, {a}, {d}]"
-        )
-    if actions.shape[0] not in (1, batch_size):
-        raise ValueError(f"actions hold {actions.shape[0]} rollouts but input_ids hold {batch_size}")
-    return actions.expand(batch_size, *actions.shape[1:])
 
 
 def interleave_labels(labels: torch.Tensor, past_len: int, layout: FrameLayout) -> torch.Tensor:
@@ -134,32 +115,20 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         """Input embeddings `[B, L, H]` of the new positions: codes, action projections and the position embedding."""
         layout = self.layout
         B, n = input_ids.shape
-        segs = interleave_segments(past_len, n, layout)
-        L = segments_length(segs, layout)
-        if past_len + L > layout.max_len:
-            raise ValueError(
-                f"sequence too long: positions {past_len}..{past_len + L - 1} exceed the model's "
-                f"{layout.max_len} ({layout.max_frames} frames of {layout.frame_len})"
-            )
+        segs, L, acts = interleave_step(past_len, n, layout, actions, B)  # the layout's rules, checked there
         tok = self.model.embed_tokens(input_ids)
-        act_frames = [a for kind, a, _ in segs if kind == "actions"]
-        if act_frames:
-            if actions is None:
-                raise ValueError(f"actions are needed for frame(s) {act_frames} but none were given")
-            acts = frame_actions(actions, B, layout)
-            if acts.shape[1] <= act_frames[-1]:
-                raise ValueError(
-                    f"actions cover {acts.shape[1]} frames but frame {act_frames[-1]} is complete and needs its actions"
-                )
+        if acts is not None:
+            done = [a for kind, a, _ in segs if kind == "actions"]  # frames completed in this step
+            first, last = done[0], done[-1]
             w = next(self.action_projection.parameters())
-            sel = acts[:, act_frames[0] : act_frames[-1] + 1].to(device=w.device, dtype=w.dtype)
+            sel = acts[:, first : last + 1].to(device=w.device, dtype=w.dtype)
             proj = self.action_projection(sel).to(tok.dtype)  # [B, K, A, H]
         if len(segs) == 1 and segs[0][0] == "codes":
             x = tok  # the common decode step: one code, no frame boundary
         else:
             parts = []
             for kind, a, b in segs:
-                parts.append(tok[:, a:b] if kind == "codes" else proj[:, a - act_frames[0]])
+                parts.append(tok[:, a:b] if kind == "codes" else proj[:, a - first])
             x = torch.cat(parts, dim=1)
         positions = torch.arange(past_len, past_len + L, device=x.device)
         return x + self.pos_embedding_spatio_temporal(positions).to(x.dtype)

@@ -1,23 +1,227 @@
-"""The token layout of a Terra sequence, the placeholder convention, and input validation.
+"""Terra's token layout, and every rule a Terra input must obey, in one place.
 
 One frame = `image_tokens` codes followed by `action_tokens` action slots (576 + 6 = 582 for
-Terra); a round holds at most `max_frames` frames (25). Everything here is pure tensor logic
-shared by the HF model, the vLLM port and the rollouts, so each check is written once.
+Terra); a round holds at most `max_frames` frames (25). The HF model, the ONNX rollout, the vLLM
+processor, the vLLM front door and the rollouts check their inputs by calling the functions here,
+so each rule is written (and worded) once.
+
+**Refusals.** Every broken rule raises `TerraInputError`, a `ValueError` with
+
+* `.rule`: the rule's id, a key of `RULES` (e.g. `"not_frame_aligned"`);
+* `.param`: the parameter the problem lies in (`"prompt_token_ids"`, `"multi_modal_data"`,
+  `"actions"`, `"max_tokens"`, `"context"`, ...); vLLM's `VLLMValidationError` carries the same;
+* `str(err)`: the rule's `template` filled in, naming the position and value at fault.
+
+The front door (`vllm_frontdoor`) re-raises it as vLLM's validation error with the same message,
+`.rule` and `.param`. To match a message to its rule where only the text is at hand (a server's
+HTTP 400 body, vLLM's wrapped error), `rule_of(text)` returns the id whose template it fits:
+
+| rule | param | message begins |
+|---|---|---|
+| `prompt_not_token_ids` | prompt | Terra prompts are token ids |
+| `ids_not_ints` | prompt_token_ids | prompt_token_ids must be a flat list of ints |
+| `id_negative` | prompt_token_ids | token id ... is negative |
+| `id_out_of_vocab` | prompt_token_ids | token id ... is out of vocabulary |
+| `not_frame_aligned` | prompt_token_ids | prompt is not frame-aligned |
+| `wrong_action_slots` | prompt_token_ids | wrong action slots |
+| `code_out_of_range` | prompt_token_ids | image code out of range |
+| `too_many_frames` | prompt_token_ids | too many frames |
+| `slots_without_actions` | multi_modal_data | the prompt holds action slots but no multi_modal_data |
+| `plain_prompt_too_long` | multi_modal_data | the prompt has no multi_modal_data but |
+| `generation_window` | max_tokens | max_tokens=... runs past the frame |
+| `sequence_too_long` | input_ids | sequence too long |
+| `ends_in_action_slots` | past_key_values | the sequence ends inside the action slots |
+| `actions_not_numbers` | actions | ... must be numbers |
+| `wrong_action_shape` | actions | wrong action shape |
+| `actions_not_finite` | actions | actions contain NaN or inf |
+| `actions_missing` | actions | actions cover ... frames but ... are needed |
+| `actions_mismatch` | multi_modal_data | actions do not match the prompt |
+| `batch_mismatch` | actions | batch sizes differ |
+| `codes_not_ints` | context | ... frames must hold integer codes |
+| `frames_shape` | context | ... must have shape |
+| `out_of_bounds` | n_frames | ... out of bounds: must be ... |
+| `max_model_len` | max_model_len | max_model_len ... exceeds Terra's |
+
+The table is `RULES` itself (`Rule(id, param, template)`); a test checks that the two agree.
 """
 from __future__ import annotations
 
 import array
-from typing import Sequence
+import math
+import re
+from dataclasses import dataclass
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from terra_nb.port.config import FrameLayout
-
 SEED_PLACEHOLDER = -3
-"""The seed marked action slots with -3; vLLM V1 needs an in-vocabulary id (see notebook 02)."""
+"""The original release marked action slots with -3; vLLM V1 needs an in-vocabulary id (notebook 02)."""
 
 
+# ---------------------------------------------------------------------------- the layout
+@dataclass(frozen=True)
+class FrameLayout:
+    """Where every token of a Terra sequence sits: [576 image codes, 6 actions] per frame."""
+
+    image_tokens: int = 576
+    action_tokens: int = 6
+    max_frames: int = 25
+    action_dim: int = 3
+    vocab_size: int = 262145
+
+    @classmethod
+    def from_config(cls, config) -> "FrameLayout":
+        return cls(
+            image_tokens=config.num_image_patches,
+            action_tokens=config.num_action_embeddings,
+            max_frames=config.num_temporal_embeddings,
+            action_dim=config.action_dim,
+            vocab_size=config.vocab_size,
+        )
+
+    @property
+    def frame_len(self) -> int:
+        """Tokens per frame including its action slots (582 for Terra)."""
+        return self.image_tokens + self.action_tokens
+
+    @property
+    def max_len(self) -> int:
+        return self.frame_len * self.max_frames
+
+    @property
+    def num_codes(self) -> int:
+        """Image codes are 0 .. vocab_size - 2; the last id is bos/eos/pad."""
+        return self.vocab_size - 1
+
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        """(rows, cols) of the code grid for rendering: Terra 576 -> (18, 32), tiny 64 -> (8, 8).
+
+        The factor pair rows <= cols whose aspect is closest to the camera's 9:16
+        (288x512 pixels, 16x16 per code).
+        """
+        n = self.image_tokens
+        pairs = [(r, n // r) for r in range(1, math.isqrt(n) + 1) if n % r == 0]
+        return min(pairs, key=lambda rc: abs(math.log((rc[0] / rc[1]) / (9 / 16))))
+
+    @property
+    def placeholder_id(self) -> int:
+        """In-vocabulary id that fills action slots inside vLLM (262144 for Terra)."""
+        return self.vocab_size - 1
+
+
+# ---------------------------------------------------------------------------- the rules
+class Rule(NamedTuple):
+    id: str
+    param: str
+    template: str
+
+    @property
+    def pattern(self) -> re.Pattern:
+        """A regex matching any message this rule's template produces."""
+        parts = re.split(r"\{[a-z_]*\}", self.template.replace("{{", "{").replace("}}", "}"))
+        return re.compile(".*?".join(re.escape(p) for p in parts), re.S)
+
+
+_RULES = (
+    Rule("prompt_not_token_ids", "prompt",
+         "Terra prompts are token ids (image codes with action slots), not {got}; pass "
+         "{{'prompt_token_ids': [...]}} to an engine built with skip_tokenizer_init=True"),
+    Rule("ids_not_ints", "prompt_token_ids", "prompt_token_ids must be a flat list of ints, got {got}"),
+    Rule("id_negative", "prompt_token_ids",
+         "token id {value} at {where} is negative; Terra's ids are image codes 0..{last_code} and the "
+         "action-slot id {placeholder}"),
+    Rule("id_out_of_vocab", "prompt_token_ids",
+         "token id {value} at {where} is out of vocabulary (vocab_size {vocab_size}: image codes "
+         "0..{last_code}, action-slot id {placeholder})"),
+    Rule("not_frame_aligned", "prompt_token_ids",
+         "prompt is not frame-aligned: {n} tokens is not a multiple of {frame_len} ({image_tokens} image "
+         "codes + {action_tokens} action slots per frame)"),
+    Rule("wrong_action_slots", "prompt_token_ids",
+         "wrong action slots: {where} holds {value}, expected {seed} or {placeholder} in all "
+         "{action_tokens} slots of every frame"),
+    Rule("code_out_of_range", "prompt_token_ids",
+         "image code out of range: {where} holds {value}; codes must lie in 0..{last_code}"),
+    Rule("too_many_frames", "prompt_token_ids", "too many frames: {what} holds {n}, at most {limit} fit ({why})"),
+    Rule("slots_without_actions", "multi_modal_data",
+         "the prompt holds action slots but no multi_modal_data: {where} holds {value}; pass the actions "
+         "of every frame of the prompt as multi_modal_data={{'actions': [n_frames, {action_tokens}, "
+         "{action_dim}]}} (vllm_rollout.frame_request builds both)"),
+    Rule("plain_prompt_too_long", "multi_modal_data",
+         "the prompt has no multi_modal_data but {n} tokens: positions {image_tokens}..{last_slot} are "
+         "frame 0's action slots, so a prompt without actions holds at most {image_tokens} image codes; "
+         "send whole frames, each followed by its {action_tokens} slots, with their actions in multi_modal_data"),
+    Rule("generation_window", "max_tokens",
+         "max_tokens={max_tokens} runs past the frame: the prompt ends {into} codes into frame {frame}, "
+         "which has {left} image codes left before its {action_tokens} action slots; generate at most one "
+         "frame per request and send the next frame with its slots and its actions in multi_modal_data"),
+    Rule("sequence_too_long", "input_ids",
+         "sequence too long: positions {first}..{last} exceed the model's {max_len} ({max_frames} frames "
+         "of {frame_len})"),
+    Rule("ends_in_action_slots", "past_key_values",
+         "the sequence ends inside the action slots of frame {frame} (position {position}, slot {slot}); "
+         "a frame's {action_tokens} action positions always come in together with its last image code"),
+    Rule("actions_not_numbers", "actions", "{what} must be numbers, got {got}"),
+    Rule("wrong_action_shape", "actions", "wrong action shape: got {got}, expected {expected}"),
+    Rule("actions_not_finite", "actions", "actions contain NaN or inf (first at frame {frame}, slot {slot})"),
+    Rule("actions_missing", "actions", "actions cover {have} frames but {need} are needed ({why})"),
+    Rule("actions_mismatch", "multi_modal_data",
+         "actions do not match the prompt: the prompt holds {n_frames} frames with {action_tokens} action "
+         "slots each, the actions cover {n_items} frames; pass one [{action_tokens}, {action_dim}] per "
+         "frame of the prompt"),
+    Rule("batch_mismatch", "actions", "batch sizes differ: actions hold {have} rollouts but {what} holds {batch}"),
+    Rule("codes_not_ints", "context", "{what} frames must hold integer codes, got dtype {dtype}"),
+    Rule("frames_shape", "context", "{what} must have shape {expected}, got {got}"),
+    Rule("out_of_bounds", "n_frames", "{what} out of bounds: must be {bound}, got {value}"),
+    Rule("max_model_len", "max_model_len",
+         "max_model_len {value} exceeds Terra's {max_len} positions ({max_frames} frames of {frame_len}); "
+         "the temporal embedding has no row for later frames"),
+)
+RULES: Mapping[str, Rule] = {r.id: r for r in _RULES}
+"""Rule id -> `Rule(id, param, template)`: every refusal of a Terra input, one message each."""
+
+
+class TerraInputError(ValueError):
+    """A Terra input broke a rule: `.rule` (a key of `RULES`), `.param` (the parameter at fault)."""
+
+    def __init__(self, rule: str, param: str | None = None, **fields):
+        spec = RULES[rule]
+        self.rule = rule
+        self.param = param or spec.param
+        self.fields = fields
+        super().__init__(spec.template.format(**fields))
+
+
+def rule_of(message: str | BaseException) -> str | None:
+    """The id of the rule whose message `message` is (or contains), None for any other text."""
+    rule = getattr(message, "rule", None)
+    if rule in RULES:
+        return rule
+    text = str(message)
+    # The most specific template wins ("actions must be numbers" also fits "{what} must be {bound}").
+    hits = [r for r in _RULES if r.pattern.search(text)]
+    return max(hits, key=lambda r: len(re.sub(r"\{[a-z_]*\}", "", r.template))).id if hits else None
+
+
+def _id_fields(layout: FrameLayout) -> dict:
+    return dict(last_code=layout.num_codes - 1, placeholder=layout.placeholder_id, vocab_size=layout.vocab_size)
+
+
+def where(position: int, layout: FrameLayout) -> str:
+    """'position 73 (frame 1, image code 3)' / 'position 66 (frame 0, action slot 2)'."""
+    frame, slot = divmod(position, layout.frame_len)
+    if slot < layout.image_tokens:
+        return f"position {position} (frame {frame}, image code {slot})"
+    return f"position {position} (frame {frame}, action slot {slot - layout.image_tokens})"
+
+
+def _first(mask: np.ndarray) -> int | None:
+    hit = np.flatnonzero(mask)
+    return int(hit[0]) if hit.size else None
+
+
+# ---------------------------------------------------------------------------- positions
 def spatio_temporal_indices(positions: torch.Tensor, frame_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Slot within the frame and frame number of every absolute position (pos % 582, pos // 582)."""
     return positions % frame_len, torch.div(positions, frame_len, rounding_mode="floor")
@@ -29,44 +233,74 @@ def action_slot_mask(seq_len: int, layout: FrameLayout) -> torch.Tensor:
     return slot >= layout.image_tokens
 
 
+def codes_before(position: int, layout: FrameLayout) -> int:
+    """How many image codes precede absolute `position` of an interleaved sequence (= codes in a cache of that length)."""
+    frame, slot = divmod(position, layout.frame_len)
+    return frame * layout.image_tokens + min(slot, layout.image_tokens)
+
+
+# ---------------------------------------------------------------------------- prompts
 def build_prompt(frames: torch.Tensor, layout: FrameLayout, placeholder: int | None = None) -> list[int]:
     """Image codes of `n` frames [n, image_tokens] -> token ids with action slots after every frame.
 
-    `placeholder` defaults to the in-vocabulary id; pass SEED_PLACEHOLDER for the seed's form.
+    `placeholder` defaults to the in-vocabulary id; pass SEED_PLACEHOLDER for the -3 form.
     """
     frames = torch.as_tensor(frames)
     if frames.dim() != 2 or frames.shape[1] != layout.image_tokens:
-        raise ValueError(f"frames must have shape [n_frames, {layout.image_tokens}], got {list(frames.shape)}")
+        raise TerraInputError("frames_shape", what="frames", expected=f"[n_frames, {layout.image_tokens}]",
+                              got=list(frames.shape))
     ph = layout.placeholder_id if placeholder is None else placeholder
     slots = torch.full((frames.shape[0], layout.action_tokens), ph, dtype=torch.long)
     return torch.cat([frames.long(), slots], dim=1).flatten().tolist()
 
 
-def token_array(token_ids: Sequence[int]) -> np.ndarray:
-    """Token ids as a flat int64 array, converted once (a 24-frame prompt is 13968 ids); a
-    ValueError for anything else (floats, nested lists, ints beyond int64, text). `array.array`
-    is the fastest exact conversion of a Python list of ints."""
+def token_array(token_ids: Sequence[int], layout: FrameLayout | None = None) -> np.ndarray:
+    """Token ids as a flat int64 array, converted once (a 24-frame prompt is 13968 ids).
+
+    Refuses (`ids_not_ints`) floats, nested lists, text, and (`id_out_of_vocab`) ints beyond int64.
+    `array.array` is the fastest exact conversion of a Python list of ints.
+    """
+    if isinstance(token_ids, str) or token_ids is None:
+        raise TerraInputError("prompt_not_token_ids", got=type(token_ids).__name__)
     if isinstance(token_ids, (torch.Tensor, np.ndarray)):
         arr = np.asarray(token_ids)
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
-            raise ValueError(f"prompt token ids must be a flat list of ints, got {arr.dtype} of shape {list(arr.shape)}")
+            raise TerraInputError("ids_not_ints", got=f"{arr.dtype} of shape {list(arr.shape)}")
+        if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+            _refuse_big_id(arr.tolist(), layout)
         return arr.astype(np.int64, copy=False)
     try:
         return np.frombuffer(array.array("q", token_ids), dtype=np.int64)
     except (TypeError, OverflowError):
         pass
-    ids = _as_tensor(list(token_ids), "prompt token ids")  # names data that is not numbers at all
-    raise ValueError(f"prompt token ids must be a flat list of ints, got {ids.dtype} of shape {list(ids.shape)}")
+    ids = list(token_ids)
+    bad = next((i for i, t in enumerate(ids) if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)
+    if bad is None:
+        _refuse_big_id(ids, layout)
+    raise TerraInputError("ids_not_ints", got=f"{type(ids[bad]).__name__} {ids[bad]!r} at position {bad}")
+
+
+def _refuse_big_id(ids: list, layout: FrameLayout | None) -> None:
+    i = next(i for i, t in enumerate(ids) if not -(2**63) <= int(t) < 2**63)
+    lay = layout or FrameLayout()
+    raise TerraInputError("id_out_of_vocab", value=ids[i], where=f"position {i}", **_id_fields(lay))
+
+
+def check_prompt_container(ids) -> None:
+    """`prompt_token_ids` handed to vLLM without actions must be a list or tuple (an array fails
+    inside vLLM with "truth value of an array ... is ambiguous" before it could be checked)."""
+    if ids is not None and not isinstance(ids, (list, tuple)):
+        raise TerraInputError("ids_not_ints", got=f"{type(ids).__module__}.{type(ids).__name__}; pass ids.tolist()")
 
 
 def from_seed_prompt(token_ids: Sequence[int], layout: FrameLayout) -> list[int]:
-    """Convert a seed-style prompt (-3 in the action slots) to the in-vocabulary placeholder."""
+    """Convert a -3 prompt (the original release's form) to the in-vocabulary placeholder."""
     ids, _ = normalize_prompt(token_ids, layout, validate=False)
     return ids
 
 
 def validate_prompt(token_ids: Sequence[int], layout: FrameLayout) -> int:
-    """Check a placeholder prompt and return its number of frames; ValueError names the problem.
+    """Check a placeholder prompt and return its number of frames; TerraInputError names the problem.
 
     Accepts -3 or the in-vocabulary id in the action slots.
     """
@@ -74,16 +308,20 @@ def validate_prompt(token_ids: Sequence[int], layout: FrameLayout) -> int:
     return n_frames
 
 
-def normalize_prompt(token_ids: Sequence[int], layout: FrameLayout, validate: bool = True) -> tuple[list[int], int]:
+def normalize_prompt(
+    token_ids: Sequence[int], layout: FrameLayout, validate: bool = True, max_frames: int | None = None,
+    why: str | None = None,
+) -> tuple[list[int], int]:
     """Check a prompt (unless `validate=False`) and return it with -3 slots rewritten to the
     in-vocabulary placeholder, and its number of frames (complete frames when not validated).
 
-    One conversion to an array and vectorised checks: this runs for every request of every frame
-    step, so it must cost O(frames) Python work, not a Python loop over 14k ids.
+    `max_frames` (default `layout.max_frames`) is the most frames the prompt may hold, `why` says
+    where that limit comes from. One conversion to an array and vectorised checks: this runs for
+    every request of every frame step, so it costs O(frames) Python work, not a loop over 14k ids.
     """
-    ids = token_array(token_ids)
+    ids = token_array(token_ids, layout)
     if validate:
-        _check_prompt(ids, layout)
+        check_prompt(ids, layout, max_frames, why)
     is_seed = ids == SEED_PLACEHOLDER
     if is_seed.any():
         return np.where(is_seed, layout.placeholder_id, ids).tolist(), ids.size // layout.frame_len
@@ -91,93 +329,182 @@ def normalize_prompt(token_ids: Sequence[int], layout: FrameLayout, validate: bo
     return out, ids.size // layout.frame_len
 
 
-def _check_prompt(ids: np.ndarray, layout: FrameLayout) -> None:
+def check_prompt(ids: np.ndarray, layout: FrameLayout, max_frames: int | None = None, why: str | None = None) -> None:
+    """A prompt with actions: whole frames, placeholder slots, codes in range, not too many frames."""
     n = ids.size
     if n == 0 or n % layout.frame_len:
-        raise ValueError(
-            f"prompt is not frame-aligned: {n} tokens is not a multiple of {layout.frame_len} "
-            f"({layout.image_tokens} image codes + {layout.action_tokens} action slots per frame)"
-        )
+        raise TerraInputError("not_frame_aligned", n=n, frame_len=layout.frame_len,
+                              image_tokens=layout.image_tokens, action_tokens=layout.action_tokens)
     n_frames = n // layout.frame_len
-    if n_frames > layout.max_frames:
-        raise ValueError(f"too many frames: the prompt has {n_frames}, the model allows {layout.max_frames}")
+    limit = layout.max_frames if max_frames is None else max_frames
+    if n_frames > limit:
+        raise TerraInputError("too_many_frames", what="the prompt", n=n_frames, limit=limit,
+                              why=why or f"a round is {layout.max_frames} frames")
     grid = ids.reshape(n_frames, layout.frame_len)
     slots, codes = grid[:, layout.image_tokens:], grid[:, : layout.image_tokens]
     is_ph = (slots == SEED_PLACEHOLDER) | (slots == layout.placeholder_id)
     if not is_ph.all():
         f, s = np.argwhere(~is_ph)[0].tolist()
-        raise ValueError(
-            f"wrong action slots: frame {f} slot {s} holds {int(slots[f, s])}, expected "
-            f"{SEED_PLACEHOLDER} or {layout.placeholder_id} in all {layout.action_tokens} slots of every frame"
-        )
+        raise TerraInputError("wrong_action_slots", where=where(f * layout.frame_len + layout.image_tokens + s, layout),
+                              value=int(slots[f, s]), seed=SEED_PLACEHOLDER, placeholder=layout.placeholder_id,
+                              action_tokens=layout.action_tokens)
     bad = (codes < 0) | (codes >= layout.num_codes)
     if bad.any():
         f, p = np.argwhere(bad)[0].tolist()
-        raise ValueError(
-            f"image code out of range: frame {f} position {p} holds {int(codes[f, p])}, "
-            f"codes must lie in 0..{layout.num_codes - 1}"
-        )
+        raise TerraInputError("code_out_of_range", where=where(f * layout.frame_len + p, layout),
+                              value=int(codes[f, p]), last_code=layout.num_codes - 1)
 
 
+def check_actions_match(n_frames: int, n_items: int, layout: FrameLayout) -> None:
+    """A prompt with actions carries exactly one action item per frame."""
+    if n_items != n_frames:
+        raise TerraInputError("actions_mismatch", n_frames=n_frames, n_items=n_items,
+                              action_tokens=layout.action_tokens, action_dim=layout.action_dim)
+
+
+def check_plain_prompt(ids: Sequence[int], layout: FrameLayout) -> None:
+    """A prompt sent without actions: image codes only, at most one frame's codes.
+
+    Refuses, naming the first problem: action slots (placeholder id or -3) without actions, a
+    negative id, an id past the vocabulary, codes running into frame 0's action slots. Vectorised.
+    """
+    arr = token_array(ids, layout)
+    # Slots first: they are the likeliest mistake (a whole rollout prompt sent without its actions).
+    slot = _first((arr == layout.placeholder_id) | (arr == SEED_PLACEHOLDER))
+    if slot is not None:
+        raise TerraInputError("slots_without_actions", where=where(slot, layout), value=int(arr[slot]),
+                              action_tokens=layout.action_tokens, action_dim=layout.action_dim)
+    check_ids_in_vocab(arr, layout)
+    if arr.size > layout.image_tokens:
+        raise TerraInputError("plain_prompt_too_long", n=arr.size, image_tokens=layout.image_tokens,
+                              last_slot=layout.frame_len - 1, action_tokens=layout.action_tokens)
+
+
+def check_ids_in_vocab(arr: np.ndarray, layout: FrameLayout, param: str = "prompt_token_ids",
+                       name: str = "position") -> None:
+    """Every id lies in 0..vocab_size-1 (`id_negative`, `id_out_of_vocab`)."""
+    neg = _first(arr < 0)
+    if neg is not None:
+        raise TerraInputError("id_negative", param, value=int(arr[neg]), where=f"{name} {neg}", **_id_fields(layout))
+    big = _first(arr >= layout.vocab_size)
+    if big is not None:
+        raise TerraInputError("id_out_of_vocab", param, value=int(arr[big]), where=f"{name} {big}",
+                              **_id_fields(layout))
+
+
+def check_sampling_ids(params, layout: FrameLayout) -> None:
+    """Token ids inside sampling parameters (`logit_bias`, `allowed_token_ids`, `stop_token_ids`)
+    are in the vocabulary (vLLM 0.32 checks this itself, 0.26 does not: an out-of-range
+    `logit_bias` id would index past the logits row on the GPU)."""
+    for key in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
+        ids = list(getattr(params, key, None) or ())
+        bad = next((i for i, t in enumerate(ids) if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise TerraInputError("id_out_of_vocab", key, value=repr(ids[bad]), where=f"{key} entry {bad}",
+                                  **_id_fields(layout))
+        if ids:
+            check_ids_in_vocab(token_array(ids, layout), layout, param=key, name=f"{key} entry")
+
+
+def check_generation_window(prompt_len: int, max_tokens: int | None, layout: FrameLayout) -> None:
+    """The tokens generated after `prompt_len` prompt tokens stay in their frame's image codes.
+
+    A frame's action slots follow its last code; vLLM cannot put actions there while decoding, so
+    generating past them produces codes conditioned on nothing. One request makes one frame.
+    """
+    if max_tokens is None:
+        return
+    into = min(prompt_len % layout.frame_len, layout.image_tokens)
+    left = layout.image_tokens - into
+    if max_tokens > left:
+        raise TerraInputError("generation_window", max_tokens=max_tokens, into=into,
+                              frame=prompt_len // layout.frame_len, left=left, action_tokens=layout.action_tokens)
+
+
+# ---------------------------------------------------------------------------- codes and actions
 def validate_codes(frames: torch.Tensor, layout: FrameLayout, what: str = "context") -> torch.Tensor:
     """Check image codes [..., n_frames, image_tokens] and return them as int64."""
     frames = torch.as_tensor(frames)
-    if frames.dtype.is_floating_point:
-        raise ValueError(f"{what} frames must hold integer codes, got dtype {frames.dtype}")
+    if frames.dtype.is_floating_point or frames.dtype == torch.bool:
+        raise TerraInputError("codes_not_ints", what, what=what, dtype=frames.dtype)
     if frames.dim() < 2 or frames.shape[-1] != layout.image_tokens:
-        raise ValueError(
-            f"{what} frames must have shape [..., n_frames, {layout.image_tokens}], got {list(frames.shape)}"
-        )
+        raise TerraInputError("frames_shape", what, what=f"{what} frames",
+                              expected=f"[..., n_frames, {layout.image_tokens}]", got=list(frames.shape))
     if frames.shape[-2] > layout.max_frames:
-        raise ValueError(f"too many frames: {what} has {frames.shape[-2]}, the model allows {layout.max_frames}")
+        raise TerraInputError("too_many_frames", what, what=what, n=frames.shape[-2], limit=layout.max_frames,
+                              why=f"a round is {layout.max_frames} frames")
     bad = (frames < 0) | (frames >= layout.num_codes)
     if bool(bad.any()):
-        v = int(frames[bad][0])
-        raise ValueError(f"image code out of range in {what}: {v}; codes must lie in 0..{layout.num_codes - 1}")
+        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+        raise TerraInputError("code_out_of_range", what, where=f"{what}{list(idx)}", value=int(frames[idx]),
+                              last_code=layout.num_codes - 1)
     return frames.long()
 
 
 def validate_actions(actions, layout: FrameLayout, n_frames: int | None = None) -> torch.Tensor:
-    """Normalise actions to [n, action_tokens, action_dim] float32; ValueError names the problem.
+    """Normalise actions to [n, action_tokens, action_dim] float32; TerraInputError names the problem.
 
-    Accepts the seed's flat form [n*6, 3], a stacked [n, 6, 3] tensor, or a list of [6, 3].
+    Accepts the flat form [n*6, 3], a stacked [n, 6, 3] tensor, or a list of [6, 3].
     With `n_frames`, at least that many frames of actions are required.
     """
     a, d = layout.action_tokens, layout.action_dim
     if isinstance(actions, (list, tuple)):
         if not actions:
-            raise ValueError("actions is an empty list")
+            raise TerraInputError("wrong_action_shape", got="an empty list", expected=f"one [{a}, {d}] per frame")
         actions = [_as_tensor(x, f"actions item {i}") for i, x in enumerate(actions)]
         for i, x in enumerate(actions):
             if tuple(x.shape) != (a, d):
-                raise ValueError(f"wrong action shape: item {i} has shape {list(x.shape)}, expected [{a}, {d}]")
+                raise TerraInputError("wrong_action_shape", got=f"item {i} of shape {list(x.shape)}",
+                                      expected=f"[{a}, {d}] per frame")
         actions = torch.stack(actions)
     actions = _as_tensor(actions, "actions")
     if not (actions.dtype.is_floating_point or actions.dtype in (torch.int32, torch.int64)):
-        raise ValueError(f"actions must be numbers, got dtype {actions.dtype}")
+        raise TerraInputError("actions_not_numbers", what="actions", got=f"dtype {actions.dtype}")
     if actions.dim() == 2 and actions.shape[1] == d and actions.shape[0] % a == 0 and actions.shape[0] > 0:
         actions = actions.reshape(-1, a, d)
     if actions.dim() != 3 or tuple(actions.shape[1:]) != (a, d):
-        raise ValueError(
-            f"wrong action shape: got {list(actions.shape)}, expected [n_frames*{a}, {d}] or [n_frames, {a}, {d}]"
-        )
+        raise TerraInputError("wrong_action_shape", got=list(actions.shape),
+                              expected=f"[n_frames*{a}, {d}] or [n_frames, {a}, {d}]")
     actions = actions.float()
-    if not bool(torch.isfinite(actions).all()):
-        raise ValueError("actions contain NaN or inf")
+    _check_finite(actions)
     if n_frames is not None and actions.shape[0] < n_frames:
-        raise ValueError(f"actions cover {actions.shape[0]} frames but {n_frames} are needed")
+        raise TerraInputError("actions_missing", have=actions.shape[0], need=n_frames,
+                              why="one row of actions follows every frame but the last generated one")
     return actions
 
 
+def _check_finite(actions: torch.Tensor) -> None:
+    """[..., frames, slots, dim] float actions are finite (values beyond float32 became inf)."""
+    bad = ~torch.isfinite(actions)
+    if bool(bad.any()):
+        idx = torch.nonzero(bad)[0].tolist()
+        raise TerraInputError("actions_not_finite", frame=idx[-3], slot=idx[-2])
+
+
+def batched_actions(actions, batch_size: int, layout: FrameLayout, what: str = "input_ids") -> torch.Tensor:
+    """Batched actions `[B, n*6, 3]` or `[B, n, 6, 3]` -> `[B, n, 6, 3]` (B may be 1 and is broadcast)."""
+    a, d = layout.action_tokens, layout.action_dim
+    actions = torch.as_tensor(actions)
+    if actions.dim() == 3 and actions.shape[-1] == d and actions.shape[1] % a == 0:
+        actions = actions.reshape(actions.shape[0], -1, a, d)
+    if actions.dim() != 4 or tuple(actions.shape[2:]) != (a, d):
+        raise TerraInputError("wrong_action_shape", got=list(actions.shape),
+                              expected=f"[batch, n_frames*{a}, {d}] or [batch, n_frames, {a}, {d}]")
+    if actions.shape[0] not in (1, batch_size):
+        raise TerraInputError("batch_mismatch", have=actions.shape[0], what=what, batch=batch_size)
+    return actions.expand(batch_size, *actions.shape[1:])
+
+
 def _as_tensor(values, what: str) -> torch.Tensor:
-    """`torch.as_tensor`, with a ValueError naming `what` for data that is not numbers (str, None,
-    ragged lists, ints beyond int64) instead of torch's TypeError/RuntimeError."""
+    """`torch.as_tensor`, refusing data that is not numbers (str, None, ragged lists, ints beyond
+    int64) by name instead of torch's TypeError/RuntimeError."""
     try:
         return torch.as_tensor(values)
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
-        raise ValueError(f"{what} could not be read as numbers ({type(values).__name__}: {e})") from None
+        raise TerraInputError("actions_not_numbers", what=what, got=f"{type(values).__name__} ({e})") from None
 
 
+# ---------------------------------------------------------------------------- interleaving
 def interleave_segments(past_len: int, n_codes: int, layout: FrameLayout) -> list[tuple[str, int, int]]:
     """How `n_codes` new image codes extend an interleaved sequence that already holds `past_len` positions.
 
@@ -189,14 +516,13 @@ def interleave_segments(past_len: int, n_codes: int, layout: FrameLayout) -> lis
     `past_len` must end on an image position (the HF model never stops between action slots).
     """
     P, F = layout.image_tokens, layout.frame_len
-    if past_len < 0 or n_codes < 0:
-        raise ValueError(f"past_len and n_codes must be >= 0, got {past_len} and {n_codes}")
+    for name, value in (("past_len", past_len), ("n_codes", n_codes)):
+        if value < 0:
+            raise TerraInputError("out_of_bounds", name, what=name, bound=">= 0", value=value)
     slot = past_len % F
     if slot >= P:
-        raise ValueError(
-            f"the sequence ends inside the action slots of frame {past_len // F} (position {past_len}, slot {slot}); "
-            f"a frame's {layout.action_tokens} action positions always come in together with its last image code"
-        )
+        raise TerraInputError("ends_in_action_slots", frame=past_len // F, position=past_len, slot=slot,
+                              action_tokens=layout.action_tokens)
     segs: list[tuple[str, int, int]] = []
     frame, i = past_len // F, 0
     while i < n_codes:
@@ -215,7 +541,138 @@ def segments_length(segs: list[tuple[str, int, int]], layout: FrameLayout) -> in
     return sum(b - a if kind == "codes" else layout.action_tokens for kind, a, b in segs)
 
 
-def codes_before(position: int, layout: FrameLayout) -> int:
-    """How many image codes precede absolute `position` of an interleaved sequence (= codes in a cache of that length)."""
-    frame, slot = divmod(position, layout.frame_len)
-    return frame * layout.image_tokens + min(slot, layout.image_tokens)
+def interleave_step(past_len: int, n_codes: int, layout: FrameLayout, actions=None, batch_size: int = 1):
+    """One forward step of an interleaving backend (HF, ONNX): the segments, their length, and the
+    actions as `[B, n, 6, 3]` (None when the step completes no frame).
+
+    Checks the step fits in a round (`sequence_too_long`) and that every frame it completes has
+    its actions (`actions_missing`).
+    """
+    segs = interleave_segments(past_len, n_codes, layout)
+    length = segments_length(segs, layout)
+    if past_len + length > layout.max_len:
+        raise TerraInputError("sequence_too_long", first=past_len, last=past_len + length - 1, max_len=layout.max_len,
+                              max_frames=layout.max_frames, frame_len=layout.frame_len)
+    done = [a for kind, a, _ in segs if kind == "actions"]
+    if not done:
+        return segs, length, None
+    acts = None if actions is None else batched_actions(actions, batch_size, layout)
+    have = 0 if acts is None else acts.shape[1]
+    if have <= done[-1]:
+        raise TerraInputError("actions_missing", have=have, need=done[-1] + 1,
+                              why=f"frame {done[-1]} is complete and needs its actions")
+    return segs, length, acts
+
+
+# ---------------------------------------------------------------------------- rounds
+@dataclass(frozen=True)
+class Round:
+    """One generate call: the window is video frames `start .. start+n_window-1`; it adds `n_new` frames."""
+
+    index: int
+    start: int
+    n_window: int
+    n_new: int
+
+    @property
+    def action_rows(self) -> slice:
+        """Rows of the rollout's actions this round consumes (`n_window + n_new - 1` rows)."""
+        return slice(self.start, self.start + self.n_window + self.n_new - 1)
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if value < low:
+        raise TerraInputError("out_of_bounds", name, what=name, bound=f">= {low}", value=value)
+
+
+def plan_rounds(n_ctx: int, n_frames: int, max_frames: int = 25, overlap: int = 3) -> list[Round]:
+    """Split the generation of `n_frames` new frames after `n_ctx` context frames into rounds.
+
+    The first round's window is the whole context; each later one is the last `overlap` frames of the
+    video so far. Every round fills its window up to `max_frames` frames (fewer in the last round).
+    `plan_rounds(3, 44)` -> rounds (start 0, window 3, 22 new) and (start 22, window 3, 22 new):
+    a 47-frame video.
+    """
+    _at_least("context frames", n_ctx, 1)
+    _at_least("n_frames", n_frames, 1)
+    if n_ctx >= max_frames:
+        raise TerraInputError("too_many_frames", "context", what="the context", n=n_ctx, limit=max_frames - 1,
+                              why=f"a round is {max_frames} frames and one is left for a new frame")
+    if not 1 <= overlap < max_frames:
+        raise TerraInputError("out_of_bounds", "overlap", what="overlap", bound=f"in 1..{max_frames - 1}",
+                              value=overlap)
+    rounds, start, window, video, left = [], 0, n_ctx, n_ctx, n_frames
+    while left > 0:
+        n_new = min(left, max_frames - window)
+        rounds.append(Round(len(rounds), start, window, n_new))
+        video += n_new
+        left -= n_new
+        start, window = video - overlap, overlap
+    return rounds
+
+
+def rollout_inputs(context, actions, n_frames: int, layout: FrameLayout) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Validate and normalise rollout inputs -> (context [B, n_ctx, P] int64, actions [B, T, 6, 3] float32, batched).
+
+    `context` is `[n_ctx, P]` (one rollout) or `[B, n_ctx, P]`; `actions` `[T, 6, 3]` / `[T*6, 3]`
+    (shared by all rollouts) or `[B, T, 6, 3]`. At least `n_ctx + n_frames - 1` action rows are needed.
+    """
+    context = validate_codes(context, layout, "context")
+    if context.dim() not in (2, 3):
+        raise TerraInputError("frames_shape", what="context", got=list(context.shape),
+                              expected=f"[n_ctx, {layout.image_tokens}] or [batch, n_ctx, {layout.image_tokens}]")
+    batched = context.dim() == 3
+    if not batched:
+        context = context.unsqueeze(0)
+    B, n_ctx = context.shape[:2]
+    _at_least("context frames", n_ctx, 1)
+    _at_least("n_frames", n_frames, 1)
+    need = n_ctx + n_frames - 1
+    actions = torch.as_tensor(actions) if not isinstance(actions, (list, tuple)) else actions
+    if isinstance(actions, torch.Tensor) and actions.dim() == 4:
+        if actions.shape[0] != B:
+            raise TerraInputError("batch_mismatch", have=actions.shape[0], what="context", batch=B)
+        actions = torch.stack([validate_actions(a, layout, n_frames=need) for a in actions])
+    else:
+        actions = validate_actions(actions, layout, n_frames=need).unsqueeze(0).expand(B, -1, -1, -1)
+    return context, actions, batched
+
+
+# ---------------------------------------------------------------------------- engine limits
+def max_prompt_frames(layout: FrameLayout, max_model_len: int) -> int:
+    """Most frames a prompt may hold so that one more frame can still be generated.
+
+    A round holds at most `max_frames` frames (25), so a prompt holds at most 24; a shorter
+    `max_model_len` lowers that: the prompt plus `image_tokens` new codes must fit.
+    """
+    return max(0, min(layout.max_frames - 1, (max_model_len - layout.image_tokens) // layout.frame_len))
+
+
+def engine_limit_why(layout: FrameLayout, max_model_len: int) -> str:
+    """Why an engine of `max_model_len` takes prompts of at most `max_prompt_frames` frames."""
+    return (f"a round is {layout.max_frames} frames of {layout.frame_len} tokens and the last one is generated; "
+            f"max_model_len {max_model_len}")
+
+
+def check_engine_prompt_frames(n_frames: int, layout: FrameLayout, max_model_len: int, what: str = "the prompt",
+                               param: str = "prompt_token_ids", why: str | None = None) -> None:
+    """A prompt (or a rollout's longest prompt) of `n_frames` frames fits an engine of `max_model_len`."""
+    limit = max_prompt_frames(layout, max_model_len)
+    if n_frames > limit:
+        raise TerraInputError("too_many_frames", param, what=what, n=n_frames, limit=limit,
+                              why=why or engine_limit_why(layout, max_model_len))
+
+
+def check_max_model_len(max_model_len: int, layout: FrameLayout) -> None:
+    """An engine's `max_model_len` fits the temporal embedding's `max_frames` frames."""
+    if max_model_len > layout.max_len:
+        raise TerraInputError("max_model_len", value=max_model_len, max_len=layout.max_len,
+                              max_frames=layout.max_frames, frame_len=layout.frame_len)
+
+
+def check_engine_frames(max_frames: int, layout: FrameLayout) -> int:
+    """`make_llm(max_frames=...)`: an engine's round length lies in 2..`layout.max_frames`."""
+    if not 2 <= max_frames <= layout.max_frames:
+        raise TerraInputError("out_of_bounds", "max_frames", what="max_frames", bound=f"in 2..{layout.max_frames}",
+                              value=max_frames)
+    return max_frames

@@ -44,8 +44,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from terra_nb.port.config import FrameLayout
-from terra_nb.port.layout import spatio_temporal_indices
+from .config import head_dim
+from .layout import FrameLayout, spatio_temporal_indices
 
 INPUTS = ("input_ids", "action_vectors", "position_ids")
 CONFIG_KEY = "terra_config"
@@ -71,8 +71,7 @@ def kv_shape(config, batch: int, length: int) -> tuple[int, int, int, int]:
     GQA: Terra has 32 query heads but 4 KV heads; the cache holds the 4 (the graph repeats them
     for the 32 inside), so a runtime that sizes it by `num_attention_heads` feeds the wrong shape.
     """
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return (batch, config.num_key_value_heads, length, head_dim)
+    return (batch, config.num_key_value_heads, length, head_dim(config))
 
 
 class MergedDecoder(nn.Module):
@@ -193,28 +192,3 @@ def export_merged(model: nn.Module, path: str | Path, opset: int | None = None,
     opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
     return ExportInfo(path, round(seconds, 1), int(opset), len(proto.graph.node), round(size / 2**20, 2))
-
-
-def graph_io(path: str | Path) -> list[dict]:
-    """Inputs and outputs of an ONNX file as rows (name, kind, shape with symbolic axes, dtype)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    rows = []
-    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
-        for v in values:
-            t = v.type.tensor_type
-            dims = [d.dim_param or d.dim_value for d in t.shape.dim]
-            rows.append({"kind": kind, "name": v.name, "shape": "[" + ", ".join(map(str, dims)) + "]",
-                         "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name})
-    return rows
-
-
-def op_counts(path: str | Path) -> dict[str, int]:
-    """How often each ONNX operator occurs in the graph, most frequent first."""
-    import collections
-
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return dict(collections.Counter(node.op_type for node in model.graph.node).most_common())

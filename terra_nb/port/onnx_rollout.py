@@ -24,13 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terra_nb.port.config import FrameLayout, LlamaActionConfig
-from terra_nb.port.hf_model import frame_actions
-from terra_nb.port.layout import interleave_segments, segments_length
-from terra_nb.port.onnx_export import CONFIG_KEY, INPUTS
-from terra_nb.port.rollout import SamplingConfig, run_rollout
+from .config import LlamaActionConfig
+from .layout import FrameLayout, interleave_step
+from .onnx_export import CONFIG_KEY, INPUTS
+from .rollout import SamplingConfig, run_rollout
 
-__all__ = ["OnnxDecoder", "make_session", "next_codes", "onnx_rollout", "providers_for", "rollout_calls", "step_inputs"]
+__all__ = ["OnnxDecoder", "make_session", "next_codes", "onnx_rollout", "providers_for", "step_inputs"]
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 
@@ -102,22 +101,15 @@ def step_inputs(codes, actions, past_len: int, layout: FrameLayout) -> dict[str,
     """
     codes = torch.as_tensor(codes)
     B, n = codes.shape
-    segs = interleave_segments(past_len, n, layout)
-    L = segments_length(segs, layout)
-    if past_len + L > layout.max_len:
-        raise ValueError(f"sequence too long: positions {past_len}..{past_len + L - 1} exceed the model's "
-                         f"{layout.max_len} ({layout.max_frames} frames of {layout.frame_len})")
-    acts = frame_actions(actions, B, layout).float()
+    segs, L, acts = interleave_step(past_len, n, layout, actions, B)  # the layout's rules, checked there
     ids, vectors = [], []
     for kind, a, b in segs:
         if kind == "codes":
             ids.append(codes[:, a:b])
             vectors.append(torch.zeros(B, b - a, layout.action_dim))
-            continue
-        if acts.shape[1] <= a:
-            raise ValueError(f"actions cover {acts.shape[1]} frames but frame {a} is complete and needs its actions")
-        ids.append(torch.full((B, layout.action_tokens), layout.placeholder_id))
-        vectors.append(acts[:, a])
+        else:
+            ids.append(torch.full((B, layout.action_tokens), layout.placeholder_id))
+            vectors.append(acts[:, a].float())
     positions = torch.arange(past_len, past_len + L).expand(B, L)
     return {"input_ids": torch.cat(ids, 1).long().numpy(),
             "action_vectors": torch.cat(vectors, 1).numpy(),
@@ -194,30 +186,3 @@ def onnx_rollout(
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         return run_rollout(generate_round, context, actions, n_frames, decoder.layout, overlap, progress)
-
-
-def rollout_calls(config, context, actions) -> list[dict]:
-    """The three kinds of call a rollout of `context` `[n_ctx, P]` makes, with their shapes.
-
-    The prefill (the window's frames and slots, empty cache), a plain decode step (one code), and
-    the frame-boundary step (a frame's last code + its 6 action slots), and which graph of a
-    two-graph export would run each: a `decoder_with_past` graph traced with one new token and no
-    dynamic token axis is fixed at 1 and cannot take the boundary step's 7. The merged graph runs all three.
-    """
-    from terra_nb.port.onnx_export import kv_shape
-
-    layout = FrameLayout.from_config(config)
-    acts = torch.as_tensor(actions)[None]
-    n_prefill = torch.as_tensor(context).numel() // layout.image_tokens * layout.frame_len
-    calls = [("prefill (first step)", torch.as_tensor(context).reshape(1, -1), 0, "decoder_model (no cache in)"),
-             ("decode step", torch.zeros(1, 1, dtype=torch.long), n_prefill, "decoder_with_past_model (1 token)"),
-             ("frame boundary", torch.zeros(1, 1, dtype=torch.long), n_prefill + layout.image_tokens - 1,
-              "decoder_with_past_model, only if its token axis is dynamic")]
-    rows = []
-    for name, codes, past, two_graph in calls:
-        n = step_inputs(codes, acts, past, layout)["position_ids"].shape[1]
-        rows.append({"call": name, "new positions": n, "positions": f"{past}..{past + n - 1}",
-                     "past (cache in)": str(list(kv_shape(config, 1, past))),
-                     "present (cache out)": str(list(kv_shape(config, 1, past + n))),
-                     "two-graph export": two_graph})
-    return rows

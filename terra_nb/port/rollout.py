@@ -17,7 +17,8 @@ The backend hook (HF here, vLLM in `vllm_*.py`)::
 `i` (and, past the window, to the new frames in order). The hook must generate the `n_new` frames
 autoregressively, with frame `i`'s 6 action embeddings right after its last image code and every new
 frame sampled starting from the last action position of the previous frame. `run_rollout` validates
-all inputs before the first backend call and checks every round's output.
+all inputs before the first backend call (`layout.rollout_inputs`, here `prepare_inputs`) and
+checks every round's output. The rounds are `layout.plan_rounds`.
 """
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ from typing import Callable
 
 import torch
 
-from terra_nb.port.config import FrameLayout
-from terra_nb.port.layout import validate_actions, validate_codes
+from .layout import FrameLayout, Round, plan_rounds, validate_codes
+from .layout import rollout_inputs as prepare_inputs
+
+__all__ = ["GenerateRound", "Round", "SamplingConfig", "hf_generate_kwargs", "hf_rollout", "plan_rounds",
+           "prepare_inputs", "run_rollout"]
 
 GenerateRound = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -58,77 +62,6 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-@dataclass(frozen=True)
-class Round:
-    """One generate call: the window is video frames `start .. start+n_window-1`; it adds `n_new` frames."""
-
-    index: int
-    start: int
-    n_window: int
-    n_new: int
-
-    @property
-    def action_rows(self) -> slice:
-        """Rows of the rollout's actions this round consumes (`n_window + n_new - 1` rows)."""
-        return slice(self.start, self.start + self.n_window + self.n_new - 1)
-
-
-def plan_rounds(n_ctx: int, n_frames: int, max_frames: int = 25, overlap: int = 3) -> list[Round]:
-    """Split the generation of `n_frames` new frames after `n_ctx` context frames into rounds.
-
-    The first round's window is the whole context; each later one is the last `overlap` frames of the
-    video so far. Every round fills its window up to `max_frames` frames (fewer in the last round).
-    `plan_rounds(3, 44)` -> rounds (start 0, window 3, 22 new) and (start 22, window 3, 22 new):
-    the public generator's 47-frame video.
-    """
-    if n_ctx < 1:
-        raise ValueError(f"need at least one context frame, got {n_ctx}")
-    if n_frames < 1:
-        raise ValueError(f"n_frames must be >= 1, got {n_frames}")
-    if n_ctx >= max_frames:
-        raise ValueError(f"too many context frames: {n_ctx}; at most {max_frames - 1} leave room for a new frame")
-    if not 1 <= overlap < max_frames:
-        raise ValueError(f"overlap must lie in 1..{max_frames - 1}, got {overlap}")
-    rounds, start, window, video, left = [], 0, n_ctx, n_ctx, n_frames
-    while left > 0:
-        n_new = min(left, max_frames - window)
-        rounds.append(Round(len(rounds), start, window, n_new))
-        video += n_new
-        left -= n_new
-        start, window = video - overlap, overlap
-    return rounds
-
-
-def prepare_inputs(context, actions, n_frames: int, layout: FrameLayout) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Validate and normalise rollout inputs -> (context [B, n_ctx, P] int64, actions [B, T, 6, 3] float32, batched).
-
-    `context` is `[n_ctx, P]` (one rollout) or `[B, n_ctx, P]`; `actions` `[T, 6, 3]` / `[T*6, 3]`
-    (shared by all rollouts) or `[B, T, 6, 3]`. At least `n_ctx + n_frames - 1` action rows are needed.
-    Raises ValueError naming the problem.
-    """
-    context = validate_codes(context, layout, "context")
-    if context.dim() not in (2, 3):
-        raise ValueError(f"context must be [n_ctx, {layout.image_tokens}] or [batch, n_ctx, {layout.image_tokens}], "
-                         f"got {list(context.shape)}")
-    batched = context.dim() == 3
-    if not batched:
-        context = context.unsqueeze(0)
-    B, n_ctx = context.shape[:2]
-    if n_ctx < 1:
-        raise ValueError("context has no frames")
-    if n_frames < 1:
-        raise ValueError(f"n_frames must be >= 1, got {n_frames}")
-    need = n_ctx + n_frames - 1
-    actions = torch.as_tensor(actions)
-    if actions.dim() == 4:
-        if actions.shape[0] != B:
-            raise ValueError(f"actions hold {actions.shape[0]} rollouts but context holds {B}")
-        actions = torch.stack([validate_actions(a, layout, n_frames=need) for a in actions])
-    else:
-        actions = validate_actions(actions, layout, n_frames=need).unsqueeze(0).expand(B, -1, -1, -1)
-    return context, actions, batched
 
 
 def run_rollout(

@@ -8,7 +8,8 @@ of the port (`vllm_processing.py`, `vllm_model.py`, `vllm_rollout.py`) is writte
 common API and mixes in the two classes below; nothing else checks versions.
 
 Differences handled here (each detected by feature, not by version number), then two engine
-helpers that work the same on both:
+helpers that work the same on both. `PRIVATE_HOOKS` lists every piece of vLLM below its public API
+the port relies on; `hook_problems()` (run by a test) checks them on the installed release:
 
 1. **Dummy inputs for profiling.** 0.26 asks the *builder* for them
    (`BaseDummyInputsBuilder.get_dummy_processor_inputs`) and passes the dummy **text** through
@@ -32,10 +33,8 @@ helpers that work the same on both:
 5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens` per
    request (what `vllm_rollout`'s `RolloutStats` sums); use that. The Prometheus counters
    (`vllm:prefix_cache_queries` / `_hits`, read by `prefix_cache_counters(llm)`, needing
-   `disable_log_stats=False`) are exact on 0.32, but 0.26 records scheduler stats only for steps
-   that return outputs and resets them every step, so with async scheduling (its default on GPU)
-   they undercount - they stayed at 0 for a whole rollout on the H200 while
-   `num_cached_tokens` showed the hits. `PROMETHEUS_PREFIX_COUNTERS_EXACT` says which case holds.
+   `disable_log_stats=False`) are exact on 0.32 but undercount on 0.26 with async scheduling
+   (docs/decisions.md, 12). `PROMETHEUS_PREFIX_COUNTERS_EXACT` says which case holds.
 6. **Shutting an engine down.** Neither release has `LLM.shutdown()`; both stop the engine core
    (and free its memory) with `llm.llm_engine.engine_core.shutdown()`, see `shutdown_llm`.
 7. **The front door.** Every request passes `InputProcessor.process_inputs`
@@ -45,9 +44,11 @@ helpers that work the same on both:
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import vllm
 from vllm.exceptions import VLLMValidationError as _VLLMValidationError
@@ -69,7 +70,110 @@ __all__ = [
     "prefix_cache_counters",
     "shutdown_llm",
     "version_tuple",
+    "PRIVATE_HOOKS",
+    "Hook",
+    "hook_problems",
 ]
+
+
+class Hook(NamedTuple):
+    """One piece of vLLM below its public API that the port relies on.
+
+    `target` is "module:Qualified.name"; `params` the leading parameter names the port calls or
+    overrides it with (for a class, `fields`: attributes the port reads); `release` None when both
+    releases have it, else "0.26" or "0.32" (the one release whose code path uses it).
+    """
+
+    target: str
+    used_by: str
+    params: tuple[str, ...] = ()
+    release: str | None = None
+
+
+PRIVATE_HOOKS: tuple[Hook, ...] = (
+    Hook("vllm.v1.engine.input_processor:InputProcessor.process_inputs", "vllm_frontdoor.install (wraps it)",
+         ("self", "request_id", "prompt", "params")),
+    Hook("vllm.v1.engine:EngineCoreRequest", "vllm_frontdoor.check_request (reads these fields)",
+         ("prompt_token_ids", "mm_features", "sampling_params", "prompt_embeds")),
+    Hook("vllm.model_executor.models.utils:_merge_multimodal_embeddings", "vllm_model.embed_input_ids",
+         ("inputs_embeds", "multimodal_embeddings", "is_multimodal")),
+    Hook("vllm.model_executor.models.interfaces:SupportsMultiModal._mark_tower_model", "vllm_model.__init__",
+         ("self", "vllm_config", "modalities")),
+    Hook("vllm.model_executor.models.interfaces:SupportsMultiModal._mark_language_model", "vllm_model.__init__",
+         ("self", "vllm_config")),
+    Hook("vllm.multimodal.parse:MultiModalDataParser._get_subparsers", "LlamaActionDataParser", ("self",)),
+    Hook("vllm.multimodal.processing:BaseMultiModalProcessor._get_mm_fields_config", "LlamaActionMultiModalProcessor",
+         ("self", "hf_inputs", "hf_processor_mm_kwargs")),
+    Hook("vllm.multimodal.processing:BaseMultiModalProcessor._get_prompt_updates", "LlamaActionMultiModalProcessor",
+         ("self", "mm_items", "hf_processor_mm_kwargs", "out_mm_kwargs")),
+    Hook("vllm.multimodal.processing:BaseMultiModalProcessor.apply", "LlamaActionMultiModalProcessor.apply (overrides)",
+         ("self", "inputs", "timing_ctx")),
+    Hook("vllm.multimodal.processing:BaseProcessingInfo.validate_num_items", "LlamaActionProcessingInfo (overrides)",
+         ("self", "modality", "num_items")),
+    Hook("vllm.multimodal.processing:BaseProcessingInfo.allowed_mm_limits", "LlamaActionProcessingInfo"),
+    Hook("vllm.model_executor.models.utils:AutoWeightsLoader.load_weights", "vllm_model.load_weights",
+         ("self", "weights", "mapper")),
+    Hook("vllm.v1.engine.core_client:EngineCoreClient.shutdown", "shutdown_llm", ("self",)),
+    # (1) profiling inputs
+    Hook("vllm.multimodal.processing:BaseMultiModalProcessor.get_dummy_inputs", "TokenizerFreeProcessorMixin",
+         ("self", "seq_len", "mm_counts", "mm_options"), "0.32"),
+    Hook("vllm.multimodal.processing:BaseDummyInputsBuilder.get_dummy_processor_inputs", "TokenIdsDummyInputsMixin",
+         ("self", "seq_len", "mm_counts", "mm_options"), "0.26"),
+    # (2), (3) no tokenizer, no HF processor
+    Hook("vllm.multimodal.processing.processor:apply_token_matches", "TokenizerFreeProcessorMixin",
+         ("prompt", "mm_prompt_updates", "tokenizer"), "0.26"),
+    Hook("vllm.multimodal.processing.processor:find_mm_placeholders", "TokenizerFreeProcessorMixin",
+         ("prompt", "mm_prompt_updates", "tokenizer"), "0.26"),
+    Hook("vllm.multimodal.processing:BaseMultiModalProcessor._apply_prompt_updates", "TokenizerFreeProcessorMixin",
+         ("self", "token_ids", "mm_prompt_updates"), "0.26"),
+    Hook("vllm.multimodal.processing:BaseMultiModalProcessor._find_mm_placeholders", "TokenizerFreeProcessorMixin",
+         ("self", "new_token_ids", "mm_prompt_updates"), "0.26"),
+    Hook("vllm.multimodal.processing:BaseMultiModalProcessor._apply_hf_processor_mm_only", "TokenizerFreeProcessorMixin",
+         ("self", "mm_items", "hf_processor_mm_kwargs"), "0.26"),
+)
+"""Every private vLLM hook of the port, in one place; `hook_problems()` checks them against the
+installed release (a test runs it, so a release that moves one fails there, not in an engine)."""
+
+
+def _resolve_hook(target: str):
+    module, qualname = target.split(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = inspect.getattr_static(obj, part) if inspect.isclass(obj) else getattr(obj, part)
+    return obj
+
+
+def _hook_names(obj) -> list[str]:
+    """A callable's parameter names, or a class's fields (msgspec struct / dataclass / attributes)."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, (property, functools.cached_property)):
+        return []
+    if inspect.isclass(obj):
+        fields = getattr(obj, "__struct_fields__", None) or getattr(obj, "__dataclass_fields__", None)
+        return list(fields) if fields is not None else [n for n in dir(obj) if not n.startswith("__")]
+    return list(inspect.signature(obj).parameters)
+
+
+def hook_problems(release: str | None = None) -> list[str]:
+    """What is wrong with `PRIVATE_HOOKS` on the installed vLLM: a hook gone, or one whose
+    parameters (fields) the port relies on moved. `release` ("0.26"/"0.32", default: the installed
+    one) selects the release-specific hooks. Empty when all is well."""
+    release = release or ("0.32" if VLLM_VERSION >= (0, 32) else "0.26")
+    problems = []
+    for hook in PRIVATE_HOOKS:
+        if hook.release not in (None, release):
+            continue
+        try:
+            obj = _resolve_hook(hook.target)
+        except (ImportError, AttributeError) as e:
+            problems.append(f"{hook.target} (used by {hook.used_by}) is gone: {e}")
+            continue
+        names, wanted = _hook_names(obj), list(hook.params)
+        ok = set(wanted) <= set(names) if inspect.isclass(obj) else names[: len(wanted)] == wanted
+        if not ok:
+            problems.append(f"{hook.target} (used by {hook.used_by}) takes {names}, the port expects {wanted}")
+    return problems
 
 
 def version_tuple(version: str) -> tuple[int, ...]:

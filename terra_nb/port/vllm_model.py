@@ -11,18 +11,17 @@ Structure as in vLLM's multimodal models (e.g. `paligemma.py`), on vLLM's `Llama
   `spatio[pos % 582] + temporal[pos // 582]`, at the top of the backbone's forward
   (`LlamaActionModel`, a `@support_torch_compile` subclass of vLLM's `LlamaModel`, the pattern of
   vLLM's `MistralModel`). It is a gather of fixed shape, with no host sync and no data-dependent
-  shapes, so it is compiled and captured with the rest (the seed had to use `enforce_eager=True`
-  because of `nonzero()` on the placeholder ids). It must live *inside* the compiled module:
+  shapes, so it is compiled and captured with the rest. It must live *inside* the compiled module:
   piecewise CUDA graphs replay on the addresses of the runner's persistent `inputs_embeds` /
-  `positions` buffers, so a tensor computed outside and passed in would be silently ignored on
-  replay (seen on vLLM 0.26 with CUDA graphs: every token wrong, while eager mode matched HF).
-  RoPE inside the backbone uses the same absolute positions, as in HF.
+  `positions` buffers, so a tensor computed outside and passed in would be ignored on replay
+  (docs/decisions.md, 3). RoPE inside the backbone uses the same absolute positions, as in HF.
 * **Tensor parallelism.** The backbone and `lm_head` are vLLM's TP layers. The action projection
   (`ReplicatedLinear`) and the two position tables (plain `nn.Embedding`, 607 rows for Terra) are
   replicated on every rank: they produce full-width `[*, H]` vectors that are added to the
   (all-reduced, full-width) token embeddings, so no communication is needed.
-* **Weights** load from the released HF names (see `load_weights`), which fails loudly, naming
-  them, when a checkpoint weight is left over or a parameter is left unloaded.
+* **Weights** load from the released HF names with vLLM's `AutoWeightsLoader` and a
+  `WeightsMapper` (see `load_weights`), which fails loudly, naming them, when a checkpoint weight
+  is left over or a parameter is left unloaded.
 """
 from __future__ import annotations
 
@@ -37,26 +36,27 @@ from vllm.distributed import get_pp_group
 from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import MultiModalEmbeddings, SupportsMultiModal, SupportsPP
 from vllm.model_executor.models.llama import LlamaModel
 from vllm.model_executor.models.utils import (
+    AutoWeightsLoader,
     PPMissingLayer,
+    WeightsMapper,
     _merge_multimodal_embeddings,
-    is_pp_missing_parameter,
     maybe_prefix,
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.sequence import IntermediateTensors
 from vllm.utils.tensor_schema import TensorSchema, TensorShape
 
-from terra_nb.port.config import FrameLayout, LlamaActionConfig
-from terra_nb.port.hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
-from terra_nb.port.vllm_processing import (
+from .config import LlamaActionConfig
+from .hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
+from .layout import FrameLayout, check_max_model_len
+from .vllm_processing import (
     MODALITY,
-    TerraDummyInputsBuilder,
-    TerraMultiModalProcessor,
-    TerraProcessingInfo,
+    LlamaActionDummyInputsBuilder,
+    LlamaActionMultiModalProcessor,
+    LlamaActionProcessingInfo,
 )
 
 __all__ = [
@@ -108,30 +108,49 @@ def _action_projection_v2(config: LlamaActionConfig, quant_config, prefix: str) 
     )
 
 
-# HF checkpoint name -> (vLLM parameter name, shard) for the fused projections of the backbone.
-_STACKED_PARAMS = (
-    (".qkv_proj", ".q_proj", "q"),
-    (".qkv_proj", ".k_proj", "k"),
-    (".qkv_proj", ".v_proj", "v"),
-    (".gate_up_proj", ".gate_proj", 0),
-    (".gate_up_proj", ".up_proj", 1),
-)
-_SHARDS_OF = {".qkv_proj": {"q", "k", "v"}, ".gate_up_proj": {0, 1}}
-# HF prefix -> vLLM prefix for modules that moved.
-_RENAMED_PREFIXES = (("pos_embedding_spatio_temporal.", "model.pos_embedding_spatio_temporal."),)
-# Buffers some Llama checkpoints carry; vLLM recomputes them.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+# HF prefix -> vLLM prefix for modules that moved: the position tables live in the compiled backbone.
+_HF_TO_VLLM = WeightsMapper(orig_to_new_prefix={"pos_embedding_spatio_temporal.": "model.pos_embedding_spatio_temporal."})
 
 
-def _with_checkpoint_name(param_name: str) -> str:
-    """'model.x.qkv_proj.weight' -> "model.x.qkv_proj.weight (checkpoint: model.x.{q,k,v}_proj.weight)"."""
-    hf = param_name
-    for hf_prefix, param_prefix in _RENAMED_PREFIXES:
-        if hf.startswith(param_prefix):
-            hf = hf_prefix + hf[len(param_prefix):]
-    for param_suffix, parts in ((".qkv_proj", ".{q,k,v}_proj"), (".gate_up_proj", ".{gate,up}_proj")):
-        hf = hf.replace(param_suffix, parts)
-    return param_name if hf == param_name else f"{param_name} (checkpoint: {hf})"
+def _recorded(weights: Iterable[tuple[str, torch.Tensor]], seen: list[str]):
+    """Pass `weights` through, appending every checkpoint name to `seen` as the loader takes it."""
+    for name, tensor in weights:
+        seen.append(name)
+        yield name, tensor
+
+
+def coverage_report(model: nn.Module, seen: list[str], loaded: set[str]) -> str | None:
+    """What `AutoWeightsLoader` left unsaid, from its return value: parameters never loaded (with
+    their checkpoint spelling) and fused parameters only some of whose checkpoint parts came in.
+    None when every parameter is complete."""
+    names = set(seen)
+    missing = sorted(set(dict(model.named_parameters())) - loaded)
+    partial = {}
+    for param in sorted(loaded):
+        for fused, parts in model.packed_modules_mapping.items():
+            if f".{fused}." in param:
+                have = [p for p in parts if param.replace(f".{fused}.", f".{p}.") in names]
+                if len(have) < len(parts):
+                    partial[param] = have
+    if not (missing or partial):
+        return None
+    lines = [f"checkpoint and {type(model).__name__} disagree:"]
+    if missing:
+        lines.append(f"  model parameters not loaded ({len(missing)}): {[_with_checkpoint_name(n, model) for n in missing]}")
+    if partial:
+        lines.append(f"  fused parameters with only some parts loaded: {partial}")
+    return "\n".join(lines)
+
+
+def _with_checkpoint_name(param: str, model: nn.Module) -> str:
+    """'model.x.qkv_proj.weight' -> "model.x.qkv_proj.weight (checkpoint: model.x.{q_proj,k_proj,v_proj}.weight)"."""
+    hf = param
+    for hf_prefix, vllm_prefix in _HF_TO_VLLM.orig_to_new_prefix.items():
+        if hf.startswith(vllm_prefix):
+            hf = hf_prefix + hf[len(vllm_prefix):]
+    for fused, parts in model.packed_modules_mapping.items():
+        hf = hf.replace(f".{fused}.", ".{" + ",".join(parts) + "}.")
+    return param if hf == param else f"{param} (checkpoint: {hf})"
 
 
 @support_torch_compile(
@@ -168,9 +187,9 @@ class LlamaActionModel(LlamaModel):
 
 
 @MULTIMODAL_REGISTRY.register_processor(
-    TerraMultiModalProcessor,
-    info=TerraProcessingInfo,
-    dummy_inputs=TerraDummyInputsBuilder,
+    LlamaActionMultiModalProcessor,
+    info=LlamaActionProcessingInfo,
+    dummy_inputs=LlamaActionDummyInputsBuilder,
 )
 class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
     """Terra v1 for vLLM: prompts of [576 image codes, 6 action slots] per frame (see module doc)."""
@@ -194,13 +213,7 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         quant_config = vllm_config.quant_config
         self.config = config
         self.layout = FrameLayout.from_config(config)
-        max_len = vllm_config.model_config.max_model_len
-        if max_len > self.layout.max_len:
-            raise ValueError(
-                f"max_model_len {max_len} exceeds Terra's {self.layout.max_len} positions "
-                f"({self.layout.max_frames} frames of {self.layout.frame_len}); the temporal "
-                f"embedding has no row for later frames"
-            )
+        check_max_model_len(vllm_config.model_config.max_model_len, self.layout)
 
         with self._mark_tower_model(vllm_config, MODALITY):
             self.action_projection = self._make_action_projection(
@@ -282,60 +295,31 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         return self.logits_processor(self.lm_head, hidden_states)
 
     # ------------------------------------------------------------------ weights
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load the released HF names; raise `WeightLoadingError` listing any mismatch.
+    hf_to_vllm_mapper = _HF_TO_VLLM
 
-        `model.layers.N.self_attn.{q,k,v}_proj` -> `...qkv_proj` (shards q/k/v),
-        `model.layers.N.mlp.{gate,up}_proj` -> `...gate_up_proj` (shards 0/1),
-        `pos_embedding_spatio_temporal.*` -> `model.pos_embedding_spatio_temporal.*` (the tables
-        live in the compiled backbone); every other name (`model.*`, `lm_head.weight`,
-        `action_projection.*`) is the vLLM parameter of the same name. `rotary_emb.inv_freq`-style
-        buffers are skipped.
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load the released HF names with vLLM's `AutoWeightsLoader` and `hf_to_vllm_mapper`.
+
+        `pos_embedding_spatio_temporal.*` moves into the backbone (`model.`); the backbone's own
+        names (`{q,k,v}_proj` into `qkv_proj`, `{gate,up}_proj` into `gate_up_proj`, rotary buffers
+        dropped, quantization scales) are vLLM's `LlamaModel`'s business; `lm_head.*` and
+        `action_projection.*` keep their names. Raises `WeightLoadingError` for a checkpoint weight
+        the model has no parameter for (the loader's own error, naming it) and, from the loader's
+        return value, for parameters left unloaded or fused ones loaded in part (`coverage_report`).
         """
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        shards: dict[str, set] = {}
-        unused: list[str] = []
-        for name, weight in weights:
-            if name.endswith(_IGNORED_SUFFIXES):
-                continue
-            if self.config.tie_word_embeddings and name.startswith("lm_head."):
-                continue  # the same tensor as model.embed_tokens
-            target, shard, fused = name, None, None
-            for hf_prefix, param_prefix in _RENAMED_PREFIXES:
-                if target.startswith(hf_prefix):
-                    target = param_prefix + target[len(hf_prefix):]
-            for param_suffix, hf_suffix, shard_id in _STACKED_PARAMS:
-                if hf_suffix in target:
-                    target, shard, fused = target.replace(hf_suffix, param_suffix), shard_id, param_suffix
-                    break
-            if is_pp_missing_parameter(target, self):
-                continue  # lives on another pipeline stage
-            param = params.get(target)
-            if param is None:
-                unused.append(name)
-                continue
-            weight_loader = getattr(param, "weight_loader", default_weight_loader)
-            if shard is None:
-                weight_loader(param, weight)
-                loaded.add(target)
-            else:
-                weight_loader(param, weight, shard)
-                got = shards.setdefault(target, set())
-                got.add(shard)
-                if got == _SHARDS_OF[fused]:
-                    loaded.add(target)
-        missing = [_with_checkpoint_name(n) for n in sorted(set(params) - loaded)]
-        if unused or missing:
-            partial = {t: sorted(map(str, s)) for t, s in shards.items() if t not in loaded}
-            lines = [f"checkpoint and {type(self).__name__} disagree:"]
-            if unused:
-                lines.append(f"  checkpoint weights not used by the model ({len(unused)}): {sorted(unused)}")
-            if missing:
-                lines.append(f"  model parameters not loaded ({len(missing)}): {missing}")
-            if partial:
-                lines.append(f"  fused parameters with only some shards loaded: {partial}")
-            raise WeightLoadingError("\n".join(lines))
+        mapper = self.hf_to_vllm_mapper
+        if self.config.tie_word_embeddings:
+            mapper = mapper | WeightsMapper(orig_to_new_prefix={"lm_head.": None})  # the embedding's tensor
+        seen: list[str] = []
+        try:
+            loaded = AutoWeightsLoader(self).load_weights(_recorded(weights, seen), mapper=mapper)
+        except (ValueError, KeyError) as err:
+            raise WeightLoadingError(
+                f"checkpoint and {type(self).__name__} disagree:\n  checkpoint weights not used by the model: "
+                f"{seen[-1:]} (vLLM's loader: {err})") from err
+        report = coverage_report(self, seen, loaded)
+        if report:
+            raise WeightLoadingError(report)
         return loaded
 
 

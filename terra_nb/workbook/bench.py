@@ -30,7 +30,8 @@ from typing import Callable
 import torch
 
 from terra_nb.port.checkpoints import write_random_checkpoint
-from terra_nb.port.config import FrameLayout, LlamaActionConfig
+from terra_nb.port.config import LlamaActionConfig
+from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 

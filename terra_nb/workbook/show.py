@@ -16,7 +16,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from terra_nb.workbook.paths import REPO
 
@@ -317,3 +317,27 @@ def environment_info(device: str | None = None) -> dict[str, Any]:
         "git_commit": _git_commit(),
         "executable": sys.executable,
     }
+
+
+def text_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A fixed-width text table of dict rows (deterministic, for printing and nbval): columns in
+    first-seen order unless given, floats to 2 places, ints from 10,000 with thousands separators."""
+    if not rows and not columns:
+        return ""
+    if columns is None:
+        columns = []
+        for r in rows:
+            columns += [k for k in r if k not in columns]
+    cells = [[str(c) for c in columns]] + [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.2f}"
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:
+        return f"{v:,}"
+    return str(v)

@@ -16,7 +16,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 
 IMAGE_COLOR = "#4C72B0"
 ACTION_COLOR = "#DD8452"
