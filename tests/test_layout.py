@@ -185,8 +185,6 @@ def test_validate_actions_refuses_data_that_is_not_numbers():
 # ---------------------------------------------------------------------------- the rule table
 def _one_of_each_refusal():
     """rule id -> a call that breaks exactly that rule (every rule of RULES appears once)."""
-    from types import SimpleNamespace
-
     from terra_nb.port import layout as L
 
     ok = build_prompt(torch.zeros(2, 64, dtype=torch.long), TINY)

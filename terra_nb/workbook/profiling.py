@@ -73,7 +73,8 @@ class ProfileSpec:
     torch_profile: bool = True
 
 
-def _sync():
+def sync() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU), so that a timer brackets it."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -159,10 +160,10 @@ def _wall(fn, gc_off: bool = False, repeats: int = 3) -> float:
         if gc_off:
             gc.disable()
         try:
-            _sync()
+            sync()
             t0 = time.perf_counter()
             fn()
-            _sync()
+            sync()
             times.append(time.perf_counter() - t0)
         finally:
             gc.enable()
@@ -172,16 +173,16 @@ def _wall(fn, gc_off: bool = False, repeats: int = 3) -> float:
 def profiled(fn, label: str, timed: dict[str, tuple[object, str]] | None = None) -> dict:
     """Run `fn` once plain (wall time) and once under cProfile (phases, top functions); the phases
     in `timed` (phase -> (obj, method), see `timed_calls`) are clocked in that same run instead."""
-    _sync()
+    sync()
     t0 = time.perf_counter()
     fn()
-    _sync()
+    sync()
     wall = time.perf_counter() - t0
     prof = cProfile.Profile()
     with timed_calls(timed or {}) as clocked:
         prof.enable()
         fn()
-        _sync()
+        sync()
         prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
     phases = _phase_times(stats)
@@ -197,7 +198,7 @@ def kernel_profile(fn, steps: int, label: str) -> dict:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=acts) as prof:
         fn()
-        _sync()
+        sync()
     events = prof.key_averages()
     dev_key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
 

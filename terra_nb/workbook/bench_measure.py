@@ -1,0 +1,422 @@
+"""Measuring the benchmark's rows: HF `generate`, our vLLM port, stock vLLM Llama, in this process.
+
+Each engine runs in its own process (a vLLM engine does not hand its GPU memory back reliably):
+`measure` starts `python -m terra_nb.workbook.bench run` once per engine group and merges the
+parts (`bench_report.merge`); `run` is what such a process does. Lengths are forced the cheap way:
+`eos_token_id=None` in HF and `ignore_eos=True` in vLLM (never `min_new_tokens` / `min_tokens`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from terra_nb.port.config import LlamaActionConfig
+from terra_nb.port.layout import FrameLayout
+from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
+from terra_nb.workbook.bench_report import merge
+from terra_nb.workbook.bench_workload import Workload, checkpoint, engine_groups, row_batch, row_engine, stock_llama_checkpoint
+from terra_nb.workbook.data import load_sample
+from terra_nb.workbook.profiling import sync as _sync
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    _sync()
+    t0 = time.perf_counter()
+    fn()
+    _sync()
+    return time.perf_counter() - t0
+
+
+def _row(name: str, batch: int, frames: int, trials: list[float], **extra) -> dict:
+    med = statistics.median(trials)
+    return dict(name=name, batch=batch, frames=frames, repeats=len(trials), trials_s=[round(t, 3) for t in trials],
+                s_per_frame=med / frames, frames_per_s=batch * frames / med, **extra)
+
+
+def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
+    """HF `generate` with the KV cache, one call for all frames, as the seed ran it."""
+    from transformers import AutoModelForCausalLM
+
+    import terra_nb  # noqa: F401  (registers the Auto classes)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto").to(device).eval()
+    load_s = time.perf_counter() - t0
+    layout = FrameLayout.from_config(model.config)
+    sample = load_sample(wl.preset)
+    ids = sample.context[: wl.n_ctx].reshape(1, -1).to(device)
+    actions = sample.actions[None].to(device)
+    kw = hf_generate_kwargs(SamplingConfig(temperature=wl.temperature, seed=wl.seed), layout)
+
+    def gen(n_tokens: int):
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, actions=actions, max_new_tokens=n_tokens, **kw)
+        assert out.shape[1] == ids.shape[1] + n_tokens, out.shape
+
+    # Warm-up at the full trial length: the first call at a new length can pay one-off costs
+    # (allocation, kernel selection) that are not per-frame time (notebook 07, trap 2).
+    _timed(lambda: gen(wl.short_frames * layout.image_tokens))
+    torch.manual_seed(wl.seed)
+    trials = [_timed(lambda: gen(wl.short_frames * layout.image_tokens)) for _ in range(wl.short_repeats)]
+    del model
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the next engine sizes its KV cache from the free memory
+    return [_row("hf", 1, wl.short_frames, trials, load_s=round(load_s, 1))]
+
+
+def _engine(ckpt: Path, **kw):
+    from terra_nb.port.vllm_rollout import make_llm
+
+    t0 = time.perf_counter()
+    llm = make_llm(ckpt, **kw)
+    return llm, time.perf_counter() - t0
+
+
+class Progress:
+    """Rows as they are measured: each is written to `partial` at once (a device call that runs out
+    of time keeps what it measured), and rows starting after `deadline_s` are skipped, not lost."""
+
+    def __init__(self, partial: Path | None = None, deadline_s: float | None = None, header: dict | None = None):
+        self.partial, self.deadline_s, self.header = partial, deadline_s, header or {}
+        self.t0 = time.perf_counter()
+        self.rows: list[dict] = []
+        self.errors: list[dict] = []
+        self.extra: dict = {}
+
+    def out_of_time(self, what: str) -> bool:
+        late = self.deadline_s is not None and time.perf_counter() - self.t0 > self.deadline_s
+        if late:
+            self.errors.append(dict(group=what, error=f"skipped: past the {self.deadline_s:.0f} s deadline"))
+        return late
+
+    def add(self, row: dict) -> dict:
+        self.rows.append(row)
+        self.flush()
+        return row
+
+    def flush(self) -> None:
+        if self.partial is not None:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            self.partial.write_text(json.dumps(dict(self.header, rows=self.rows, errors=self.errors, **self.extra), indent=2))
+
+
+def _rollout_trials(llm, wl: Workload, batch: int, frames: int, repeats: int):
+    from terra_nb.port.vllm_rollout import RolloutStats, vllm_rollout
+
+    sample = load_sample(wl.preset)
+    ctx = sample.context[: wl.n_ctx].expand(batch, -1, -1).contiguous()
+    sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
+    vllm_rollout(llm, ctx[:1], sample.actions, 1, sampling, progress=False)  # warm-up
+    trials, stats = [], []
+    for r in range(repeats):
+        st = RolloutStats()
+        s = dataclasses.replace(sampling, seed=wl.seed + 1 + r)  # a fresh draw; the prompt prefix is shared
+        trials.append(_timed(lambda: vllm_rollout(llm, ctx, sample.actions, frames, s, progress=False, stats=st)))
+        stats.append(st)
+    return trials, stats
+
+
+def hit_rate_after_first(stats, n_ctx: int, frame_len: int) -> float:
+    """Share of prompt tokens served from the prefix cache in the frame steps after the first.
+
+    Step k of a one-round rollout submits prompts of (n_ctx + k) frames; step 0 can only hit
+    what an earlier rollout left in the cache, so it is left out.
+    """
+    cached = prompt = 0
+    for st in stats:
+        for k, per_request in enumerate(st.per_call_cached[1:], start=1):
+            cached += sum(per_request)
+            prompt += len(per_request) * (n_ctx + k) * frame_len
+    return cached / prompt if prompt else float("nan")
+
+
+def _probe_port(llm, wl: Workload) -> dict:
+    from terra_nb.port.vllm_rollout import engine_layout, frame_request
+
+    layout, _ = engine_layout(llm)
+    sample = load_sample(wl.preset)
+    return decode_probe(llm, frame_request(sample.context[: wl.n_ctx], sample.actions, layout), layout, wl)
+
+
+def _frame_len(ckpt: Path) -> int:
+    return FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))).frame_len
+
+
+def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None, profile_spec=None,
+               **engine_kwargs) -> list[dict]:
+    progress = progress or Progress()
+    if "vllm_eager" in rows and not progress.out_of_time("vllm_eager"):
+        llm, start = _engine(ckpt, enforce_eager=True)
+        trials, _ = _rollout_trials(llm, wl, 1, wl.short_frames, wl.short_repeats)
+        progress.add(_row("vllm_eager", 1, wl.short_frames, trials, engine_start_s=round(start, 1)))
+        _shutdown(llm)
+    graph_rows = [r for r in rows if row_engine(r) == "vllm"]
+    if graph_rows:
+        llm, start = _engine(ckpt, **engine_kwargs)
+        _profile_into(progress, llm, "port", wl, profile_spec, FrameLayout.from_config(llm.model_config.hf_config))
+        first = None
+        for name in graph_rows:
+            if progress.out_of_time(name):
+                continue
+            batch = row_batch(name)
+            trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, wl.repeats_for(batch))
+            row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+                       prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)))
+            first = first or row
+            progress.add(row)
+        if first is not None:
+            first["probe"] = _probe_port(llm, wl)
+            first["greedy_tokens"] = greedy_tokens(llm, wl)
+            progress.flush()
+    return progress.rows
+
+
+def _shutdown(llm) -> None:
+    from terra_nb.port.vllm_compat import shutdown_llm
+
+    shutdown_llm(llm)
+
+
+def _profile_into(progress: Progress, llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> None:
+    """Profile a warm engine (see `profiling`) before its rows, into the part's `profile` key."""
+    if spec is None or progress.out_of_time(f"profile {engine}"):
+        return
+    progress.extra["profile"] = profile_on(llm, engine, wl, spec, layout)
+    progress.flush()
+
+
+def stock_engine(ckpt: Path, **engine_kwargs):
+    """Stock vLLM Llama of the port's shape (`stock_llama_checkpoint`), built like `make_llm`
+    builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
+    import vllm
+
+    from terra_nb.port.vllm_rollout import _config_dtype, apply_gpu_settings
+
+    stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
+    cfg = LlamaActionConfig.from_pretrained(str(ckpt))
+    kwargs = dict(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
+                  max_model_len=FrameLayout.from_config(cfg).max_len, dtype=_config_dtype(cfg))
+    if not torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = 0.2  # see make_llm
+    kwargs.update(engine_kwargs)
+    if torch.cuda.is_available():
+        apply_gpu_settings(kwargs)  # as make_llm: the same memory cap and attention arithmetic
+    t0 = time.perf_counter()
+    llm = vllm.LLM(**kwargs)
+    return llm, time.perf_counter() - t0
+
+
+def stock_rollout(llm, ctx_prompt: list[int], layout: FrameLayout, batch: int, frames: int, sampling: SamplingConfig):
+    """The port's frame-by-frame loop on plain token prompts: every step re-submits each prompt
+    grown by its last frame and six placeholder ids, with the port's sampling parameters."""
+    from terra_nb.port.vllm_rollout import step_params
+
+    prompts = [list(ctx_prompt) for _ in range(batch)]
+    slots = [layout.placeholder_id] * layout.action_tokens
+    for k in range(frames):
+        params = step_params(sampling, layout, batch, k)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        prompts = [p + list(out.outputs[0].token_ids) + slots for p, out in zip(prompts, outs)]
+
+
+def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None, profile_spec=None,
+                **engine_kwargs) -> list[dict]:
+    """Stock vLLM Llama, same shape, plain token prompts, the same frame-by-frame loop."""
+    from terra_nb.port.layout import build_prompt
+
+    progress = progress or Progress()
+    layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
+    llm, start = stock_engine(ckpt, **engine_kwargs)
+    ctx = build_prompt(load_sample(wl.preset).context[: wl.n_ctx], layout)
+    sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
+    stock_rollout(llm, ctx, layout, 1, 1, sampling)  # warm-up
+    _profile_into(progress, llm, "stock", wl, profile_spec, layout)
+    first = None
+    for name in [r for r in rows if row_engine(r) == "stock_llama"]:
+        if progress.out_of_time(name):
+            continue
+        batch = row_batch(name)
+        trials = [_timed(lambda: stock_rollout(llm, ctx, layout, batch, wl.long_frames,
+                                               dataclasses.replace(sampling, seed=wl.seed + 1 + r)))
+                  for r in range(wl.repeats_for(batch))]
+        row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1))
+        first = first or row
+        progress.add(row)
+    if first is not None:
+        first["probe"] = decode_probe(llm, {"prompt_token_ids": ctx}, layout, wl)
+        progress.flush()
+    return progress.rows
+
+
+def decode_probe(llm, request: dict, layout: FrameLayout, wl: Workload, repeats: int = 5) -> dict:
+    """Split a frame's time into per-call overhead and per-token decode (prompt fully cached).
+
+    One `generate` of 1 token costs the call overhead (input processing, scheduling, prefill of
+    the uncached tail); one of a whole frame adds P-1 decode steps. Medians of `repeats`.
+    """
+    import vllm
+
+    def once(n: int) -> float:
+        p = vllm.SamplingParams(temperature=wl.temperature, max_tokens=n, ignore_eos=True, seed=7,
+                                detokenize=False, **_suppress(layout))
+        return _timed(lambda: llm.generate([request], p, use_tqdm=False))
+
+    once(2)  # caches the prompt
+    call = statistics.median(once(2) for _ in range(repeats))
+    frame = statistics.median(once(layout.image_tokens) for _ in range(max(2, repeats // 2)))
+    return dict(call_s=round(call, 4), frame_s=round(frame, 4),
+                decode_ms_per_token=round(1000 * (frame - call) / (layout.image_tokens - 2), 4))
+
+
+def _suppress(layout: FrameLayout) -> dict:
+    from terra_nb.port.vllm_rollout import sampling_params
+
+    bias = sampling_params(SamplingConfig(temperature=0.0), layout).logit_bias
+    return {"logit_bias": bias} if bias else {}
+
+
+def greedy_tokens(llm, wl: Workload, frames: int = 3) -> list[list[int]]:
+    """Greedy codes of a short rollout, to compare engines (e.g. TP=1 vs TP=2)."""
+    from terra_nb.port.vllm_rollout import vllm_rollout
+
+    sample = load_sample(wl.preset)
+    out = vllm_rollout(llm, sample.context[: wl.n_ctx], sample.actions, frames, SamplingConfig(temperature=0.0),
+                       progress=False)
+    return out.tolist()
+
+
+def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | None = None,
+        partial: Path | None = None, deadline_s: float | None = None, profile_spec=None) -> dict:
+    """Measure `rows` in this process; `engine_kwargs` go to every vLLM engine (e.g. max_num_seqs).
+
+    With `partial`, the part is rewritten after every row; rows that would start after
+    `deadline_s` seconds are skipped (listed in `errors`); with `profile_spec` (a
+    `profiling.ProfileSpec`), each vLLM engine is also profiled before its rows (key `profile`).
+    """
+    from terra_nb.workbook.show import environment_info
+
+    engines = {row_engine(r) for r in rows}  # raises on an unknown row
+    ckpt = checkpoint(ckpt_root, wl)
+    kw = dict(engine_kwargs or {})
+    header = dict(env=environment_info(), workload=dataclasses.asdict(wl),
+                  dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype), engine_kwargs=kw,
+                  command=" ".join(shlex.quote(a) for a in sys.argv))
+    progress = Progress(partial, deadline_s, header)
+    groups = [
+        ("hf", lambda: [progress.add(r) for r in bench_hf(ckpt, wl)] if not progress.out_of_time("hf") else []),
+        ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, **kw)),
+        ("stock_llama", lambda: bench_stock(ckpt, wl, rows, progress, profile_spec, **kw)),
+    ]
+    for prefix, measure in groups:
+        if not ({prefix} & engines or (prefix == "vllm" and "vllm_eager" in engines)):
+            continue
+        try:  # a device lease is scarce: one broken group must not lose the others' figures
+            measure()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            progress.errors.append(dict(group=prefix, error=f"{type(e).__name__}: {e}"))
+    progress.flush()
+    return dict(header, rows=progress.rows, errors=progress.errors, **progress.extra)
+
+
+def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dict:
+    """`profiling.profile_engine` on a built engine: our port (`engine="port"`, requests with
+    actions) or stock vLLM Llama (`"stock"`, plain token prompts); the benchmark's context and
+    sampling parameters."""
+    from terra_nb.port.layout import build_prompt
+    from terra_nb.workbook.profiling import profile_engine
+    from terra_nb.port.vllm_rollout import frame_request
+
+    sample = load_sample(wl.preset)
+    ctx = sample.context[: spec.n_ctx]
+    if engine == "port":
+        request = frame_request(ctx, sample.actions, layout)
+    elif engine == "stock":
+        request = {"prompt_token_ids": build_prompt(ctx, layout)}
+    else:
+        raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
+    return dict(engine=engine, **profile_engine(llm, lambda b: request, layout, spec, _suppress(layout)))
+
+
+def profile(engine: str, wl: Workload, ckpt_root: Path, spec, engine_kwargs: dict | None = None) -> dict:
+    """Build one engine (port or stock) and profile it; the file records device and versions."""
+    from terra_nb.workbook.show import environment_info
+
+    ckpt = checkpoint(ckpt_root, wl)
+    kw = dict(engine_kwargs or {})
+    if engine not in ("port", "stock"):
+        raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
+    llm, start = _engine(ckpt, **kw) if engine == "port" else stock_engine(ckpt, **kw)
+    res = profile_on(llm, engine, wl, spec, FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))))
+    return dict(engine_start_s=round(start, 1), env=environment_info(), workload=dataclasses.asdict(wl),
+                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype), engine_kwargs=kw,
+                command=" ".join(shlex.quote(x) for x in sys.argv), **res)
+
+
+NO_MULTICAST_TP_KWARGS = dict(disable_custom_all_reduce=True,
+                              compilation_config={"pass_config": {"fuse_allreduce_rms": False}})
+"""Engine settings for TP>1 that keep vLLM 0.26 off NVLink multicast (its all-reduce + RMSNorm fusion
+picks FlashInfer's multicast backend by default); `tools/gpu.sh tp` also sets the matching
+environment (`VLLM_ALLREDUCE_USE_FLASHINFER=0`, `NCCL_NVLS_ENABLE=0`, ...)."""
+
+
+def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None) -> dict:
+    """Our default engine with `tensor_parallel_size=tp`: greedy tokens vs TP=1, and its timing."""
+    from terra_nb.workbook.show import environment_info
+
+    ckpt = checkpoint(ckpt_root, wl)
+    llm, start = _engine(ckpt, tensor_parallel_size=tp, **NO_MULTICAST_TP_KWARGS)
+    tokens = greedy_tokens(llm, wl)
+    trials, stats = _rollout_trials(llm, wl, 1, wl.long_frames, 1)
+    row = _row(f"vllm_tp{tp}", 1, wl.long_frames, trials, engine_start_s=round(start, 1), tp=tp,
+               prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)), greedy_tokens=tokens)
+    if ref is not None:
+        ref_tokens = next(r["greedy_tokens"] for r in ref["rows"] if "greedy_tokens" in r)
+        a, b = torch.tensor(ref_tokens), torch.tensor(tokens)
+        row["greedy_vs_tp1"] = dict(equal=bool(torch.equal(a, b)), agreement=float((a == b).float().mean()),
+                                    first_mismatch=int((a != b).flatten().nonzero()[0]) if not torch.equal(a, b) else None)
+    return dict(env=environment_info(), workload=dataclasses.asdict(wl),
+                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype),
+                command=" ".join(shlex.quote(a) for a in sys.argv), rows=[row], errors=[])
+
+
+def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path | str,
+            timeout: float | None = None) -> dict:
+    """Run `rows` with `python -m terra_nb.workbook.bench run`, one fresh process per engine group
+    (`engine_groups`), and merge the parts (see `merge`). Part files land in `work_dir`.
+
+    A process that fails raises `RuntimeError` with the end of its output; a row group that fails
+    inside a process is listed in the result's `errors` (as `run` records it).
+    """
+    import subprocess
+
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for i, group in enumerate(engine_groups(rows)):
+        out = work_dir / f"part_{i}.json"
+        out.unlink(missing_ok=True)  # a stale part must not pass for this run's
+        cmd = [sys.executable, "-m", "terra_nb.workbook.bench", "run", "--rows", ",".join(group), "--preset", wl.preset,
+               "--ckpt-root", str(ckpt_root), "--out", str(out)]
+        for f in dataclasses.fields(Workload):
+            if f.name != "preset":
+                cmd += ["--" + f.name.replace("_", "-"), str(getattr(wl, f.name))]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            raise RuntimeError(f"benchmark process for rows {group} failed (exit {proc.returncode}):\n{tail}")
+        parts.append(json.loads(out.read_text()))
+    return merge(parts)

@@ -1,0 +1,175 @@
+"""The benchmark's results: merging parts into one file, the Markdown table, the README section.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from terra_nb.workbook.bench_workload import SEED_FIGURES, row_batch, row_engine
+
+
+def merge(parts: list[dict]) -> dict:
+    """One results file from the parts of one lease; each row says which call measured it."""
+    env = parts[0]["env"]
+    rows, errors = [], []
+    for i, p in enumerate(parts):
+        errors += [dict(e, part=i) for e in p.get("errors", [])]
+        for r in p["rows"]:
+            rows.append(dict(r, part=i, command=p["command"]))
+    by = {r["name"]: r for r in rows}
+    speedup = by["hf"]["s_per_frame"] / by["vllm"]["s_per_frame"] if {"hf", "vllm"} <= by.keys() else None
+    hit = by["vllm"].get("prefix_cache_hit_rate") if "vllm" in by else None
+    return dict(
+        device=env["device"],
+        versions={k: env[k] for k in ("vllm", "torch", "transformers", "python")},
+        dtype=parts[0]["dtype"],
+        workload=parts[0]["workload"],
+        command=[p["command"] for p in parts],
+        date=env["date"],
+        env=env,
+        rows=rows,
+        errors=errors,
+        speedup_vs_hf=speedup,
+        prefix_cache_hit_rate=hit,
+        ratios={
+            "vllm_vs_stock": by["vllm"]["s_per_frame"] / by["stock_llama"]["s_per_frame"]
+            if {"vllm", "stock_llama"} <= by.keys() else None,
+            "eager_vs_hf": by["hf"]["s_per_frame"] / by["vllm_eager"]["s_per_frame"]
+            if {"hf", "vllm_eager"} <= by.keys() else None,
+        },
+        commit=env.get("git_commit"),   # the code that ran; a results file holds one commit and one lease
+        lease=None,                      # set when committing: which machine lease measured the parts
+        curve=throughput_curve(rows),
+        profile=profile_digest({p["profile"]["engine"]: p["profile"] for p in parts if "profile" in p}),
+    )
+
+
+def profile_digest(profiles: dict[str, dict]) -> dict | None:
+    """What a results file keeps of the parts' profiles: per engine, each section's wall time and
+    phases and each decode's kernels per step; port vs stock section by section when both ran.
+    (The full profiles go beside the results file, see `main`.)"""
+    from terra_nb.workbook.profiling import compare
+
+    if not profiles:
+        return None
+    out = {e: dict(sections=[dict(label=s["label"], wall_s=s["wall_s"], phases=s["phases"]) for s in p["sections"]],
+                   kernels=[{k: v for k, v in k_.items() if not k.startswith("top_")} for k_ in p.get("kernels", [])])
+           for e, p in profiles.items()}
+    if {"port", "stock"} <= profiles.keys():
+        out["port_vs_stock"] = compare(profiles["port"], profiles["stock"])
+    return out
+
+
+def throughput_curve(rows: list[dict]) -> list[dict]:
+    """Frames per second of the port and of stock at each batch both measured, and their ratio."""
+    port = {r["batch"]: r["frames_per_s"] for r in rows if r["name"].startswith("vllm") and r["name"] != "vllm_eager"
+            and "tp" not in r}
+    stock = {r["batch"]: r["frames_per_s"] for r in rows if r["name"].startswith("stock_llama")}
+    return [dict(batch=b, port_frames_per_s=port.get(b), stock_frames_per_s=stock.get(b),
+                 port_vs_stock=round(port[b] / stock[b], 3) if b in port and b in stock else None)
+            for b in sorted(port.keys() | stock.keys())]
+
+
+ROW_LABELS = {
+    "hf": "HF `generate` + KV cache (the seed's baseline)",
+    "vllm_eager": "our port, `enforce_eager=True` (the seed's setting)",
+    "vllm": "our port, CUDA graphs + prefix caching (default)",
+    "stock_llama": "stock vLLM Llama, same shape (ceiling)",
+}
+
+
+def row_label(name: str) -> str:
+    """A row's label in tables: `ROW_LABELS`, or 'our port, 64 rollouts at once' for curve rows."""
+    if name in ROW_LABELS:
+        return ROW_LABELS[name]
+    who = "our port" if row_engine(name) == "vllm" else "stock vLLM Llama"
+    return f"{who}, {row_batch(name)} rollouts at once"
+
+
+def load_results(results_dir: Path | None = None) -> dict[str, dict]:
+    """Committed GPU results: {file stem: results}, from results/benchmark_*.json."""
+    from terra_nb.workbook.paths import RESULTS
+
+    folder = Path(results_dir) if results_dir is not None else RESULTS
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("benchmark_*.json"))}
+
+
+RATIO_LABEL = "frames/s ÷ HF's frames/s"
+"""What `results_table`'s ratio column and `report_rows`' `x_hf` divide: a row's frames per second
+(all its rollouts together) by the HF row's (batch 1), each over the frames its own trials ran."""
+
+
+def _hf_basis(res: dict) -> str:
+    hf = next((r for r in res["rows"] if r["name"] == "hf"), None)
+    return f"HF: batch 1, {hf['frames']} frames per trial" if hf else "no HF row"
+
+
+def _provenance(res: dict) -> str:
+    """Which commit's code and which lease measured a results file (every row of it)."""
+    commit = res.get("commit") or (res.get("env") or {}).get("git_commit") or "unknown"
+    return f"Commit {commit}; {res.get('lease') or 'lease not recorded'}."
+
+
+def results_table(res: dict) -> str:
+    """A Markdown table of one results file (one commit, one lease), with the seed's figures beside ours."""
+    hf = next((r["frames_per_s"] for r in res["rows"] if r["name"] == "hf"), None)
+    lines = [f"| row | batch | frames per trial | s / frame (per rollout) | frames / s (all rollouts) | "
+             f"{RATIO_LABEL} ({_hf_basis(res)}) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in res["rows"]:
+        ratio = f"{r['frames_per_s'] / hf:.1f}x" if hf else ""
+        lines.append(f"| {row_label(r['name'])} | {r['batch']} | {r['frames']} | "
+                     f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} | {ratio} |")
+    lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x (÷ seed HF) |")
+    lines.append(f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | | 2.6x (÷ seed HF) |")
+    v = res["versions"]
+    foot = (f"\n{_provenance(res)} {res['device']}, vLLM {v['vllm']}, torch {v['torch']}, "
+            f"transformers {v['transformers']}, {res['dtype']}, {res['date']}. Medians of repeated trials, "
+            f"warm-up excluded; temperature {res['workload']['temperature']}, {res['workload']['n_ctx']} context frames.")
+    if res.get("speedup_vs_hf"):
+        by = {r["name"]: r for r in res["rows"]}
+        foot += (f" Speed-up of our default over HF (HF's s/frame ÷ the default's, both batch 1; HF timed on "
+                 f"{by['hf']['frames']} frames per trial, the default on {by['vllm']['frames']}): "
+                 f"{res['speedup_vs_hf']:.1f}x.")
+    if res.get("prefix_cache_hit_rate") is not None:
+        foot += f" Prefix-cache hits after the first frame: {100 * res['prefix_cache_hit_rate']:.1f}% of prompt tokens."
+    for note in res.get("notes", []):
+        foot += f"\n- {note}"
+    return "\n".join(lines) + "\n" + foot
+
+
+README_START, README_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+
+
+def readme_section(results: dict[str, dict]) -> str:
+    if not results:
+        return "No GPU results are committed yet (`results/benchmark_<gpu>.json`)."
+    return "\n\n".join(f"`results/{stem}.json`:\n\n{results_table(res)}" for stem, res in results.items())
+
+
+def update_readme(readme: Path | None = None, results: dict[str, dict] | None = None) -> bool:
+    """Rewrite the README's benchmark section from the committed JSON; True if it changed."""
+    from terra_nb.workbook.paths import REPO
+
+    readme = Path(readme) if readme is not None else REPO / "README.md"
+    text = readme.read_text()
+    a, b = text.index(README_START) + len(README_START), text.index(README_END)
+    new = text[:a] + "\n" + readme_section(load_results() if results is None else results) + "\n" + text[b:]
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+def report_rows(res: dict) -> list[dict]:
+    """The seed's two figures followed by a results file's rows, as plain dicts for
+    `results.record_result` (the report renders them as one table). `x_hf` is `RATIO_LABEL`: a
+    row's frames/s ÷ its HF's (the seed's rows: ÷ the seed's HF)."""
+    s_hf = SEED_FIGURES["seed HF (11.03 s)"]
+    out = [{"row": name, "batch": 1, "frames": 22, "s_per_frame": s, "frames_per_s": round(1 / s, 4),
+            "x_hf": round(s_hf / s, 2)} for name, s in SEED_FIGURES.items()]
+    hf = next((r for r in res.get("rows", []) if r["name"] == "hf"), None)
+    for r in res.get("rows", []):
+        out.append({"row": r["name"], "batch": r.get("batch", 1), "frames": r.get("frames"),
+                    "s_per_frame": round(r["s_per_frame"], 4), "frames_per_s": round(r["frames_per_s"], 3),
+                    "x_hf": round(r["frames_per_s"] / hf["frames_per_s"], 2) if hf else None})
+    return out
