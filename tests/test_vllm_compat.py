@@ -197,10 +197,6 @@ print("PROBE" + json.dumps({"version": vllm.__version__, "problems": hook_proble
 """
 
 
-_SRC_026 = next((p for p in (VLLM026_SRC, Path("/tmp/v026/src")) if (p / "vllm" / "v1").is_dir()), None)
-
-
-@pytest.mark.skipif(_SRC_026 is None, reason="vLLM 0.26.0 source tree not present")
-def test_vllm_026_has_every_private_hook_too(tiny_ckpt, run_probe):
-    out = run_probe(_HOOK_PROBE, tiny_ckpt, _SRC_026)
+def test_vllm_026_has_every_private_hook_too(tiny_ckpt, run_probe, vllm026_src):
+    out = run_probe(_HOOK_PROBE, tiny_ckpt, vllm026_src)
     assert out["version"].startswith("0.26") and out["problems"] == []

@@ -115,9 +115,9 @@ def test_tampered_checkpoints_give_clear_errors(in_process, tiny_ckpt):
     model = in_process(tiny_ckpt)
     assert W.loading_error(model, sd) is None
     msgs = {k: W.loading_error(model, W.tampered(sd, k)) for k in W.TAMPER_KINDS}
-    assert "not used by the model (1): ['action_head.weight']" in msgs["extra"]
+    assert "not used by the model: ['action_head.weight']" in msgs["extra"]
     assert "not loaded (1)" in msgs["missing"] and "temporal_embeddings" in msgs["missing"]
-    assert "['q', 'v']" in msgs["missing_shard"]
+    assert "['q_proj', 'v_proj']" in msgs["missing_shard"]
     assert "action_proj.bias" in msgs["renamed"] and "action_projection.bias" in msgs["renamed"]
     with pytest.raises(ValueError, match="unknown kind"):
         W.tampered(sd, "nope")
@@ -207,7 +207,7 @@ def test_the_engine_maps_and_checks_its_own_class(llm, tiny_ckpt):
     assert [r.checkpoint_name for r in m.rows] == list(W.checkpoint_weights(tiny_ckpt))
     assert all(isinstance(r.rows, tuple) for r in m.rows)
     assert set(m.errors) == set(W.TAMPER_KINDS) and all(m.errors.values())
-    assert "['q', 'v']" in m.errors["missing_shard"]
+    assert "['q_proj', 'v_proj']" in m.errors["missing_shard"]
     shapes = W.engine_parameter_shapes(llm)
     assert set(shapes) == set(m.class_shapes)
     if _on_cpu():  # vLLM's CPU backend repacks linear weights and leaves [0] stubs
