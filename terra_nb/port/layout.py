@@ -180,6 +180,7 @@ _RULES = (
 )
 RULES: Mapping[str, Rule] = {r.id: r for r in _RULES}
 """Rule id -> `Rule(id, param, template)`: every refusal of a Terra input, one message each."""
+_PATTERNS = {r.id: r.pattern for r in _RULES}
 
 
 class TerraInputError(ValueError):
@@ -199,8 +200,8 @@ def rule_of(message: str | BaseException) -> str | None:
     if rule in RULES:
         return rule
     text = str(message)
-    # The most specific template wins ("actions must be numbers" also fits "{what} must be {bound}").
-    hits = [r for r in _RULES if r.pattern.search(text)]
+    hits = [r for r in _RULES if _PATTERNS[r.id].search(text)]
+    # Where several fit (a field's text may echo another rule's words), the most literal template wins.
     return max(hits, key=lambda r: len(re.sub(r"\{[a-z_]*\}", "", r.template))).id if hits else None
 
 
