@@ -17,10 +17,10 @@ models pass untouched) it applies `layout`'s rules to the finished `EngineCoreRe
 * with actions: the processor has checked the prompt already; nothing is repeated;
 * always: `layout.check_sampling_ids` and `layout.check_generation_window` (one frame per request).
 
-Any `TerraInputError` raised on the way (here or in the processor) leaves as vLLM's own
-validation error (`as_request_error`: a `RequestValidationError`, which is a `ValueError` and a
-`VLLMValidationError`, answered with HTTP 400 by vLLM's server) with the same message, `.param`
-and `.rule`, before anything reaches the engine core: the engine keeps serving. In a batch vLLM
+Any `TerraInputError` raised on the way (here, or in the processor and data parser, which use
+`vllm_refusals` too) leaves as vLLM's own validation error (`as_request_error`: a
+`RequestValidationError`, which is a `ValueError` and a `VLLMValidationError`, answered with
+HTTP 400 by vLLM's server) with the same message, `.param` and `.rule`, before anything reaches the engine core: the engine keeps serving. In a batch vLLM
 adds the requests one by one and, when one raises, aborts those already added and re-raises.
 
 **Cost.** Nothing per decode step, nothing in the engine core or the workers; per request O(1)
@@ -30,6 +30,7 @@ and with it vLLM's own checks too.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 
@@ -44,7 +45,7 @@ from .layout import (
 )
 from .vllm_compat import InputProcessor, RequestValidationError
 
-__all__ = ["as_request_error", "check_request", "install", "installed", "terra_layout"]
+__all__ = ["as_request_error", "check_request", "install", "installed", "terra_layout", "vllm_refusals"]
 
 _MARK = "_terra_front_door"
 
@@ -63,6 +64,15 @@ def as_request_error(err: TerraInputError) -> RequestValidationError:
     out.rule, out.param = err.rule, err.param
     out.__cause__ = err
     return out
+
+
+@contextlib.contextmanager
+def vllm_refusals():
+    """Inside: a `TerraInputError` leaves as vLLM's validation error (`as_request_error`)."""
+    try:
+        yield
+    except TerraInputError as err:
+        raise as_request_error(err) from err
 
 
 def check_request(request, layout: FrameLayout) -> None:
@@ -111,14 +121,12 @@ def install() -> None:
         layout = _door(self)
         if layout is None:
             return process_inputs(self, *args, **kwargs)
-        try:  # process_inputs(request_id, prompt, params, ...) on both releases
+        with vllm_refusals():  # process_inputs(request_id, prompt, params, ...) on both releases
             # An array fails inside vLLM ("truth value ... is ambiguous") before it could be checked.
             prompt = kwargs["prompt"] if "prompt" in kwargs else args[1] if len(args) > 1 else None
             check_prompt_container(_plain_prompt_ids(prompt))
             request = process_inputs(self, *args, **kwargs)
             check_request(request, layout)
-        except TerraInputError as err:
-            raise as_request_error(err) from err
         return request
 
     setattr(checked_process_inputs, _MARK, True)

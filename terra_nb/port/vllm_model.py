@@ -313,10 +313,11 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         seen: list[str] = []
         try:
             loaded = AutoWeightsLoader(self).load_weights(_recorded(weights, seen), mapper=mapper)
-        except (ValueError, KeyError) as err:
+        except (ValueError, KeyError) as err:  # the loader's first sentence names it (the rest is a set)
+            said = str(err).split(". ")[0]
             raise WeightLoadingError(
                 f"checkpoint and {type(self).__name__} disagree:\n  checkpoint weights not used by the model: "
-                f"{seen[-1:]} (vLLM's loader: {err})") from err
+                f"{seen[-1:]} (vLLM's loader: {said})") from err
         report = coverage_report(self, seen, loaded)
         if report:
             raise WeightLoadingError(report)

@@ -28,8 +28,9 @@ ranges the standard way, for vLLM's own code paths (profiling with zero items).
 
 **Checks.** Wrong action shape, NaN/inf, codes out of range, a prompt that is not frame-aligned or
 has a wrong slot, more frames than the engine can extend, a frame/action count mismatch: each is a
-rule of `layout` (a `TerraInputError` naming the problem), checked here in the front end before
-the request reaches the engine core, so the engine keeps serving.
+rule of `layout` (a `TerraInputError` naming the problem, leaving as vLLM's validation error through
+`vllm_frontdoor.vllm_refusals`), checked here in the front end before the request reaches the engine
+core, so the engine keeps serving.
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ from .layout import (
     validate_actions,
 )
 from .vllm_compat import DummyOptions, TokenIdsDummyInputsMixin, TokenizerFreeProcessorMixin
-from .vllm_frontdoor import as_request_error
+from .vllm_frontdoor import vllm_refusals
 
 MODALITY = "actions"
 
@@ -101,8 +102,8 @@ class LlamaActionDataParser(MultiModalDataParser):
     def _parse_action_data(self, data: object) -> ActionItems | None:
         if data is None:
             return None
-        # One [6, 3] row per frame, float32, finite; TerraInputError names what is wrong.
-        frames = validate_actions(data, self.layout)
+        with vllm_refusals():  # one [6, 3] row per frame, float32, finite
+            frames = validate_actions(data, self.layout)
         return ActionItems(frames.contiguous())
 
     def _get_subparsers(self):
@@ -140,8 +141,9 @@ class LlamaActionProcessingInfo(BaseProcessingInfo):
         if num_items > limit:
             why = (f"limit_mm_per_prompt={{'actions': {limit}}}" if limit < self.max_prompt_frames
                    else engine_limit_why(self.layout, self.ctx.model_config.max_model_len))
-            err = TerraInputError("too_many_frames", MODALITY, what="the actions", n=num_items, limit=limit, why=why)
-            raise as_request_error(err)
+            with vllm_refusals():
+                raise TerraInputError("too_many_frames", MODALITY, what="multi_modal_data['actions']", n=num_items,
+                                      limit=limit, why=why)
 
 
 class LlamaActionDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBuilder[LlamaActionProcessingInfo]):
@@ -214,7 +216,8 @@ class LlamaActionMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModal
         """
         if not len(inputs.prompt) and not len(inputs.mm_data_items):
             return super().apply(inputs, timing_ctx)  # vLLM's profiling dummy for zero items
-        ids, n_frames = self._validate_request(inputs.prompt, inputs.mm_data_items)
+        with vllm_refusals():
+            ids, n_frames = self._validate_request(inputs.prompt, inputs.mm_data_items)
         actions = inputs.mm_data_items.get_items(MODALITY, ActionItems).data
         kwargs = MultiModalKwargsItems.from_hf_inputs(
             BatchFeature({MODALITY: actions}), self._get_mm_fields_config(BatchFeature(), {})
