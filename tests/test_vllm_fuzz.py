@@ -392,7 +392,7 @@ def test_each_fault_breaks_one_rule_of_a_good_request():
     """The fuzzer's own check (no engine): a good case is well-formed (its rule is None until a
     fault is applied), and each fault names a rule the matcher knows."""
     from terra_nb.port.checkpoints import preset_config
-    from terra_nb.port.config import FrameLayout
+    from terra_nb.port.layout import FrameLayout
 
     layout, rng = FrameLayout.from_config(preset_config("tiny")), random.Random(7)
     for fault in FAULTS:

@@ -235,7 +235,7 @@ def side_by_side() -> list[dict[str, str]]:
     from terra_nb.port_vlm import vllm_model as vlm_model
     from terra_nb.port_vlm import vllm_processing as vlm_proc
 
-    T, V = terra_proc.TerraMultiModalProcessor, vlm_proc.TinyVLMMultiModalProcessor
+    T, V = terra_proc.LlamaActionMultiModalProcessor, vlm_proc.TinyVLMMultiModalProcessor
     TM, VM = terra_model.LlamaActionForCausalLM, vlm_model.TinyVLMForConditionalGeneration
     rows = [
         ("tokenizer", _tokenizer(terra_engine.make_llm), _tokenizer(vlm_engine.make_llm)),
@@ -244,7 +244,7 @@ def side_by_side() -> list[dict[str, str]]:
         ("`apply`", _apply(T), _apply(V)),
         ("`_get_prompt_updates`", _updates(T), _updates(V)),
         ("`_get_mm_fields_config`", _fields(T), _fields(V)),
-        ("dummy text", _dummy_text(terra_proc.TerraDummyInputsBuilder), _dummy_text(vlm_proc.TinyVLMDummyInputsBuilder)),
+        ("dummy text", _dummy_text(terra_proc.LlamaActionDummyInputsBuilder), _dummy_text(vlm_proc.TinyVLMDummyInputsBuilder)),
         ("compat mixins", _mixins(T), _mixins(V)),
         ("decoder", _backbone(TM), _backbone(VM)),
         ("weights", _weights(TM), _weights(VM)),

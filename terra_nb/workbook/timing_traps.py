@@ -14,16 +14,12 @@ from pathlib import Path
 
 import torch
 
-from terra_nb.port.config import FrameLayout
+from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 from terra_nb.workbook.data import load_sample
+from terra_nb.workbook.profiling import sync as _sync
 
 __all__ = ["hf_timing_traps"]
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _seconds(fn) -> float:
