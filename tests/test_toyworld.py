@@ -1,11 +1,10 @@
 """The toy driving world: generator, tokenizer, path recovery, and the shipped trained checkpoint.
 
 Measured (this machine): tokenizer PSNR on the held-out frames below 27.1 dB (bound 25); path
-recovery over 8 steps (~6-9 m driven) on raw frames ADE 0.02 m, on tokenized frames ADE 0.12 m,
-heading 0.16 deg (bounds 0.35 m / 0.6 m / 3 deg); the mirrored command (left vs right turn) gives
-~5x the error. Shipped checkpoint (1600 steps; 4 clips, 6 frames): ADE 0.30 m vs 1.81 m random,
-lateral 0.03 vs 1.05 m, heading 1.6 vs 8.3 deg; left/right heading split 10.4 and 28.0 deg (bound:
-mean 8).
+recovery over 8 steps (~6-9 m driven): see RECOVERY_BOUNDS (about 2x the measured errors, and a
+mirrored path must fail them). Shipped checkpoint (6000 steps x 16; 4 clips, 6 frames): ADE 0.142 m
+vs 1.812 m random, lateral 0.038 vs 1.047 m, heading 0.36 vs 8.25 deg; left/right heading split
+36.0 and 47.2 deg; steering offsets vs straight 0.93x to 1.20x of the commanded ones.
 """
 from __future__ import annotations
 
@@ -125,18 +124,44 @@ def _clips():
             for i, k in enumerate(["curve_left", "lane_change_right", "slow_down", "curve_right"])]
 
 
-def test_path_recovery_follows_the_commanded_path(tok):
-    raw, toks = [], []
-    for c in _clips():
-        cmd = c.rel_poses(0)
-        raw.append(path_error(path_from_frames(c.frames), cmd))
-        toks.append(path_error(path_from_frames(tok.roundtrip(c.frames)), cmd))
-    ade_raw = np.mean([e["ade_m"] for e in raw])
-    ade_tok = np.mean([e["ade_m"] for e in toks])
-    head_tok = np.mean([e["heading_deg"] for e in toks])
-    assert ade_raw < 0.35, raw
-    assert ade_tok < 0.6, toks
-    assert head_tok < 3.0, toks
+# measured on these 4 clips: raw frames ADE 0.022 m, lateral 0.007 m; tokenized ADE 0.116 m,
+# lateral 0.017 m, heading 0.16 deg. The same recovered paths against the mirrored command (y and
+# heading negated): ADE 0.19 / 0.28 m, lateral 0.18 m, heading 10.2 deg. Bounds: about 2x measured.
+RECOVERY_BOUNDS = {"raw ade_m": 0.05, "raw lat_m": 0.02, "tok ade_m": 0.25, "tok lat_m": 0.04, "tok heading_deg": 0.4}
+
+
+def _mirrored(poses):
+    return np.asarray(poses) * np.array([1.0, -1.0, -1.0])
+
+
+@pytest.fixture(scope="module")
+def recovered(tok):
+    """Per clip: the commanded path and the paths recovered from raw and tokenized frames."""
+    return [(c.rel_poses(0), path_from_frames(c.frames), path_from_frames(tok.roundtrip(c.frames))) for c in _clips()]
+
+
+def _recovery_errors(recovered, reference=lambda cmd: cmd) -> dict:
+    errs = {}
+    for cmd, raw, toks in recovered:
+        for name, path in (("raw", raw), ("tok", toks)):
+            for k, v in path_error(path, reference(cmd)).items():
+                errs.setdefault(f"{name} {k}", []).append(v)
+    return {k: float(np.mean(v)) for k, v in errs.items()}
+
+
+def _over_bounds(errs: dict) -> list[str]:
+    return [k for k, bound in RECOVERY_BOUNDS.items() if errs[k] >= bound]
+
+
+def test_path_recovery_follows_the_commanded_path(recovered):
+    errs = _recovery_errors(recovered)
+    assert not _over_bounds(errs), errs
+
+
+def test_path_recovery_bounds_reject_a_mirrored_path(recovered):
+    """The bounds above must catch a path that turns the wrong way (the old 0.35 / 0.6 m did not)."""
+    errs = _recovery_errors(recovered, reference=_mirrored)
+    assert {"raw ade_m", "raw lat_m", "tok lat_m", "tok heading_deg"} <= set(_over_bounds(errs)), errs
 
 
 def test_path_recovery_rejects_a_mismatched_path(tok):
@@ -189,21 +214,55 @@ def test_toy_checkpoint_is_small_and_loads_every_weight():
 
 
 def test_trained_model_follows_actions_better_than_random():
-    """Few frames, few clips: the shipped checkpoint against the random-weight tiny model."""
+    """Few frames, few clips: the shipped checkpoint against the random-weight tiny model (bounds:
+    about 2x the measured ratios 0.078 / 0.037 / 0.044)."""
     from terra_nb.toyworld import action_following_score, load_toy_model, random_toy_model
 
     rows = action_following_score({"trained": load_toy_model(), "random": random_toy_model(0)},
                                   n_clips=4, n_context=3, n_frames=6)
     by = {r["model"]: r for r in rows}
     trained, rand = by["trained"], by["random"]
-    assert trained["ade_m"] < 0.6 * rand["ade_m"], rows
-    assert trained["lat_m"] < 0.5 * rand["lat_m"], rows
-    assert trained["heading_deg"] < rand["heading_deg"], rows
+    assert trained["ade_m"] < 0.16 * rand["ade_m"], rows
+    assert trained["lat_m"] < 0.08 * rand["lat_m"], rows
+    assert trained["heading_deg"] < 0.1 * rand["heading_deg"], rows
+
+
+@pytest.fixture(scope="module")
+def steering():
+    from terra_nb.toyworld import load_toy_model
+    from terra_nb.toyworld.demo import steering_rollouts
+
+    return steering_rollouts(load_toy_model(), n_context=3, n_frames=12)
+
+
+def test_trained_model_keeps_every_commanded_offset(steering):
+    """Issue 26: from one context, every command's recovered end point vs straight lies within 30%
+    of the commanded offset, speed commands included (measured 0.93x to 1.20x)."""
+    from terra_nb.toyworld import end_errors
+    from terra_nb.toyworld.standing import steering_ratios
+
+    shares = steering_ratios(end_errors(steering))
+    assert {r["command"] for r in shares} >= {"slow down", "speed up", "turn left", "turn right"}
+    assert all(r["within"] for r in shares), shares
+
+
+def test_steering_check_catches_a_speed_blind_model(steering):
+    """The same check fails a rollout that keeps its speed whatever the command (what the earlier
+    checkpoint nearly did: 'slow down' 0.44x of the commanded offset)."""
+    from terra_nb.toyworld import end_errors
+    from terra_nb.toyworld.standing import steering_ratios
+
+    blind = {k: dict(v) for k, v in steering.items()}
+    for cmd in ("slow down", "speed up"):
+        blind[cmd]["recovered"] = steering["straight"]["recovered"]
+    by = {r["command"]: r for r in steering_ratios(end_errors(blind))}
+    assert not by["slow down"]["within"] and not by["speed up"]["within"], by
+    assert by["turn left"]["within"], by
 
 
 def test_trained_model_turns_where_it_is_told():
     """Same context, 'turn left' vs 'turn right' (about 20 degrees each way over 1.2 s): the
-    rollouts' recovered headings must split the right way round."""
+    rollouts' recovered headings must split the right way round (measured 36.0 and 47.2 deg)."""
     from terra_nb.toyworld import load_toy_model
     from terra_nb.toyworld.demo import demo_base_clip, steering_rollouts
 
@@ -213,4 +272,4 @@ def test_trained_model_turns_where_it_is_told():
         res = steering_rollouts(model, {"left": dict(curvature=1 / 18), "right": dict(curvature=-1 / 18)},
                                 base=demo_base_clip(seed, 3, 12), n_frames=12)
         split.append(np.degrees(res["left"]["recovered"][-1, 2] - res["right"]["recovered"][-1, 2]))
-    assert np.mean(split) > 8.0, split
+    assert np.mean(split) > 20.0, split

@@ -10,7 +10,10 @@ world of its own (all numpy/PIL/torch on the CPU):
   preset's layout); `data/toy/codebook.npy`.
 * `dataset`: many clips -> codes + actions for training.
 * `path`: the ego path recovered from (decoded) frames by rigid registration.
-* `score`: the trained checkpoint (`data/toy/model/`) and the action-following score.
+* `score`: the trained checkpoint (`data/toy/model/`) and the action-following score (also per
+  manoeuvre kind).
+* `standing`: the trained model against the constant-velocity baseline and issue 26's targets, and
+  the recorded training runs (`data/toy/sweep.json`) that show why an earlier model missed speed.
 * `media`: GIFs, side-by-side strips and path plots for the notebooks.
 * `train`: `python -m terra_nb.toyworld.train`.
 * `workbook`: the notebooks' model and input (the toy checkpoint on the tiny preset), vLLM-served
@@ -40,6 +43,7 @@ from .score import (
     eval_clips,
     format_table,
     load_toy_model,
+    per_kind_table,
     random_toy_model,
     toy_checkpoint_dir,
 )
@@ -66,7 +70,7 @@ __all__ = [
     "Clip", "ToyDataset", "ToyTokenizer",
     "action_following_score", "actions_from_poses", "as_rollout_fn", "build_dataset", "cached_dataset",
     "counterfactual_clip", "eval_clips", "fit_codebook", "format_table", "generate_clip",
-    "load_toy_model", "path_error", "path_from_actions", "path_from_frames", "plot_paths", "psnr",
+    "load_toy_model", "path_error", "per_kind_table", "path_from_actions", "path_from_frames", "plot_paths", "psnr",
     "random_toy_model", "register", "relative_pose", "render_frame", "render_rollout_gif",
     "rollout_strip", "save_png", "side_by_side", "steer_clip", "toy_checkpoint_dir", "toy_data_dir",
     "WorkbookInputs", "batch_actions", "decode_video", "end_errors", "engine_rollout_fn", "gif_figure",

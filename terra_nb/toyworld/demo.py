@@ -24,6 +24,7 @@ DEMO_COMMANDS = {
     "turn right": dict(curvature=-1 / 18),
     "lane change left": dict(lane_shift=3.5),
     "slow down": dict(speed=3.0),
+    "speed up": dict(speed=13.0),
 }
 
 

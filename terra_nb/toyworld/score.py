@@ -26,6 +26,16 @@ EVAL_KINDS = ("curve_left", "curve_right", "lane_change_left", "lane_change_righ
               "straight", "mixed")
 METRICS = ("ade_m", "fde_m", "lat_m", "heading_deg")
 CONST_VEL = "constant velocity (no actions; a path, not frames)"
+GROUND_TRUTH = "ground truth (tokenized)"
+KIND_GROUPS = {
+    "curve": ("curve_left", "curve_right"),
+    "lane change": ("lane_change_left", "lane_change_right"),
+    "speed up": ("speed_up",),
+    "slow down": ("slow_down",),
+    "straight": ("straight",),
+    "mixed": ("mixed",),
+}
+"""The manoeuvre kinds of the per-kind table (left and right mirror each other, so they share a row)."""
 
 
 def toy_checkpoint_dir() -> Path:
@@ -145,8 +155,8 @@ def action_following_score(model_or_rollout_fn, n_clips: int = 8, n_context: int
         for i, c in enumerate(clips):
             r = _measure(tok.decode(codes[i, n_context - 1:].numpy()), c, n_context)
             rows.append(r)
-            details.append({"model": "ground truth (tokenized)", "kind": c.kind, **r})
-        table.append(_mean_row("ground truth (tokenized)", rows))
+            details.append({"model": GROUND_TRUTH, "kind": c.kind, **r})
+        table.append(_mean_row(GROUND_TRUTH, rows))
     for name, m in models.items():
         fn = as_rollout_fn(m, sampling)
         gen = torch.as_tensor(fn(ctx, actions[:, : n_context + n_frames - 1], n_frames))
@@ -160,9 +170,24 @@ def action_following_score(model_or_rollout_fn, n_clips: int = 8, n_context: int
     return table + (details if per_clip else [])
 
 
+def per_kind_table(rows: list[dict]) -> list[dict]:
+    """The per-clip rows of `action_following_score(..., per_clip=True)` averaged per manoeuvre
+    (KIND_GROUPS): one row per kind and model, in the table's model order, with the clip count."""
+    per_clip = [r for r in rows if "kind" in r]
+    models = list(dict.fromkeys(r["model"] for r in per_clip))
+    out = []
+    for group, kinds in KIND_GROUPS.items():
+        for name in models:
+            mine = [r for r in per_clip if r["model"] == name and r["kind"] in kinds]
+            if mine:
+                out.append({"kind": group, **_mean_row(name, mine)})
+    return out
+
+
 def format_table(rows: list[dict]) -> str:
     """Markdown table of score rows."""
-    cols = ["model"] + (["kind"] if any("kind" in r for r in rows) else []) + list(METRICS)
+    cols = (["kind"] if any("kind" in r for r in rows) else []) + ["model"] + list(METRICS)
+    cols += ["clips"] if any("kind" in r and "clips" in r for r in rows) else []
     head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
     body = ""
     for r in rows:
