@@ -33,7 +33,7 @@ import torch
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
-from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.port.layout import RULES, SEED_PLACEHOLDER, build_prompt, rule_of
 from terra_nb.port.vllm_compat import VLLM_VERSION, InputProcessor, shutdown_llm
 from terra_nb.port.vllm_rollout import make_llm
 
@@ -68,26 +68,8 @@ def tokens(llm, requests, params) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------------- which rule a refusal names
-# Terra's rules, by the words each message begins with (one message per rule; the ids are those of
-# the rule table `terra_nb.port.layout.RULES` the front door is moving to).
-TERRA_RULES = {
-    "not_frame_aligned": r"prompt is not frame-aligned",
-    "too_many_frames": r"too many frames",
-    "wrong_action_slots": r"wrong action slots",
-    "code_out_of_range": r"image code out of range",
-    "id_negative": r"token id -\d+ at .* is negative",
-    "id_out_of_vocab": r"token id \d+ at .* is out of vocabulary|holds token id -?\d+, out of vocabulary",
-    "ids_not_ints": r"prompt_token_ids must be (a flat list of |a list of )?ints|prompt token ids (must be a flat "
-                    r"list of ints|could not be read as numbers)",
-    "slots_without_actions": r"the prompt holds action slots but no multi_modal_data",
-    "plain_prompt_too_long": r"the prompt has no multi_modal_data but",
-    "generation_window": r"max_tokens=\d+ runs past the frame",
-    "actions_not_numbers": r"actions( item \d+)? (must be numbers|could not be read as numbers)",
-    "wrong_action_shape": r"wrong action shape|actions is an empty list",
-    "actions_not_finite": r"actions contain nan or inf",
-    "actions_mismatch": r"actions do not match the prompt",
-}
-# vLLM's own checks, where vLLM refuses before Terra's rules run.
+# Terra's rules are `layout.RULES` (one message each; `rule_of` reads a refusal's `.rule` or its text).
+# vLLM's own checks, where vLLM refuses before Terra's rules run:
 VLLM_RULES = {
     "vllm:max_model_len": r"maximum context length is \d+ tokens",
     "vllm:modality_limit": r"at most 0 \w+\(s\) may be provided in one prompt",
@@ -96,14 +78,14 @@ VLLM_RULES = {
 
 
 def named_rule(error: BaseException) -> str | None:
-    """The rule a refusal names: the first of TERRA_RULES / VLLM_RULES whose message it is."""
+    """The rule a refusal names: Terra's (`layout.rule_of`), else the vLLM check whose message it is."""
     import re
 
+    rule = rule_of(error)
+    if rule is not None:
+        return rule
     text = str(error).lower()
-    for rule, pattern in {**TERRA_RULES, **VLLM_RULES}.items():
-        if re.search(pattern, text):
-            return rule
-    return None
+    return next((r for r, pattern in VLLM_RULES.items() if re.search(pattern, text)), None)
 
 
 # ---------------------------------------------------------------------------- the good request
@@ -294,7 +276,9 @@ def sampling_ids_out_of_vocab(c: Case) -> str:
     key = c.rng.choice(["logit_bias", "allowed_token_ids", "stop_token_ids"])
     value = {bad: 1.0} if key == "logit_bias" else [bad]
     c.params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False, **{key: value})
-    return "vllm:sampling_ids_out_of_vocab" if VLLM_VERSION >= (0, 32) else "id_out_of_vocab"
+    if VLLM_VERSION >= (0, 32):
+        return "vllm:sampling_ids_out_of_vocab"
+    return "id_negative" if bad < 0 else "id_out_of_vocab"
 
 
 # Faults only the front door sees: a request without actions never meets the processor, and the
@@ -399,7 +383,7 @@ def test_each_fault_breaks_one_rule_of_a_good_request():
         c = Case(rng, layout)
         c.ids = list(c.ids)
         assert c.rule is None and len(c.ids) == c.n * layout.frame_len
-        assert fault(c) in {**TERRA_RULES, **VLLM_RULES}, fault.__name__
+        assert fault(c) in {**RULES, **VLLM_RULES}, fault.__name__
 
 
 def test_a_batch_with_one_bad_request_is_refused_whole_and_the_good_ones_serve_unchanged(llm, layout, sample):
