@@ -51,13 +51,10 @@ class Mutant:
 
 MUTANTS = (
     Mutant("kv_swapped", "the weight loader puts k_proj into the v shard of qkv_proj and v_proj into the k shard",
+           # the loader is vLLM's AutoWeightsLoader: the names it is fed, k and v swapped
            (Site("terra_nb/port/vllm_model.py",
-                 '(".qkv_proj", ".k_proj", "k"),\n    (".qkv_proj", ".v_proj", "v"),',
-                 '(".qkv_proj", ".k_proj", "v"),\n    (".qkv_proj", ".v_proj", "k"),'),
-            # after the loader became vLLM's AutoWeightsLoader: the names it is fed, k and v swapped
-            Site("terra_nb/port/vllm_model.py",
                  "        yield name, tensor\n",
-                 '        yield name.replace(".k_proj.", ".@.").replace(".v_proj.", ".k_proj.").replace(".@.", ".v_proj."), tensor\n')),
+                 '        yield name.replace(".k_proj.", ".@.").replace(".v_proj.", ".k_proj.").replace(".@.", ".v_proj."), tensor\n'),),
            ("tests/test_weight_mapping.py", "tests/test_vllm_engine.py")),
     Mutant("slot_offset", "each action item's placeholder range starts one position late (on the first slot + 1)",
            (Site("terra_nb/port/vllm_processing.py",
@@ -69,9 +66,8 @@ MUTANTS = (
                  "pos_emb = self.pos_embedding_spatio_temporal(positions)",
                  "pos_emb = self.pos_embedding_spatio_temporal(positions + 1)"),),
            ("tests/test_vllm_engine.py",)),
-    Mutant("door_slot_rule_removed", "the front door lets a prompt with action slots but no actions through",
-           (Site("terra_nb/port/vllm_frontdoor.py", "    if slot is not None:\n", "    if False:\n"),
-            Site("terra_nb/port/layout.py", "    if slot is not None:\n", "    if False:\n")),   # the rules' new home
+    Mutant("door_slot_rule_removed", "the door's rule for prompts with action slots but no actions is gone",
+           (Site("terra_nb/port/layout.py", "    if slot is not None:\n", "    if False:\n"),),
            ("tests/test_vllm_frontdoor.py", "tests/test_vllm_fuzz.py")),
     Mutant("placeholder_not_suppressed", "the rollout's sampling parameters no longer suppress the placeholder id",
            (Site("terra_nb/port/vllm_rollout.py",
