@@ -28,7 +28,8 @@ ROOT = Path(__file__).parent
 START_FIRST = ("tests/test_toyworld.py", "tests/test_bench_profile.py", "notebooks/08_toy_world.ipynb",
                "notebooks/06_vllm_forward.ipynb", "tests/test_toyworld_train.py", "tests/test_toyworld_workbook.py",
                "notebooks/03_actions_modality.ipynb", "notebooks/04_dummy_data.ipynb",
-               "notebooks/05_weight_remapping.ipynb", "tests/test_notebooks.py")
+               "notebooks/05_weight_remapping.ipynb", "notebooks/07_benchmark.ipynb",
+               "notebooks/10_port_your_model.ipynb", "tests/test_notebooks.py")
 
 
 def shared_engines() -> tuple[str, ...]:
