@@ -72,3 +72,52 @@ def test_the_readme_links_only_files_that_exist():
     assert "results/gpu_report_h200.md" in links
     missing = [link for link in links if not (REPO / link.split("#")[0]).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _headings(path):
+    """The Markdown headings of a .md file or of a notebook's markdown cells."""
+    if path.suffix == ".ipynb":
+        import json
+
+        cells = json.loads(path.read_text())["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    else:
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # no headings inside code
+    return {_slug(m) for m in re.findall(r"^#{1,6} +(.+)$", text, flags=re.M)}
+
+
+def _broken_links(doc):
+    """Links of `doc` (relative files, optional #anchor) whose file or heading does not exist."""
+    broken = []
+    for link in re.findall(r"\]\(((?!https?://)[^)\s]+)\)", doc.read_text()):
+        file, _, anchor = link.partition("#")
+        target = doc if not file else REPO / file
+        if not target.exists():
+            broken.append(link)
+        elif anchor and anchor not in _headings(target):
+            broken.append(link)
+    return broken
+
+
+def test_slug_follows_github():
+    assert _slug("5. Bad requests: a clear `ValueError`, and the engine keeps serving") == \
+        "5-bad-requests-a-clear-valueerror-and-the-engine-keeps-serving"
+    assert _slug("Troubleshooting from vLLM's issue tracker") == "troubleshooting-from-vllms-issue-tracker"
+
+
+def test_porting_checklist_links_files_and_sections_that_exist():
+    porting = REPO / "PORTING.md"
+    text = porting.read_text()
+    assert len(re.findall(r"\]\(notebooks/\d\d_\w+\.ipynb#", text)) >= 10  # steps point at sections
+    assert not _broken_links(porting), f"PORTING.md links to missing files/sections: {_broken_links(porting)}"
+
+
+def test_readme_links_the_porting_checklist():
+    assert "PORTING.md" in re.findall(r"\]\(([^)#\s]+)", (REPO / "README.md").read_text())
+    assert not _broken_links(REPO / "README.md")
