@@ -95,11 +95,38 @@ def process(ip, prompt, **params):
 
 
 def test_the_plugin_wraps_process_inputs_once(input_processor):
+    from terra_nb.port.vllm_compat import wrapped_by
+
     assert F.installed()
     wrapped = InputProcessor.process_inputs
     F.install()
     assert InputProcessor.process_inputs is wrapped
-    assert not getattr(wrapped.__wrapped__, "_terra_front_door", False)
+    assert wrapped_by(F._MARK) == 1  # once, beside any other plugin's door (TinyVLM's wraps it too)
+
+
+def test_doors_of_two_plugins_compose_in_either_order():
+    """Each door counts only itself: a second plugin's wrapper neither hides nor copies the first's mark."""
+    from terra_nb.port.vllm_compat import wrap_process_inputs, wrapped_by
+
+    before = InputProcessor.process_inputs
+    calls = []
+
+    def recorder(name):
+        def make(original):
+            def wrapper(self, *a, **k):
+                calls.append(name)
+                return original(self, *a, **k)
+            return wrapper
+        return make
+
+    try:
+        InputProcessor.process_inputs = lambda self, *a, **k: "done"
+        for name in ("_door_a", "_door_b", "_door_a"):
+            wrap_process_inputs(name, recorder(name))
+        assert (wrapped_by("_door_a"), wrapped_by("_door_b")) == (1, 1)
+        assert InputProcessor.process_inputs(object()) == "done" and calls == ["_door_b", "_door_a"]
+    finally:
+        InputProcessor.process_inputs = before
 
 
 def test_input_processor_refuses_what_would_kill_or_fool_the_engine(input_processor, sample):

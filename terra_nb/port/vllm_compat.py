@@ -70,6 +70,8 @@ __all__ = [
     "prefix_cache_counters",
     "shutdown_llm",
     "version_tuple",
+    "wrap_process_inputs",
+    "wrapped_by",
     "PRIVATE_HOOKS",
     "Hook",
     "hook_problems",
@@ -311,6 +313,30 @@ def dummy_mm_inputs(processor, mm_counts: Mapping[str, int]):
     return MULTIMODAL_REGISTRY.get_dummy_mm_inputs(
         processor.info.ctx.model_config, mm_counts, processor=processor
     )
+
+
+def wrapped_by(mark: str) -> int:
+    """How many wrappers marked `mark` `InputProcessor.process_inputs` holds (the chain of `__wrapped__`)."""
+    fn, n = InputProcessor.process_inputs, 0
+    while fn is not None:
+        n += bool(fn.__dict__.get(mark, False)) if hasattr(fn, "__dict__") else 0
+        fn = getattr(fn, "__wrapped__", None)
+    return n
+
+
+def wrap_process_inputs(mark: str, make_wrapper) -> None:
+    """Wrap `InputProcessor.process_inputs` with `make_wrapper(original)` once per process.
+
+    Several plugins may each add a check (Terra's door, TinyVLM's); each wrapper carries only its own
+    `mark` (`functools.wraps(..., updated=())` copies no attributes), so the wrappers compose in any
+    order and `wrapped_by(mark)` counts each plugin's exactly.
+    """
+    if wrapped_by(mark):
+        return
+    original = InputProcessor.process_inputs
+    wrapper = functools.wraps(original, updated=())(make_wrapper(original))
+    setattr(wrapper, mark, True)
+    InputProcessor.process_inputs = wrapper
 
 
 def prefix_cache_counters(llm) -> dict[str, float] | None:

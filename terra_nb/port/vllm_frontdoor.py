@@ -31,7 +31,6 @@ and with it vLLM's own checks too.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Mapping
 
 from .config import LlamaActionConfig
@@ -43,7 +42,7 @@ from .layout import (
     check_prompt_container,
     check_sampling_ids,
 )
-from .vllm_compat import InputProcessor, RequestValidationError
+from .vllm_compat import RequestValidationError, wrap_process_inputs, wrapped_by
 
 __all__ = ["as_request_error", "check_request", "install", "installed", "terra_layout", "vllm_refusals"]
 
@@ -106,17 +105,11 @@ def _door(processor) -> FrameLayout | None:
 
 
 def installed() -> bool:
-    """Whether `InputProcessor.process_inputs` is wrapped in this process."""
-    return getattr(InputProcessor.process_inputs, _MARK, False)
+    """Whether `InputProcessor.process_inputs` is wrapped by the door in this process."""
+    return wrapped_by(_MARK) > 0
 
 
-def install() -> None:
-    """Wrap `InputProcessor.process_inputs` once per process (idempotent)."""
-    if installed():
-        return
-    process_inputs = InputProcessor.process_inputs
-
-    @functools.wraps(process_inputs)
+def _checked(process_inputs):
     def checked_process_inputs(self, *args, **kwargs):
         layout = _door(self)
         if layout is None:
@@ -129,5 +122,9 @@ def install() -> None:
             check_request(request, layout)
         return request
 
-    setattr(checked_process_inputs, _MARK, True)
-    InputProcessor.process_inputs = checked_process_inputs
+    return checked_process_inputs
+
+
+def install() -> None:
+    """Wrap `InputProcessor.process_inputs` once per process (idempotent; other models pass)."""
+    wrap_process_inputs(_MARK, _checked)

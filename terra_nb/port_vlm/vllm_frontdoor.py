@@ -14,11 +14,9 @@ raised before the engine core sees the request, so the engine keeps serving.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from terra_nb.port.vllm_compat import InputProcessor, RequestValidationError
+from terra_nb.port.vllm_compat import RequestValidationError, wrap_process_inputs, wrapped_by
 
 from .config import IMAGE_TOKEN, TinyVLMConfig
 
@@ -53,16 +51,10 @@ def check_image_tokens(prompt_token_ids, mm_features, image_token_id: int) -> No
 
 
 def installed() -> bool:
-    return getattr(InputProcessor.process_inputs, _MARK, False)
+    return wrapped_by(_MARK) > 0
 
 
-def install() -> None:
-    """Wrap `InputProcessor.process_inputs` once per process (idempotent; other models pass)."""
-    if installed():
-        return
-    process_inputs = InputProcessor.process_inputs
-
-    @functools.wraps(process_inputs)
+def _checked(process_inputs):
     def checked_process_inputs(self, *args, **kwargs):
         request = process_inputs(self, *args, **kwargs)
         if _MARK not in self.__dict__:
@@ -72,5 +64,9 @@ def install() -> None:
             check_image_tokens(request.prompt_token_ids, request.mm_features, image_token_id)
         return request
 
-    setattr(checked_process_inputs, _MARK, True)
-    InputProcessor.process_inputs = checked_process_inputs
+    return checked_process_inputs
+
+
+def install() -> None:
+    """Wrap `InputProcessor.process_inputs` once per process (idempotent; other models pass)."""
+    wrap_process_inputs(_MARK, _checked)
