@@ -173,15 +173,20 @@ def notebook_rows(state: Path) -> list[dict]:
 
 
 def lane_lines(state: Path) -> list[str]:
-    """`start`'s two lanes: when each step started and ended (empty when steps ran one by one)."""
+    """`start`'s lanes: when each step started and ended (empty when steps ran one by one)."""
     log = state / "lanes.log"
     if not log.exists():
         return []
-    return ["## Timeline (`gpu_runner.sh start`: two lanes side by side on the one GPU)", "",
-            "Each lane capped its engines' share of GPU memory (`TERRA_NB_GPU_MEMORY_UTILIZATION`; 0.5 "
-            "and 0.25 unless overridden, the lane lines below say); wall times above include sharing the "
-            "GPU and its host.",
-            "", "```", log.read_text().rstrip(), "```", ""]
+    text = log.read_text().rstrip()
+    lanes = re.findall(r"lane (\w+): engines capped at ([0-9.]+)", text)
+    retries = [line.split(" ", 1)[1] for line in text.splitlines() if " retry " in line]
+    out = [f"## Timeline (`gpu_runner.sh start`: {len(lanes)} lanes side by side on the one GPU)", "",
+           "Each lane capped its engines' share of GPU memory (`TERRA_NB_GPU_MEMORY_UTILIZATION`: "
+           + ", ".join(f"{name} {share}" for name, share in lanes) + "); wall times above include sharing "
+           "the GPU and its host.", ""]
+    out += [f"Steps run a second time after losing the engines' start-up memory race: {len(retries)}"
+            + (" (" + "; ".join(retries) + ")" if retries else "") + ".", ""]
+    return out + ["```", text, "```", ""]
 
 
 def test_rows(state: Path) -> list[dict]:

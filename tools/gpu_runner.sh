@@ -14,17 +14,22 @@
 # --readme` regenerates the README's GPU section from the committed results/gpu_report_*.json.
 #
 # Or all of it at once, side by side on the one GPU (what fits a few device calls):
-#   bash tools/gpu_runner.sh start             # setup, then two lanes in the background:
-#                                              #   papermill: reproduce 01..09, one after another
-#                                              #   checks:    nbval 01..09, then the test groups
+#   bash tools/gpu_runner.sh start             # setup, then four lanes in the background:
+#                                              #   papermill: reproduce 01..10, one after another
+#                                              #   nbval:     nbval of every notebook but the longest (08)
+#                                              #   engines:   nbval 08, then the engine test groups
+#                                              #   fast:      the fast test group
 #   bash tools/gpu_runner.sh wait 570          # wait up to 570 s; prints the finished steps;
-#                                              # always writes the report (partial until both end)
-# The lanes cap every engine's share of GPU memory ($TERRA_NB_GPU_MEMORY_UTILIZATION, see
-# terra_nb.port.vllm_rollout.gpu_memory_share): 0.5 for the Terra-shaped papermill lane, 0.25
-# for the tiny-model checks, so both fit beside each other and beside an HF model. Two lanes, not
-# more: vLLM sizes its KV cache from the GPU memory in use while it profiles, so engines starting
-# at the same moment count each other's memory. Seven at once (0.1 each) on an H200 failed with
-# "No available memory for the cache blocks"; the two lanes never did.
+#                                              # always writes the report (partial until all end)
+# The lanes are balanced by the times of the last full run (papermill ~15 min, nbval 08 ~6 min, the
+# fast group ~9 min), so the whole run takes about as long as its longest lane. They cap every
+# engine's share of GPU memory ($TERRA_NB_GPU_MEMORY_UTILIZATION, see
+# terra_nb.port.vllm_rollout.gpu_memory_share): 0.4 for the Terra-shaped papermill lane, 0.1 for
+# each tiny-model lane, so all fit beside each other and beside an HF model (on an 80 GB H100 too).
+# vLLM sizes its KV cache from the GPU memory in use while it profiles, so an engine starting while
+# another lane's engine allocates can count that memory as its own and refuse to start ("No
+# available memory for the cache blocks"; seven engines at 0.1 each on an H200 did): a step whose
+# log ends so is run once more (lanes.log says "retry"), and the report lists such retries.
 #
 # The machine: vLLM 0.26 and the notebook tools unpacked in /tmp/site (the bundle of the GPU notes),
 # no network. Every step writes its log and summary under $STATE (kept while the machine stays
@@ -69,6 +74,10 @@ groups() {  # name -> pytest arguments
 }
 NOTEBOOKS=$(ls notebooks/[0-9][0-9]_*.ipynb | sed -E 's|notebooks/([0-9][0-9])_.*|\1|')
 NOTEBOOKS=${RUNNER_NOTEBOOKS:-$NOTEBOOKS}   # e.g. RUNNER_NOTEBOOKS="04 06": only those
+LANES=${RUNNER_LANES:-papermill nbval engines fast}
+LONG_NBVAL=${LONG_NBVAL:-08}   # the notebook whose nbval runs in the engines lane (the longest)
+# what an engine that lost the start-up memory race prints (vLLM 0.26 and 0.32)
+MEMORY_RACE="No available memory for the cache blocks|less than desired GPU memory utilization|CUDA out of memory"
 
 timed() {  # timed NAME CMD...: run, keep the log and {rc, seconds} under $STATE/steps
   local name=$1; shift
@@ -124,38 +133,51 @@ case "${1:-plan}" in
     timed "nbval_$nb" mk test -p no:cacheprovider notebooks/${nb}_*.ipynb ;;
   report)
     $PY tools/gpu_report.py "$STATE" --out "$OUT" --lease "${TERRA_NB_LEASE:-}" --commit "${TERRA_NB_COMMIT:-}" ;;
-  lane)   # lane papermill|checks: its steps in order (started by `start`, in the background)
-    lane=${2:?papermill or checks}
-    if [ "$lane" = papermill ]; then
-      export TERRA_NB_GPU_MEMORY_UTILIZATION=${PAPERMILL_GPU_SHARE:-0.5}
-      steps=$(for nb in $NOTEBOOKS; do echo "reproduce $nb"; done)
-    else
-      export TERRA_NB_GPU_MEMORY_UTILIZATION=${CHECKS_GPU_SHARE:-0.25}
-      steps=$(for nb in $NOTEBOOKS; do echo "nbval $nb"; done; for g in ${TEST_GROUPS-fast engine1 engine2 engine3 engine4}; do echo "test $g"; done)
-    fi
+  lane)   # lane papermill|nbval|engines|fast: its steps in order (started by `start`, in the background)
+    lane=${2:?papermill, nbval, engines or fast}
+    case "$lane" in
+      papermill) export TERRA_NB_GPU_MEMORY_UTILIZATION=${PAPERMILL_GPU_SHARE:-0.4}
+                 steps=$(for nb in $NOTEBOOKS; do echo "reproduce $nb"; done) ;;
+      nbval)     steps=$(for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] || echo "nbval $nb"; done) ;;
+      engines)   steps=$(for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] && echo "nbval $nb"; done
+                         for g in ${TEST_GROUPS-engine1 engine2 engine3 engine4}; do echo "test $g"; done) ;;
+      fast)      steps="test fast" ;;
+      *) echo "unknown lane $lane" >&2; exit 2 ;;
+    esac
+    export TERRA_NB_GPU_MEMORY_UTILIZATION=${TERRA_NB_GPU_MEMORY_UTILIZATION:-${CHECKS_GPU_SHARE:-0.1}}
     echo "$steps" > "$STATE/lane_$lane.plan"
     echo "$(date +%T) lane $lane: engines capped at $TERRA_NB_GPU_MEMORY_UTILIZATION of GPU memory" >> "$STATE/lanes.log"
     while read -r step; do
+      [ -n "$step" ] || continue
       echo "$(date +%T) start $step" >> "$STATE/lanes.log"
       OUT=$STATE/out bash "$0" $step > /dev/null 2>&1
-      rc=$?; echo "$(date +%T) done  $step (exit $rc)" >> "$STATE/lanes.log"
+      rc=$?
+      name=$(echo "$step" | sed 's/^test /test_/; s/^nbval /nbval_/; s/^reproduce /reproduce_/')
+      if [ $rc -ne 0 ] && grep -qE "$MEMORY_RACE" "$STATE/steps/$name.log" 2> /dev/null; then
+        cp "$STATE/steps/$name.log" "$STATE/steps/$name.attempt1.log.txt"
+        echo "$(date +%T) retry $step (exit $rc: $(grep -oE "$MEMORY_RACE" "$STATE/steps/$name.log" | head -1))" >> "$STATE/lanes.log"
+        sleep 15; OUT=$STATE/out bash "$0" $step > /dev/null 2>&1; rc=$?
+      fi
+      echo "$(date +%T) done  $step (exit $rc)" >> "$STATE/lanes.log"
     done <<< "$steps"
     touch "$STATE/lane_$lane.done" ;;
   start)
     bash "$0" setup || exit 1
     rm -f "$STATE"/lane_*.done
-    for lane in papermill checks; do
+    for lane in $LANES; do
       setsid nohup bash "$0" lane $lane > "$STATE/lane_$lane.log" 2>&1 < /dev/null &
+      sleep 5  # engines of different lanes start their profiling apart
     done
-    sleep 2; echo "started: papermill and checks lanes (bash tools/gpu_runner.sh wait SECONDS)" ;;
+    echo "started lanes: $LANES (bash tools/gpu_runner.sh wait SECONDS)" ;;
   wait)
     limit=${2:-570}; t0=$(date +%s)
-    until [ -f "$STATE/lane_papermill.done" ] && [ -f "$STATE/lane_checks.done" ]; do
+    lanes_done() { for lane in $LANES; do [ -f "$STATE/lane_$lane.done" ] || return 1; done; }
+    until lanes_done; do
       [ $(( $(date +%s) - t0 )) -ge "$limit" ] && break
       sleep 5
     done
     cat "$STATE/lanes.log" 2>/dev/null
-    for lane in papermill checks; do
+    for lane in $LANES; do
       [ -f "$STATE/lane_$lane.done" ] && echo "lane $lane: finished" || echo "lane $lane: running"
     done
     $PY tools/gpu_report.py "$STATE" --out "$OUT" --lease "${TERRA_NB_LEASE:-}" --commit "${TERRA_NB_COMMIT:-}"
