@@ -66,7 +66,9 @@ def _make_copy(root: Path) -> None:
 
 def test_a_copy_of_the_port_under_another_name_serves_alone_with_hf_parity(tiny_ckpt, tmp_path):
     _make_copy(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "VLLM_PLUGINS": COPY}
+    # the copy first; whatever PYTHONPATH already holds (the GPU runner's vLLM lives there) after it
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "VLLM_PLUGINS": COPY}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tiny_ckpt)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=500)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)

@@ -137,6 +137,8 @@ def test_not_a_multimodal_model_without_the_interface_or_the_processor(tiny_chec
     from vllm.config import ModelConfig
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
+    from terra_nb.port.vllm_compat import supports_multimodal_inputs
+
     text_only, no_processor = _demo_classes()
     for cls in (text_only, no_processor):
         ModelRegistry.register_model(cls.__name__, cls)
@@ -151,7 +153,7 @@ def test_not_a_multimodal_model_without_the_interface_or_the_processor(tiny_chec
         MULTIMODAL_REGISTRY.create_processor(mc)
 
     mc = config(no_processor.__name__)
-    assert mc.is_multimodal_model and not mc.supports_multimodal_inputs  # "text-only mode"
+    assert mc.is_multimodal_model and not supports_multimodal_inputs(mc)  # "text-only mode"
     with pytest.raises(ValueError, match="has no registered multimodal processor"):
         MULTIMODAL_REGISTRY.create_processor(mc)
 

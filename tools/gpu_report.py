@@ -162,6 +162,8 @@ def notebook_rows(state: Path) -> list[dict]:
     for nn in numbers:
         name, nb, preset = runs.get(nn, (nn, None, ""))
         nbval = _json(state / "steps" / f"nbval_{nn}.json")
+        if f"reproduce_{nn}" in unfinished_steps(state) and nb is None:
+            nb = {"status": "unfinished", "seconds": None, "error": "still running when the report was written"}
         rows.append({
             "notebook": name, "papermill": "not run" if nb is None else nb["status"], "preset": preset,
             "wall time (s)": None if nb is None else nb["seconds"],
@@ -170,6 +172,20 @@ def notebook_rows(state: Path) -> list[dict]:
             "error": ((nb or {}).get("error") or "")[:120],
         })
     return rows
+
+
+def unfinished_steps(state: Path) -> set[str]:
+    """Steps the lanes had started (or started again) but not finished when the report was
+    written, as the runner names them ('test_fast', 'reproduce_09'): their records, if any, are
+    a first attempt's."""
+    log = state / "lanes.log"
+    running: set[str] = set()
+    for line in (log.read_text().splitlines() if log.exists() else []):
+        m = re.match(r"\S+ (start|retry|done) +(\w+) (\w+)", line)
+        if m:
+            name = f"{m.group(2)}_{m.group(3)}"
+            (running.discard if m.group(1) == "done" else running.add)(name)
+    return running
 
 
 def lane_lines(state: Path) -> list[str]:
@@ -193,8 +209,10 @@ def test_rows(state: Path) -> list[dict]:
     rows = []
     for step in sorted((state / "steps").glob("test_*.json")):
         s = json.loads(step.read_text())
+        rerun = s["step"] in unfinished_steps(state)
         rows.append({"group": s["step"][5:], "exit": s["rc"], "seconds": s["seconds"],
-                     "pytest": _pytest_line(step.with_suffix(".log"))})
+                     "pytest": ("(second attempt unfinished when the lease ended; this is the first's) " if rerun else "")
+                     + _pytest_line(step.with_name(f"{s['step']}.attempt1.log.txt") if rerun else step.with_suffix(".log"))})
     return rows
 
 

@@ -77,7 +77,7 @@ NOTEBOOKS=${RUNNER_NOTEBOOKS:-$NOTEBOOKS}   # e.g. RUNNER_NOTEBOOKS="04 06": onl
 LANES=${RUNNER_LANES:-papermill nbval engines fast}
 LONG_NBVAL=${LONG_NBVAL:-08}   # the notebook whose nbval runs in the engines lane (the longest)
 # what an engine that lost the start-up memory race prints (vLLM 0.26 and 0.32)
-MEMORY_RACE="No available memory for the cache blocks|less than desired GPU memory utilization|CUDA out of memory"
+MEMORY_RACE="No available memory for the cache blocks|Error in memory profiling|less than desired GPU memory utilization|CUDA out of memory"
 
 timed() {  # timed NAME CMD...: run, keep the log and {rc, seconds} under $STATE/steps
   local name=$1; shift

@@ -69,6 +69,7 @@ __all__ = [
     "dummy_mm_inputs",
     "prefix_cache_counters",
     "shutdown_llm",
+    "supports_multimodal_inputs",
     "version_tuple",
     "wrap_process_inputs",
     "wrapped_by",
@@ -313,6 +314,19 @@ def dummy_mm_inputs(processor, mm_counts: Mapping[str, int]):
     return MULTIMODAL_REGISTRY.get_dummy_mm_inputs(
         processor.info.ctx.model_config, mm_counts, processor=processor
     )
+
+
+def supports_multimodal_inputs(model_config) -> bool:
+    """Whether vLLM will feed this model multimodal inputs (False: "text-only mode", e.g. a model
+    class that declares `SupportsMultiModal` but has no registered processor).
+
+    0.32: the `ModelConfig.supports_multimodal_inputs` property; 0.26: the registry's method.
+    """
+    if hasattr(type(model_config), "supports_multimodal_inputs"):
+        return model_config.supports_multimodal_inputs
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    return MULTIMODAL_REGISTRY.supports_multimodal_inputs(model_config)
 
 
 def wrapped_by(mark: str) -> int:

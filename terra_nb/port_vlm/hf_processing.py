@@ -9,8 +9,11 @@ The processor does what every HF vision-language processor does:
   tokenizes (`input_ids` starts with `<s>`).
 
 vLLM calls it too: on 0.32 with the images only (vLLM tokenizes the text and expands `<image>`
-itself, from `_get_prompt_updates`), on 0.26 with the text as well (vLLM then finds the expanded
-tokens instead of inserting them).
+itself, from `_get_prompt_updates`). vLLM 0.26 passes a text prompt's text as well (vLLM then finds
+the expanded tokens instead of inserting them), and for a prompt of token ids it calls
+`processor.image_processor(images=...)` alone, as for HF's processors that hold an image processor:
+without that attribute 0.26 gets no image fields at all ("Expected there to be 2 image items ...
+but only found 0").
 """
 from __future__ import annotations
 
@@ -68,6 +71,11 @@ class TinyVLMProcessor(ProcessorMixin):
     def geometry(self) -> ImageGeometry:
         return ImageGeometry(self.patch_size, self.max_image_side)
 
+    @property
+    def image_processor(self) -> "TinyVLMImageProcessor":
+        """The images-only half, under the name HF processors give it."""
+        return TinyVLMImageProcessor(self)
+
     def process_images(self, images: Sequence[object]) -> dict[str, torch.Tensor]:
         checked = [check_image(img, self.geometry, i) for i, img in enumerate(images)]
         patches = [patchify(img, self.patch_size) for img in checked]
@@ -91,8 +99,7 @@ class TinyVLMProcessor(ProcessorMixin):
 
     def __call__(self, text: str | Sequence[str] | None = None, images: Sequence[object] | None = None,
                  **kwargs) -> BatchFeature:
-        if images is not None and not isinstance(images, (list, tuple)):
-            images = [images]
+        images = _as_list(images)
         data: dict[str, object] = self.process_images(images) if images else {}
         if text is not None:
             texts = [text] if isinstance(text, str) else list(text)
@@ -103,3 +110,19 @@ class TinyVLMProcessor(ProcessorMixin):
             ids = self.tokenizer(expanded, return_tensors="pt")
             data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
         return BatchFeature(data)
+
+
+class TinyVLMImageProcessor:
+    """`processor.image_processor(images=[...])`: `pixel_values` and `image_grid_hw` alone."""
+
+    def __init__(self, processor: TinyVLMProcessor):
+        self.processor = processor
+
+    def __call__(self, images=None, **kwargs) -> BatchFeature:
+        return BatchFeature(self.processor.process_images(_as_list(images) or []))
+
+
+def _as_list(images) -> list | None:
+    if images is None or isinstance(images, list):
+        return images
+    return list(images) if isinstance(images, tuple) else [images]

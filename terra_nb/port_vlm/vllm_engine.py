@@ -29,7 +29,11 @@ def make_llm(checkpoint_dir: str | Path, **overrides):
         seed=0,
     )
     if current_platform.is_cpu():
-        kwargs.update(gpu_memory_utilization=0.05, max_num_seqs=8, enable_chunked_prefill=False,
+        # On the CPU the share is of the NUMA node's memory, less what this process already holds:
+        # 0.05 (0.72 of 14.5 GiB here) left a negative KV cache in a kernel or test worker that had
+        # loaded torch and an HF model first ("requested memory for kv (-0.03/0.72 GiB)"). 0.2, as
+        # `make_llm` uses for Terra.
+        kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=8, enable_chunked_prefill=False,
                       max_num_batched_tokens=512, block_size=32, enforce_eager=True)
     kwargs.update(overrides)
     if not current_platform.is_cpu():
