@@ -232,7 +232,8 @@ def parity_lines(state: Path) -> list[str]:
     return out
 
 
-def report_data(state: Path, commit: str | None = None, lease: str | None = None) -> dict:
+def report_data(state: Path, commit: str | None = None, lease: str | None = None,
+                notes: list[str] | None = None) -> dict:
     """What the README's GPU section is generated from (saved beside the report as JSON)."""
     env = _json(state / "environment.json") or {}
     parity = _json(state / "reproduce" / "06" / "results" / "06_parity.json") or {}
@@ -242,6 +243,9 @@ def report_data(state: Path, commit: str | None = None, lease: str | None = None
         "commit": _commit(state, commit), "lease": lease or "lease not named",
         "notebooks": notebook_rows(state),
         "parity_06": {k: parity.get(k) for k in ("equal", "tokens", "frames", "first_mismatch", "teacher_forced")},
+        "tests": [{"group": r["group"], "exit": r["exit"], "seconds": r["seconds"],
+                   "unfinished": f"test_{r['group']}" in unfinished_steps(state)} for r in test_rows(state)],
+        "notes": list(notes or []),
         "other_runs": [],
     }
 
@@ -320,6 +324,16 @@ def readme_paragraph(stem: str, d: dict) -> str:
            f"commit {d['commit']}, {d['lease']}). Papermill ran {sum(r['papermill'] == 'ok' for r in nbs)} of "
            f"{len(nbs)} notebooks without error, wall time each (Terra shape unless marked): {times}. nbval, same commit and lease: "
            f"{_nbval_line(nbs)}."]
+    if "tests" in d:  # reports written before the JSON carried the test groups say nothing of them
+        tests = d["tests"]
+        passed = [t["group"] for t in tests if t["exit"] == 0]
+        others = [t["group"] + (" (unfinished)" if t.get("unfinished") else f" (exit {t['exit']})")
+                  for t in tests if t["exit"] != 0]
+        out.append(f"Unit-test groups: {len(passed)} of {len(tests)} run passed"
+                   + (f" ({', '.join(passed)})" if passed else "") + (f"; not passed: {', '.join(others)}" if others else "")
+                   + ".")
+    if d.get("notes"):
+        out.append(f"Note: {d['notes'][0]}")
     p, tf = d.get("parity_06") or {}, (d.get("parity_06") or {}).get("teacher_forced")
     if tf:
         out.append(f"Notebook 06 on that run ({tf['dtype']}): teacher-forced top-1 agreement {tf['top1_agreement']}, "
@@ -379,7 +393,8 @@ def main(argv=None) -> int:
     out = (args.out or args.state) / f"gpu_report_{slug}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps(report_data(args.state, args.commit, args.lease), indent=2) + "\n")
+    data = report_data(args.state, args.commit, args.lease, args.note)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
     print(text)
     print(f"written: {out} and {out.with_suffix('.json').name}")
     return 0
