@@ -25,7 +25,8 @@ def _cli(args, out):
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("profile")
-    common = ["--preset", "tiny", "--ckpt-root", str(tmp / "ckpt")]
+    # eager: the profile's sections are the same, and two engines skip torch.compile (~40 s on two cores)
+    common = ["--preset", "tiny", "--ckpt-root", str(tmp / "ckpt"), "--engine-kwargs", '{"enforce_eager": true}']
     port = _cli(["profile", "--engine", "port", *common, "--batch", "2", "--decode-steps", "4"], tmp / "port.json")
     # The benchmark's own path: stock rows of a batch curve, the engine profiled before them.
     stock = _cli(["run", "--rows", "stock_llama_b2", "--profile", *common, "--long-frames", "2", "--n-ctx", "2",

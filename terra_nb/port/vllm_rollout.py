@@ -99,7 +99,9 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
     * `dtype`: the checkpoint's `torch_dtype`, spelled out (vLLM's `"auto"` turns float32 into
       bfloat16 on the CPU backend, which breaks fp32 parity with HF);
     * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
-      for the KV cache), `max_num_seqs=32`, and chunked prefill off (docs/decisions.md, 10);
+      for the KV cache), `max_num_seqs=32`, chunked prefill off (docs/decisions.md, 10), and
+      `enforce_eager=True` (torch.compile of the model took 21 of an engine's 39 s to start on two
+      cores, for the tiny model; pass `enforce_eager=False` for vLLM's compiled CPU path);
       on a GPU vLLM's own defaults, CUDA graphs included, with `gpu_memory_utilization` capped by
       `$TERRA_NB_GPU_MEMORY_UTILIZATION` (`gpu_memory_share`).
 
@@ -129,7 +131,7 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
         # request whose prompt is prefilled in chunks kills the engine ("CPU Generator does not
         # use offset": the discarded chunk's sample rewinds a generator the CPU cannot rewind).
         kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=32, enable_chunked_prefill=False,
-                      max_num_batched_tokens=max(kwargs["max_model_len"], 2048))
+                      max_num_batched_tokens=max(kwargs["max_model_len"], 2048), enforce_eager=True)
     kwargs.update(overrides)
     if not _on_cpu():
         apply_gpu_settings(kwargs, fp32_attention)
