@@ -31,7 +31,7 @@ def record(summary_path: Path, load_before: str | None = None, out: Path = RECOR
     data = {
         "date": env["date"], "device": env["device"], "cpu_count": env["cpu_count"], "commit": commit,
         "versions": {k: env[k] for k in ("python", "torch", "transformers", "vllm")},
-        "load_average_before": load_before, "load_average_after": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "load_average_before": load_before, "load_average_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
         "parameters": {k: v for k, v in s["parameters"].items() if k != "out_dir"},
         "total_seconds": s["total_seconds"],
         "notebooks": [{"notebook": Path(n["notebook"]).stem, "status": n["status"], "seconds": n["seconds"]}
