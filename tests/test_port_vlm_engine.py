@@ -50,7 +50,7 @@ def llm(ckpt, tmp_path_factory):
     from terra_nb.port_vlm.vllm_engine import make_llm
 
     _ensure_entry_point(tmp_path_factory)
-    engine = make_llm(ckpt, worker_extension_cls=ENCODER_COUNT_EXTENSION)
+    engine = make_llm(ckpt, worker_extension_cls=ENCODER_COUNT_EXTENSION, enforce_eager=True)
     images_encoded(engine)  # installs the counter
     yield engine
     shutdown_llm(engine)

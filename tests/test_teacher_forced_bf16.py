@@ -36,7 +36,7 @@ def toy_bf16():
 
     inputs = workbook_inputs("tiny", "toy", n_frames=N_FRAMES)
     hf = AutoModelForCausalLM.from_pretrained(str(inputs.checkpoint), dtype=torch.bfloat16).to("cuda").eval()
-    llm = make_llm(inputs.checkpoint, dtype="bfloat16", gpu_memory_utilization=0.3)
+    llm = make_llm(inputs.checkpoint, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)
     yield inputs, hf, llm
     shutdown_llm(llm)
 

@@ -160,7 +160,7 @@ def llm():
     from terra_nb.port.vllm_compat import shutdown_llm
     from terra_nb.port.vllm_rollout import make_llm
 
-    share = {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
+    share = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
     engine = make_llm(toy_checkpoint_dir(), **share)
     yield engine
     shutdown_llm(engine)

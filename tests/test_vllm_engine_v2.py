@@ -20,7 +20,7 @@ GREEDY = SamplingConfig(temperature=0)
 
 def gpu_share() -> dict:
     """On a GPU (vLLM 0.26 there), leave room for the next module's engine and the HF model."""
-    return {"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}
+    return {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,7 @@ def traced_llm(tiny_ckpt):
 
     # a small token budget splits the 3-frame prompt (210 tokens) into two forward passes
     engine = make_llm(tiny_ckpt, worker_extension_cls=TRACE_EXTENSION, enable_chunked_prefill=True,
-                      max_num_batched_tokens=128, max_num_seqs=4)
+                      max_num_batched_tokens=128, max_num_seqs=4, enforce_eager=True)
     yield engine
     shutdown_llm(engine)
 
