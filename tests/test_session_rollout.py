@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from terra_nb.port.layout import FrameLayout, rule_of
+from terra_nb.port.layout import SEED_PLACEHOLDER, FrameLayout, rule_of
 from terra_nb.port.rollout import SamplingConfig, hf_rollout
 from terra_nb.port.session_rollout import (
     chunk_params,
@@ -62,6 +62,11 @@ def test_greedy_sessions_equal_hf_token_for_token(engine, hf, sample):
     out = session_rollout_sync(engine, sample.context, sample.actions, 4, GREEDY, progress=False)
     ref = hf_rollout(hf, sample.context, sample.actions, 4, GREEDY, progress=False)
     assert out.shape == ref.shape == (4, P)
+    assert torch.equal(out, ref), first_difference(out, ref)
+    ctx, acts = random_inputs(2, 2, 2 + 5 - 1, seed=5)  # random codes: a frame's last two codes differ
+    out = session_rollout_sync(engine, ctx, acts, 5, GREEDY, progress=False)
+    ref = hf_rollout(hf, ctx, acts, 5, GREEDY, progress=False)
+    assert out.shape == ref.shape == (2, 5, P)
     assert torch.equal(out, ref), first_difference(out, ref)
 
 
@@ -149,9 +154,8 @@ def test_bad_chunks_are_refused_by_rule_and_the_engine_serves_on(engine, layout,
         "session_chunk": {**good, "prompt_token_ids": [5] + slots[:-1]},
         "actions_mismatch": {**good, "multi_modal_data": {"actions": acts[3:5]}},
         "wrong_action_slots": {**good, "prompt_token_ids": [5, 7] + slots[1:]},
-        "id_out_of_vocab": {**good, "prompt_token_ids": [layout.vocab_size + 3] + slots},
-        "id_negative": {**good, "prompt_token_ids": [-9] + slots},
-        "code_out_of_range": {**good, "prompt_token_ids": [layout.placeholder_id] + slots},
+        "id_out_of_vocab": {**good, "prompt_token_ids": [2**64] + slots},
+        "code_out_of_range": {**good, "prompt_token_ids": [layout.vocab_size + 3] + slots},
         "slots_without_actions": {"prompt_token_ids": [5] + slots},
     }
     for rule, chunk in bad.items():
@@ -171,3 +175,68 @@ def test_bad_chunks_are_refused_by_rule_and_the_engine_serves_on(engine, layout,
     out = session_rollout_sync(engine, ctx, acts, 2, GREEDY, progress=False)
     again = session_rollout_sync(engine, ctx, acts, 2, GREEDY, progress=False)
     assert torch.equal(out, again) and out.shape == (2, P)
+
+
+# ---------------------------------------------------------------------------- fuzzing session chunks
+def _fault(rng, chunk: dict, layout, frames_before: int) -> tuple[dict, str]:
+    """Break a good continuation chunk in one way; return it and the rule its refusal must name."""
+    ids, acts = list(chunk["prompt_token_ids"]), chunk["multi_modal_data"]["actions"]
+    v, kind = layout.vocab_size, rng.randrange(10)
+    if kind == 0:  # an id out of vocabulary or negative, in the code or in a slot
+        k = rng.randrange(len(ids))
+        ids[k] = rng.choice([v, v + 7, 10**7, -1, -(2**40)] + ([SEED_PLACEHOLDER] if k == 0 else []))
+        return {**chunk, "prompt_token_ids": ids}, "code_out_of_range" if k == 0 else "wrong_action_slots"
+    if kind == 1:  # a code where a slot belongs
+        ids[rng.randrange(1, len(ids))] = rng.randrange(layout.num_codes)
+        return {**chunk, "prompt_token_ids": ids}, "wrong_action_slots"
+    if kind == 2:  # too few or too many slots
+        ids = ids[: rng.randrange(1, len(ids))] if rng.random() < 0.5 else ids + [layout.placeholder_id] * rng.randint(1, 70)
+        return {**chunk, "prompt_token_ids": ids}, "session_chunk"
+    if kind == 3:  # two items, or one item in the flat form of two frames
+        two = torch.cat([acts, acts]) if rng.random() < 0.5 else torch.cat([acts, acts]).reshape(-1, 3)
+        return {**chunk, "multi_modal_data": {"actions": two}}, "actions_mismatch"
+    if kind == 4:  # no actions at all
+        return {"prompt_token_ids": ids}, "slots_without_actions"
+    if kind == 5:
+        bad = acts.clone()
+        bad[0, rng.randrange(A), rng.randrange(3)] = rng.choice([float("nan"), float("inf")])
+        return {**chunk, "multi_modal_data": {"actions": bad}}, "actions_not_finite"
+    if kind == 6:
+        return {**chunk, "multi_modal_data": {"actions": acts[:, : rng.randrange(1, A)]}}, "wrong_action_shape"
+    if kind == 7:
+        return {**chunk, "prompt_token_ids": [float(t) for t in ids]}, "ids_not_ints"
+    if kind == 8:
+        return {**chunk, "prompt_token_ids": [2**64 + rng.randrange(99)] + ids[1:]}, "id_out_of_vocab"
+    return chunk, "generation_window"  # the chunk asks for more than a frame (see below)
+
+
+def test_fuzzed_session_chunks_are_refused_by_the_rule_they_break_and_the_engine_serves_on(engine, layout, sample):
+    import random
+
+    from vllm.engine.protocol import StreamingInput
+
+    rng = random.Random(24)
+    before = session_rollout_sync(engine, sample.context, sample.actions, 2, GREEDY, progress=False)
+    seen = {}
+    for case in range(40):
+        g = torch.Generator().manual_seed(case)
+        n_ctx, n_good = rng.randint(1, 3), rng.randint(0, 2)
+        ctx = torch.randint(0, layout.num_codes, (n_ctx, P), generator=g)
+        acts = torch.randn(n_ctx + n_good + 1, A, 3, generator=g)
+        params = chunk_params(GREEDY, layout, 0, 0)
+        chunks = [StreamingInput(frame_request(ctx, acts, layout), params)]
+        chunks += [StreamingInput(continuation(rng.randrange(layout.num_codes), acts[n_ctx + k], layout), params)
+                   for k in range(n_good)]
+        chunk, rule = _fault(rng, continuation(rng.randrange(layout.num_codes), acts[-1], layout), layout,
+                             n_ctx + n_good)
+        last = params
+        if rule == "generation_window":
+            last = chunk_params(GREEDY, layout, 0, 0)
+            last.max_tokens = P + rng.randint(1, 50)
+        with pytest.raises(RequestValidationError) as err:
+            run_session(engine, chunks + [StreamingInput(chunk, last)], params, f"fuzz-{case}")
+        assert err.value.rule == rule, (case, rule, str(err.value))
+        seen[rule] = seen.get(rule, 0) + 1
+    assert len(seen) == 10, seen  # every fault drawn
+    after = session_rollout_sync(engine, sample.context, sample.actions, 2, GREEDY, progress=False)
+    assert torch.equal(before, after)

@@ -377,18 +377,18 @@ def normalize_session_chunk(
     chunk_len = 1 + layout.action_tokens
     if ids.size != chunk_len:
         raise TerraInputError("session_chunk", n=ids.size, chunk_len=chunk_len, action_tokens=layout.action_tokens)
+    # As in `check_prompt`, where a bad id sits names the rule: slots first, then the code.
+    position = (frames_before + 1) * layout.frame_len - layout.action_tokens - 1  # the re-sent code's place
     slots = ids[1:]
     is_ph = (slots == SEED_PLACEHOLDER) | (slots == layout.placeholder_id)
-    check_ids_in_vocab(np.where(np.r_[False, is_ph], 0, ids), layout)  # -3 in a slot is allowed
-    position = (frames_before + 1) * layout.frame_len - layout.action_tokens - 1  # the re-sent code's place
-    if not 0 <= ids[0] < layout.num_codes:
-        raise TerraInputError("code_out_of_range", where=where(position, layout), value=int(ids[0]),
-                              last_code=layout.num_codes - 1)
     if not is_ph.all():
         s = int(np.flatnonzero(~is_ph)[0])
         raise TerraInputError("wrong_action_slots", where=where(position + 1 + s, layout), value=int(slots[s]),
                               seed=SEED_PLACEHOLDER, placeholder=layout.placeholder_id,
                               action_tokens=layout.action_tokens)
+    if not 0 <= ids[0] < layout.num_codes:
+        raise TerraInputError("code_out_of_range", where=where(position, layout), value=int(ids[0]),
+                              last_code=layout.num_codes - 1)
     check_actions_match(1, n_items, layout)
     limit = layout.max_frames if max_frames is None else max_frames
     if frames_before + 1 > limit:
