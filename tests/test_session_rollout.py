@@ -119,8 +119,8 @@ def test_a_policy_closes_the_loop(engine, sample):
 
 def test_bad_policy_output_is_refused_by_rule(engine, sample):
     with pytest.raises(ValueError) as err:
-        session_rollout_sync(engine, sample.context, sample.actions[:3], 2, GREEDY, policy=lambda s, f: torch.zeros(5, 3),
-                             progress=False)
+        session_rollout_sync(engine, sample.context, sample.actions[:3], 2, GREEDY,
+                             policy=lambda step, frames: torch.zeros(5, 3), progress=False)
     assert rule_of(err.value) == "wrong_action_shape"
 
 
@@ -190,7 +190,8 @@ def _fault(rng, chunk: dict, layout, frames_before: int) -> tuple[dict, str]:
         ids[rng.randrange(1, len(ids))] = rng.randrange(layout.num_codes)
         return {**chunk, "prompt_token_ids": ids}, "wrong_action_slots"
     if kind == 2:  # too few or too many slots
-        ids = ids[: rng.randrange(1, len(ids))] if rng.random() < 0.5 else ids + [layout.placeholder_id] * rng.randint(1, 70)
+        pad = [layout.placeholder_id] * rng.randint(1, 70)
+        ids = ids[: rng.randrange(1, len(ids))] if rng.random() < 0.5 else ids + pad
         return {**chunk, "prompt_token_ids": ids}, "session_chunk"
     if kind == 3:  # two items, or one item in the flat form of two frames
         two = torch.cat([acts, acts]) if rng.random() < 0.5 else torch.cat([acts, acts]).reshape(-1, 3)

@@ -28,8 +28,9 @@ session (one engine request, its KV cache kept between chunks). `install()` also
 `AsyncLLM._add_streaming_input_request` to give each session a `_Session` record (a context
 variable, which vLLM's input task inherits; it dies with the session). With it the door:
 
-* lets the session's own validation request through (`[0]` with the session's `max_tokens`, never
-  generated from on 0.32; on 0.26 only after a refused first chunk, to no one);
+* lets the session's own validation request through (`[0]` with the session's `max_tokens`; it
+  marks the session's end, and where it runs as a request of its own, after a refused first chunk
+  on 0.26 or after an abort, it feeds image-code positions only and no one reads its frame);
 * checks the first chunk as a plain request with actions (whole frames, one item per frame);
 * hands every later chunk to the processor as a continuation (`continuation_frames()`), which
   accepts only `layout.normalize_session_chunk`'s `[last code] + slots` with one item, and checks

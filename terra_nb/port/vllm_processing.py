@@ -210,7 +210,9 @@ class LlamaActionMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModal
         check_actions_match(n_frames, mm_items.get_count(MODALITY, strict=False), info.layout)
         return ids, n_frames
 
-    def _validate_continuation(self, prompt: Sequence[int], mm_items: MultiModalDataItems, frames_before: int) -> list[int]:
+    def _validate_continuation(
+        self, prompt: Sequence[int], mm_items: MultiModalDataItems, frames_before: int
+    ) -> list[int]:
         """Check a streaming session's later chunk (`[last code] + slots`, one item); return it with
         -3 slots rewritten."""
         info = self.info
