@@ -17,6 +17,7 @@ from terra_nb.port.session_rollout import (
     engine_loop,
     make_async_engine,
     session_rollout_sync,
+    shutdown_async_engine,
 )
 from terra_nb.port.vllm_compat import RequestValidationError
 from terra_nb.port.vllm_rollout import frame_request, vllm_rollout
@@ -27,9 +28,10 @@ GREEDY = SamplingConfig(temperature=0)
 
 @pytest.fixture(scope="module")
 def engine(tiny_ckpt):
-    engine = make_async_engine(tiny_ckpt)
+    # On a GPU it shares the card with the session's `tiny_llm` (0.3 of it) and an HF model.
+    engine = make_async_engine(tiny_ckpt, **({"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}))
     yield engine
-    engine.shutdown()
+    shutdown_async_engine(engine)
 
 
 @pytest.fixture(scope="module")
@@ -190,8 +192,10 @@ def _fault(rng, chunk: dict, layout, frames_before: int) -> tuple[dict, str]:
         ids[rng.randrange(1, len(ids))] = rng.randrange(layout.num_codes)
         return {**chunk, "prompt_token_ids": ids}, "wrong_action_slots"
     if kind == 2:  # too few or too many slots
-        pad = [layout.placeholder_id] * rng.randint(1, 70)
-        ids = ids[: rng.randrange(1, len(ids))] if rng.random() < 0.5 else ids + pad
+        if rng.random() < 0.5:
+            ids = ids[: rng.randrange(1, len(ids))]
+        else:
+            ids = ids + [layout.placeholder_id] * rng.randint(1, 70)
         return {**chunk, "prompt_token_ids": ids}, "session_chunk"
     if kind == 3:  # two items, or one item in the flat form of two frames
         two = torch.cat([acts, acts]) if rng.random() < 0.5 else torch.cat([acts, acts]).reshape(-1, 3)

