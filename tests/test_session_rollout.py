@@ -138,6 +138,16 @@ async def _session(engine, chunks, params, request_id):
     return out
 
 
+async def _plain(engine, prompt, params, request_id):
+    return [t async for o in engine.generate(prompt, params, request_id) for t in o.outputs[0].token_ids]
+
+
+def run_plain(engine, prompt, params, request_id):
+    import asyncio
+
+    return asyncio.run_coroutine_threadsafe(_plain(engine, prompt, params, request_id), engine_loop(engine)).result()
+
+
 def run_session(engine, chunks, params, request_id):
     import asyncio
 
@@ -173,6 +183,10 @@ def test_bad_chunks_are_refused_by_rule_and_the_engine_serves_on(engine, layout,
     with pytest.raises(RequestValidationError) as err:
         run_session(engine, [StreamingInput(good, params)], params, "bad-first")
     assert err.value.rule == "not_frame_aligned"
+    # Outside a session the validation request's shape is an ordinary request, refused as before.
+    with pytest.raises(RequestValidationError) as err:
+        run_plain(engine, {"prompt_token_ids": [0]}, params, "plain-0")
+    assert err.value.rule == "generation_window"
     # The engine serves the next session unchanged.
     out = session_rollout_sync(engine, ctx, acts, 2, GREEDY, progress=False)
     again = session_rollout_sync(engine, ctx, acts, 2, GREEDY, progress=False)
