@@ -255,8 +255,21 @@ def engine_loop(engine) -> asyncio.AbstractEventLoop:
 
 
 def shutdown_async_engine(engine) -> None:
-    """Stop the engine (`AsyncLLM.shutdown`) and the event loop thread `session_rollout_sync` gave it."""
-    engine.shutdown()
+    """Stop the engine (`AsyncLLM.shutdown`) and the event loop thread `session_rollout_sync` gave it.
+
+    The output handler is cancelled first: `AsyncLLM.shutdown` stops the engine core before it,
+    and a handler still waiting logs the dead core as an error.
+    """
     loop = engine.__dict__.pop("_terra_loop", None)
+    handler = getattr(engine, "output_handler", None)
+    if loop is not None and handler is not None:
+        asyncio.run_coroutine_threadsafe(_cancel(handler), loop).result()
+        engine.output_handler = None
+    engine.shutdown()
     if loop is not None:
         loop.call_soon_threadsafe(loop.stop)
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
