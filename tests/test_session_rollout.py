@@ -122,6 +122,24 @@ def test_a_policy_closes_the_loop(engine, sample):
     assert not torch.equal(closed[1, 1:], open_loop[1, 1:])
 
 
+def test_bad_rollout_inputs_raise_what_the_frame_loop_raises(engine, tiny_llm, sample):
+    ctx, acts = sample.context, sample.actions
+    cases = {
+        "actions_missing": (ctx, acts[:4], 3),
+        "code_out_of_range": (ctx + 1000, acts, 2),
+        "codes_not_ints": (ctx.float(), acts, 2),
+        "too_many_frames": (torch.zeros(25, P, dtype=torch.long), acts, 1),
+        "out_of_bounds": (ctx, acts, 0),
+        "actions_not_finite": (ctx, torch.full_like(acts, float("nan")), 2),
+        "batch_mismatch": (ctx.expand(2, -1, -1), acts.expand(3, -1, -1, -1), 2),
+    }
+    for rule, (c, a, n) in cases.items():
+        for rollout, llm in ((session_rollout_sync, engine), (vllm_rollout, tiny_llm)):
+            with pytest.raises(ValueError) as err:
+                rollout(llm, c, a, n, GREEDY, progress=False)
+            assert rule_of(err.value) == rule, (rollout.__name__, rule, str(err.value))
+
+
 def test_bad_policy_output_is_refused_by_rule(engine, sample):
     with pytest.raises(ValueError) as err:
         session_rollout_sync(engine, sample.context, sample.actions[:3], 2, GREEDY,
