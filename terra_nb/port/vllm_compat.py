@@ -61,6 +61,8 @@ the port relies on; `hook_problems()` (run by a test) checks them on the install
    * When the first chunk is refused, 0.32 sends nothing to the engine; 0.26 still adds the
      validation request (`[0]`, the session's parameters) as a request of its own, whose output no
      one reads: the door lets that request through (`vllm_frontdoor`), it costs one frame.
+   The front end's part (the door and the processor on a session's chunks) answers alike on both
+   (`tests/test_vllm_frontdoor.py`, run against 0.26's source where it is at hand).
 """
 from __future__ import annotations
 
