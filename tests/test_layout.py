@@ -197,6 +197,7 @@ def _one_of_each_refusal():
         "wrong_action_slots": lambda: validate_prompt(ok[:64] + [7] * 6 + ok[70:], TINY),
         "code_out_of_range": lambda: validate_prompt([600] + ok[1:], TINY),
         "too_many_frames": lambda: L.normalize_prompt(ok, TINY, max_frames=1, why="a test"),
+        "session_chunk": lambda: L.normalize_session_chunk([5] + [512] * 5, 1, 3, TINY),
         "slots_without_actions": lambda: L.check_plain_prompt(ok, TINY),
         "plain_prompt_too_long": lambda: L.check_plain_prompt([1] * 65, TINY),
         "generation_window": lambda: L.check_generation_window(60, 5, TINY),
@@ -213,6 +214,33 @@ def _one_of_each_refusal():
         "out_of_bounds": lambda: L.plan_rounds(3, 0),
         "max_model_len": lambda: L.check_max_model_len(26 * 70, TINY),
     }
+
+
+def test_a_session_chunk_is_the_dropped_code_and_its_slots_with_one_item():
+    from terra_nb.port.layout import normalize_session_chunk as chunk
+
+    assert chunk([5] + [512] * 6, 1, 3, TINY) == [5] + [512] * 6
+    assert chunk([0, -3, 512, -3, -3, 512, 512], 1, 23, TINY) == [0] + [512] * 6  # -3 rewritten; 24 frames fit
+    refusals = [
+        ([5] + [512] * 6 + [5], 1, 3, "session_chunk"),
+        ([512] * 7, 1, 3, "code_out_of_range"),
+        ([5, 7] + [512] * 5, 1, 3, "wrong_action_slots"),
+        ([5] + [512] * 6, 0, 3, "actions_mismatch"),
+        ([5] + [512] * 6, 2, 3, "actions_mismatch"),
+        ([5] + [512] * 6, 1, 25, "too_many_frames"),
+        ([-1] + [512] * 6, 1, 3, "code_out_of_range"),  # where a bad id sits names the rule, as in prompts
+        ([5, 513] + [512] * 5, 1, 3, "wrong_action_slots"),
+        ([5, 2**64] + [512] * 5, 1, 3, "id_out_of_vocab"),
+        ([5.0] + [512] * 6, 1, 3, "ids_not_ints"),
+    ]
+    for ids, n_items, before, rule in refusals:
+        with pytest.raises(TerraInputError) as err:
+            chunk(ids, n_items, before, TINY)
+        assert err.value.rule == rule, (ids, n_items, before, str(err.value))
+    with pytest.raises(TerraInputError, match=r"position 203 \(frame 2, image code 63\) holds 512"):
+        chunk([512] * 7, 1, 2, TINY)  # named where it sits in the session
+    with pytest.raises(TerraInputError, match="too many frames: the session's prompt holds 5, at most 4"):
+        chunk([5] + [512] * 6, 1, 4, TINY, max_frames=4, why="a test")
 
 
 def test_every_rule_refuses_with_its_own_id_param_and_message():

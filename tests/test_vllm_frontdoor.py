@@ -209,3 +209,77 @@ def test_sampling_parameters_hold_only_vocabulary_ids():
         with pytest.raises(TerraInputError, match=f"token id .* at {key} entry \\d+ is") as err:
             check_sampling_ids(SimpleNamespace(**{key: value}), lay)
         assert (err.value.rule, err.value.param) == (rule, key)
+
+
+
+# ---------------------------------------------------------------------------- streaming sessions
+# One session through vLLM's own `InputProcessor`, as `AsyncLLM._add_streaming_input_request` runs it
+# (the door's wrapper of that method sets `_SESSION`): the validation request passes, the first chunk
+# is a whole-frame prompt, a continuation is 7 ids with its item at offset 1, the rest is refused by
+# rule; outside a session the same requests are answered as before. The engine takes 5-frame prompts.
+_SESSION_STEPS = r"""
+from vllm import SamplingParams
+from terra_nb.port import vllm_frontdoor as F
+from terra_nb.port.layout import FrameLayout, build_prompt
+from terra_nb.workbook.data import load_sample
+
+def session_answers(ip):
+    lay, s = FrameLayout.from_config(ip.model_config.hf_config), load_sample("tiny")
+    slots = [lay.placeholder_id] * 6
+
+    def call(request_id, prompt, max_tokens=64, resumable=True):
+        try:
+            r = ip.process_inputs(request_id, prompt, SamplingParams(max_tokens=max_tokens),
+                                  supported_tasks=("generate",), resumable=resumable)
+            items = [[f.mm_position.offset, f.mm_position.length] for f in r.mm_features or []]
+            return [len(r.prompt_token_ids), items]
+        except ValueError as e:
+            return getattr(e, "rule", str(e))
+
+    def chunk(code, k, ids=None):
+        return {"prompt_token_ids": ids or [code] + slots, "multi_modal_data": {"actions": s.actions[k:k + 1]}}
+
+    token = F._SESSION.set(F._Session("s"))
+    try:
+        out = [call("s", {"prompt_token_ids": [0]}, resumable=False),  # the session's validation request
+               call("s-1", {"prompt_token_ids": build_prompt(s.context, lay),
+                            "multi_modal_data": {"actions": s.actions[:3]}}),
+               call("s-1", chunk(5, 3)),
+               call("s-1", chunk(5, 4, [5] + slots[:-1])),  # one slot short
+               call("s-1", chunk(5, 4), max_tokens=65),
+               call("s-1", chunk(7, 4)),
+               call("s-1", chunk(9, 5))]  # a sixth frame: past the window
+    finally:
+        F._SESSION.reset(token)
+    return out + [call("p", {"prompt_token_ids": [0]}, resumable=False), call("p", chunk(5, 3), resumable=False)]
+"""
+SESSION_ANSWERS = [[1, []], [210, [[64, 6], [134, 6], [204, 6]]], [7, [[1, 6]]], "session_chunk", "generation_window",
+                   [7, [[1, 6]]], "too_many_frames", "generation_window", "not_frame_aligned"]
+
+
+def test_a_session_through_the_input_processor(input_processor):
+    steps: dict = {}
+    exec(_SESSION_STEPS, steps)
+    assert steps["session_answers"](input_processor) == SESSION_ANSWERS
+
+
+_SESSION_PROBE = r"""
+import json, sys
+import vllm.platforms as platforms
+from vllm.platforms.cpu import CpuPlatform
+platforms._current_platform = CpuPlatform()  # the source tree has no build to detect a platform from
+import vllm
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.config import ModelConfig, VllmConfig
+from terra_nb.port.vllm_compat import InputProcessor
+""" + _SESSION_STEPS + r"""
+mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=420)
+answers = session_answers(InputProcessor(VllmConfig(model_config=mc)))
+print("PROBE" + json.dumps({"version": vllm.__version__, "results": answers}))
+"""
+
+
+def test_vllm_026_input_processor_answers_a_session_the_same(tiny_ckpt, run_probe, vllm026_src):
+    old = run_probe(_SESSION_PROBE, tiny_ckpt, vllm026_src)
+    assert old["version"].startswith("0.26") and old["results"] == SESSION_ANSWERS

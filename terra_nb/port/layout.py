@@ -26,6 +26,7 @@ HTTP 400 body, vLLM's wrapped error), `rule_of(text)` returns the id whose templ
 | `wrong_action_slots` | prompt_token_ids | wrong action slots |
 | `code_out_of_range` | prompt_token_ids | image code out of range |
 | `too_many_frames` | prompt_token_ids | too many frames |
+| `session_chunk` | prompt_token_ids | a session's chunk after its first is |
 | `slots_without_actions` | multi_modal_data | the prompt holds action slots but no multi_modal_data |
 | `plain_prompt_too_long` | multi_modal_data | the prompt has no multi_modal_data but |
 | `generation_window` | max_tokens | max_tokens=... runs past the frame |
@@ -144,6 +145,9 @@ _RULES = (
     Rule("code_out_of_range", "prompt_token_ids",
          "image code out of range: {where} holds {value}; codes must lie in 0..{last_code}"),
     Rule("too_many_frames", "prompt_token_ids", "too many frames: {what} holds {n}, at most {limit} fit ({why})"),
+    Rule("session_chunk", "prompt_token_ids",
+         "a session's chunk after its first is {chunk_len} ids (the last code of the frame just generated, "
+         "which the session drops, and its {action_tokens} action slots), got {n}"),
     Rule("slots_without_actions", "multi_modal_data",
          "the prompt holds action slots but no multi_modal_data: {where} holds {value}; pass the actions "
          "of every frame of the prompt as multi_modal_data={{'actions': [n_frames, {action_tokens}, "
@@ -354,6 +358,43 @@ def check_prompt(ids: np.ndarray, layout: FrameLayout, max_frames: int | None = 
         f, p = np.argwhere(bad)[0].tolist()
         raise TerraInputError("code_out_of_range", where=where(f * layout.frame_len + p, layout),
                               value=int(codes[f, p]), last_code=layout.num_codes - 1)
+
+
+def normalize_session_chunk(
+    token_ids: Sequence[int], n_items: int, frames_before: int, layout: FrameLayout, max_frames: int | None = None,
+    why: str | None = None,
+) -> list[int]:
+    """Check a streaming session's chunk after its first; return it with -3 slots rewritten.
+
+    Before the chunk the session holds `frames_before` whole frames (codes and slots) and the codes
+    of the newest frame but its last, which vLLM drops (it was sampled, never fed). The chunk
+    re-sends that code and the frame's `action_tokens` slots, with exactly one action item (for
+    offset 1): `[code] + slots`.
+    The frames then in the session's prompt (`frames_before + 1`) obey the prompt's frame limit
+    (`max_frames`, `why`), so a chunk cannot run the session past the engine's window.
+    """
+    ids = token_array(token_ids, layout)
+    chunk_len = 1 + layout.action_tokens
+    if ids.size != chunk_len:
+        raise TerraInputError("session_chunk", n=ids.size, chunk_len=chunk_len, action_tokens=layout.action_tokens)
+    # As in `check_prompt`, where a bad id sits names the rule: slots first, then the code.
+    position = (frames_before + 1) * layout.frame_len - layout.action_tokens - 1  # the re-sent code's place
+    slots = ids[1:]
+    is_ph = (slots == SEED_PLACEHOLDER) | (slots == layout.placeholder_id)
+    if not is_ph.all():
+        s = int(np.flatnonzero(~is_ph)[0])
+        raise TerraInputError("wrong_action_slots", where=where(position + 1 + s, layout), value=int(slots[s]),
+                              seed=SEED_PLACEHOLDER, placeholder=layout.placeholder_id,
+                              action_tokens=layout.action_tokens)
+    if not 0 <= ids[0] < layout.num_codes:
+        raise TerraInputError("code_out_of_range", where=where(position, layout), value=int(ids[0]),
+                              last_code=layout.num_codes - 1)
+    check_actions_match(1, n_items, layout)
+    limit = layout.max_frames if max_frames is None else max_frames
+    if frames_before + 1 > limit:
+        raise TerraInputError("too_many_frames", what="the session's prompt", n=frames_before + 1, limit=limit,
+                              why=why or f"a round is {layout.max_frames} frames")
+    return np.where(np.r_[False, is_ph], layout.placeholder_id, ids).tolist()
 
 
 def check_actions_match(n_frames: int, n_items: int, layout: FrameLayout) -> None:

@@ -41,6 +41,28 @@ the port relies on; `hook_problems()` (run by a test) checks them on the install
    (`vllm.v1.engine.input_processor`, same module, method and `EngineCoreRequest` fields on both
    releases), which `vllm_frontdoor` wraps. vLLM's own id check there
    (`validate_token_ids`) runs only with a tokenizer, and on 0.26 ignores negative ids.
+8. **Streaming-input sessions** (`session_rollout`). Both releases have
+   `vllm.engine.protocol.StreamingInput(prompt, sampling_params=None)` and
+   `AsyncLLM.generate(async_generator, sampling_params, request_id)`, which opens the session in
+   `AsyncLLM._add_streaming_input_request(self, request_id, input_stream, sampling_params, ...)`
+   (the door wraps it: `wrap_streaming_sessions`) and sends every chunk through `process_inputs`
+   with `resumable=True`. Three differences, none of which changes what a Terra session computes:
+   * When a chunk ends, the scheduler's `_update_request_as_session` drops the last sampled token;
+     0.32 also drops the block hashes past the kept tokens, 0.26 keeps them. A hash kept on 0.26
+     covers a full block whose last token is the dropped one; `session_rollout` re-sends exactly
+     that token (the last code of the frame, the chunk's first id), and the action item starts
+     after it, so the kept hash is the hash of the block as re-sent and prefix caching stays
+     correct. A client re-sending a *different* token would leave 0.26 a stale hash: the session
+     protocol (the door's continuation rule) does not allow a chunk to choose the token freely,
+     but it cannot see the dropped token either, so a second identical session proving cache hits
+     with equal tokens on 0.26 is left to the GPU runner (issue 24).
+   * 0.26's `_update_request_as_session` keeps the first chunk's `max_tokens` (0.32 takes each
+     chunk's): chunks of one session must all ask for the same `max_tokens` (Terra's: one frame).
+   * When the first chunk is refused, 0.32 sends nothing to the engine; 0.26 still adds the
+     validation request (`[0]`, the session's parameters) as a request of its own, whose output no
+     one reads: the door lets that request through (`vllm_frontdoor`), it costs one frame.
+   The front end's part (the door and the processor on a session's chunks) answers alike on both
+   (`tests/test_vllm_frontdoor.py`, run against 0.26's source where it is at hand).
 """
 from __future__ import annotations
 
@@ -72,6 +94,7 @@ __all__ = [
     "supports_multimodal_inputs",
     "version_tuple",
     "wrap_process_inputs",
+    "wrap_streaming_sessions",
     "wrapped_by",
     "PRIVATE_HOOKS",
     "Hook",
@@ -117,6 +140,8 @@ PRIVATE_HOOKS: tuple[Hook, ...] = (
     Hook("vllm.model_executor.models.utils:AutoWeightsLoader.load_weights", "vllm_model.load_weights",
          ("self", "weights", "mapper")),
     Hook("vllm.v1.engine.core_client:EngineCoreClient.shutdown", "shutdown_llm", ("self",)),
+    Hook("vllm.v1.engine.async_llm:AsyncLLM._add_streaming_input_request", "vllm_frontdoor.install (wraps it)",
+         ("self", "request_id", "input_stream", "sampling_params")),
     # (1) profiling inputs
     Hook("vllm.multimodal.processing:BaseMultiModalProcessor.get_dummy_inputs", "TokenizerFreeProcessorMixin",
          ("self", "seq_len", "mm_counts", "mm_options"), "0.32"),
@@ -351,6 +376,19 @@ def wrap_process_inputs(mark: str, make_wrapper) -> None:
     wrapper = functools.wraps(original, updated=())(make_wrapper(original))
     setattr(wrapper, mark, True)
     InputProcessor.process_inputs = wrapper
+
+
+def wrap_streaming_sessions(mark: str, make_wrapper) -> None:
+    """Wrap `AsyncLLM._add_streaming_input_request` (8: where a streaming session opens) with
+    `make_wrapper(original)` once per process, marked `mark` like `wrap_process_inputs`."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    original = AsyncLLM._add_streaming_input_request
+    if getattr(original, mark, False):
+        return
+    wrapper = functools.wraps(original, updated=())(make_wrapper(original))
+    setattr(wrapper, mark, True)
+    AsyncLLM._add_streaming_input_request = wrapper
 
 
 def prefix_cache_counters(llm) -> dict[str, float] | None:

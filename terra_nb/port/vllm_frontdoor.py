@@ -23,6 +23,22 @@ Any `TerraInputError` raised on the way (here, or in the processor and data pars
 HTTP 400 by vLLM's server) with the same message, `.param` and `.rule`, before anything reaches the engine core: the engine keeps serving. In a batch vLLM
 adds the requests one by one and, when one raises, aborts those already added and re-raises.
 
+**Streaming sessions.** `AsyncLLM.generate` over an async generator of `StreamingInput` opens one
+session (one engine request, its KV cache kept between chunks). `install()` also wraps
+`AsyncLLM._add_streaming_input_request` to give each session a `_Session` record (a context
+variable, which vLLM's input task inherits; it dies with the session). With it the door:
+
+* lets the session's own validation request through (`[0]` with the session's `max_tokens`; it
+  marks the session's end, and where it runs as a request of its own, after a refused first chunk
+  on 0.26 or after an abort, it feeds image-code positions only and no one reads its frame);
+* checks the first chunk as a plain request with actions (whole frames, one item per frame);
+* hands every later chunk to the processor as a continuation (`continuation_frames()`), which
+  accepts only `layout.normalize_session_chunk`'s `[last code] + slots` with one item, and checks
+  its generation window at the session's real length (the next frame starts on a frame boundary).
+
+The session's frame count assumes every chunk generated its `max_tokens`; if one stopped early the
+session is shorter than counted, so the window check stays on the safe side.
+
 **Cost.** Nothing per decode step, nothing in the engine core or the workers; per request O(1)
 with actions, one vectorised pass over at most `image_tokens` ids without.
 **Limit.** A caller that hands vLLM a finished `EngineCoreRequest` itself skips `process_inputs`,
@@ -31,7 +47,9 @@ and with it vLLM's own checks too.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .config import LlamaActionConfig
 from .layout import (
@@ -42,9 +60,10 @@ from .layout import (
     check_prompt_container,
     check_sampling_ids,
 )
-from .vllm_compat import RequestValidationError, wrap_process_inputs, wrapped_by
+from .vllm_compat import RequestValidationError, wrap_process_inputs, wrap_streaming_sessions, wrapped_by
 
-__all__ = ["as_request_error", "check_request", "install", "installed", "terra_layout", "vllm_refusals"]
+__all__ = ["as_request_error", "check_request", "continuation_frames", "install", "installed", "terra_layout",
+           "vllm_refusals"]
 
 _MARK = "_terra_front_door"
 
@@ -74,8 +93,31 @@ def vllm_refusals():
         raise as_request_error(err) from err
 
 
-def check_request(request, layout: FrameLayout) -> None:
-    """Apply the layout's rules to a finished `EngineCoreRequest` of a Terra engine."""
+@dataclass
+class _Session:
+    """One streaming session as the door sees it: its external request id, and the whole frames
+    (codes and slots) in its prompt so far (None until its first chunk is in)."""
+
+    request_id: str
+    frames: int | None = None
+
+
+_SESSION: contextvars.ContextVar[_Session | None] = contextvars.ContextVar("terra_session", default=None)
+_CONTINUATION: contextvars.ContextVar[int | None] = contextvars.ContextVar("terra_continuation", default=None)
+
+
+def continuation_frames() -> int | None:
+    """Inside the door's handling of a session's later chunk: the whole frames the session's
+    prompt held before it (the processor then checks a continuation chunk); None otherwise."""
+    return _CONTINUATION.get()
+
+
+def check_request(request, layout: FrameLayout, prompt_len: int | None = None, validation: bool = False) -> None:
+    """Apply the layout's rules to a finished `EngineCoreRequest` of a Terra engine.
+
+    `prompt_len`: the session's prompt length with this chunk (default: the request's own);
+    `validation`: a streaming session's validation request, never generated from for anyone.
+    """
     if getattr(request, "prompt_embeds", None) is not None:
         raise TerraInputError("prompt_not_token_ids", "prompt_embeds", got="prompt_embeds")
     ids = request.prompt_token_ids
@@ -86,7 +128,8 @@ def check_request(request, layout: FrameLayout) -> None:
     params = request.sampling_params
     if params is not None:
         check_sampling_ids(params, layout)
-        check_generation_window(len(ids), params.max_tokens, layout)
+        if not validation:
+            check_generation_window(len(ids) if prompt_len is None else prompt_len, params.max_tokens, layout)
 
 
 def _plain_prompt_ids(prompt):
@@ -118,13 +161,63 @@ def _checked(process_inputs):
             # An array fails inside vLLM ("truth value ... is ambiguous") before it could be checked.
             prompt = kwargs["prompt"] if "prompt" in kwargs else args[1] if len(args) > 1 else None
             check_prompt_container(_plain_prompt_ids(prompt))
-            request = process_inputs(self, *args, **kwargs)
-            check_request(request, layout)
+            session = _SESSION.get()
+            if session is None:
+                request = process_inputs(self, *args, **kwargs)
+                check_request(request, layout)
+            elif not kwargs.get("resumable", False):
+                request = process_inputs(self, *args, **kwargs)
+                check_request(request, layout, validation=_is_validation(request, session, args, kwargs))
+            else:
+                request = _session_chunk(process_inputs, self, args, kwargs, session, layout)
         return request
 
     return checked_process_inputs
 
 
+def _is_validation(request, session: _Session, args, kwargs) -> bool:
+    """The request `_add_streaming_input_request` makes before the session's first chunk: `[0]`
+    under the session's own request id, with the session's parameters."""
+    request_id = kwargs["request_id"] if "request_id" in kwargs else args[0] if args else None
+    return session.frames is None and request_id == session.request_id and list(request.prompt_token_ids) == [0]
+
+
+def _session_chunk(process_inputs, processor, args, kwargs, session: _Session, layout: FrameLayout):
+    """A session's chunk: the first as a plain request with actions, later ones as continuations."""
+    if session.frames is None:
+        request = process_inputs(processor, *args, **kwargs)
+        check_request(request, layout)
+        session.frames = len(request.prompt_token_ids) // layout.frame_len
+        return request
+    token = _CONTINUATION.set(session.frames)
+    try:
+        request = process_inputs(processor, *args, **kwargs)
+    finally:
+        _CONTINUATION.reset(token)
+    check_request(request, layout, prompt_len=(session.frames + 1) * layout.frame_len)
+    if not request.mm_features:  # a chunk of codes without slots: it never reached the processor
+        raise TerraInputError("actions_mismatch", n_frames=1, n_items=0, action_tokens=layout.action_tokens,
+                              action_dim=layout.action_dim)
+    session.frames += 1
+    return request
+
+
+def _sessions(add_streaming_input_request):
+    async def add_terra_session(self, request_id, *args, **kwargs):
+        if _door(self.input_processor) is None:
+            return await add_streaming_input_request(self, request_id, *args, **kwargs)
+        # vLLM's input task is created inside, so it inherits the record; this task drops it after.
+        token = _SESSION.set(_Session(request_id))
+        try:
+            return await add_streaming_input_request(self, request_id, *args, **kwargs)
+        finally:
+            _SESSION.reset(token)
+
+    return add_terra_session
+
+
 def install() -> None:
-    """Wrap `InputProcessor.process_inputs` once per process (idempotent; other models pass)."""
+    """Wrap `InputProcessor.process_inputs` and `AsyncLLM._add_streaming_input_request` once per
+    process (idempotent; other models pass)."""
     wrap_process_inputs(_MARK, _checked)
+    wrap_streaming_sessions(_MARK, _sessions)

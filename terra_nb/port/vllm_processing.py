@@ -26,6 +26,11 @@ O(frames) work, instead of vLLM's generic path (HF-processor plumbing, a generic
 item, a scan of the whole prompt per item). `_get_prompt_updates` still declares the same
 ranges the standard way, for vLLM's own code paths (profiling with zero items).
 
+**Sessions.** In a streaming-input session (`session_rollout`) every chunk after the first is
+`[last code of the frame just generated] + slots` with one item at offset 1 (vLLM drops that code
+when the chunk before ends, so it is sent again); the front door says when a chunk is one
+(`vllm_frontdoor.continuation_frames`), and `layout.normalize_session_chunk` checks it.
+
 **Checks.** Wrong action shape, NaN/inf, codes out of range, a prompt that is not frame-aligned or
 has a wrong slot, more frames than the engine can extend, a frame/action count mismatch: each is a
 rule of `layout` (a `TerraInputError` naming the problem, leaving as vLLM's validation error through
@@ -62,10 +67,11 @@ from .layout import (
     engine_limit_why,
     max_prompt_frames,
     normalize_prompt,
+    normalize_session_chunk,
     validate_actions,
 )
 from .vllm_compat import DummyOptions, TokenIdsDummyInputsMixin, TokenizerFreeProcessorMixin
-from .vllm_frontdoor import vllm_refusals
+from .vllm_frontdoor import continuation_frames, vllm_refusals
 
 MODALITY = "actions"
 
@@ -204,6 +210,16 @@ class LlamaActionMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModal
         check_actions_match(n_frames, mm_items.get_count(MODALITY, strict=False), info.layout)
         return ids, n_frames
 
+    def _validate_continuation(
+        self, prompt: Sequence[int], mm_items: MultiModalDataItems, frames_before: int
+    ) -> list[int]:
+        """Check a streaming session's later chunk (`[last code] + slots`, one item); return it with
+        -3 slots rewritten."""
+        info = self.info
+        return normalize_session_chunk(prompt, mm_items.get_count(MODALITY, strict=False), frames_before, info.layout,
+                                       max_frames=info.max_prompt_frames,
+                                       why=engine_limit_why(info.layout, info.ctx.model_config.max_model_len))
+
     def apply(self, inputs: ProcessorInputs, timing_ctx) -> MultiModalInput:
         """Validate, then build the engine input directly from the frame layout.
 
@@ -216,8 +232,14 @@ class LlamaActionMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModal
         """
         if not len(inputs.prompt) and not len(inputs.mm_data_items):
             return super().apply(inputs, timing_ctx)  # vLLM's profiling dummy for zero items
+        frames_before = continuation_frames()
         with vllm_refusals():
-            ids, n_frames = self._validate_request(inputs.prompt, inputs.mm_data_items)
+            if frames_before is None:
+                ids, n_frames = self._validate_request(inputs.prompt, inputs.mm_data_items)
+                placeholders = action_placeholder_ranges(n_frames, self.info.layout)
+            else:  # the scheduler re-bases the item onto the session (`_update_request_as_session`)
+                ids = self._validate_continuation(inputs.prompt, inputs.mm_data_items, frames_before)
+                placeholders = [PlaceholderRange(offset=1, length=self.info.layout.action_tokens)]
         actions = inputs.mm_data_items.get_items(MODALITY, ActionItems).data
         kwargs = MultiModalKwargsItems.from_hf_inputs(
             BatchFeature({MODALITY: actions}), self._get_mm_fields_config(BatchFeature(), {})
@@ -227,7 +249,7 @@ class LlamaActionMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModal
             prompt_token_ids=ids,
             mm_kwargs=kwargs,
             mm_hashes={MODALITY: action_item_hashes(actions, self.info.model_id, uuids)},
-            mm_placeholders={MODALITY: action_placeholder_ranges(n_frames, self.info.layout)},
+            mm_placeholders={MODALITY: placeholders},
         )
 
 

