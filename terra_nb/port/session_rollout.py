@@ -3,6 +3,7 @@
     engine = make_async_engine(checkpoint_dir)         # an AsyncLLM with make_llm's defaults
     frames = await session_rollout(engine, context, actions, n_frames=22)
     frames = session_rollout_sync(engine, context, actions, n_frames=22)      # from a script
+    engine = make_session_engine(checkpoint_dir)       # from a notebook (see its docstring)
     frames = session_rollout_sync(engine, context, actions[:3], 22, policy=drive)  # closed loop
 
 `session_rollout` takes and returns what `vllm_rollout` does (`context` `[n_ctx, P]` or
@@ -60,7 +61,8 @@ from .rollout import SamplingConfig
 from .vllm_processing import MODALITY
 from .vllm_rollout import engine_kwargs, engine_layout, frame_request, request_seed, sampling_params
 
-__all__ = ["make_async_engine", "session_rollout", "session_rollout_sync", "shutdown_async_engine"]
+__all__ = ["make_async_engine", "make_session_engine", "session_rollout", "session_rollout_sync",
+           "shutdown_async_engine"]
 
 
 def make_async_engine(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
@@ -71,6 +73,26 @@ def make_async_engine(checkpoint_dir: str | Path, max_frames: int | None = None,
 
     kwargs = engine_kwargs(checkpoint_dir, max_frames, **{"disable_log_stats": True, **overrides})
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
+def make_session_engine(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
+    """`make_async_engine`, built on the event loop `session_rollout_sync` will run it on.
+
+    Use it from a notebook: a cell runs inside the kernel's event loop, and an `AsyncLLM` built
+    there starts its output handler on that loop, which `session_rollout_sync` then blocks (the
+    call hangs). Built here, the engine serves its own loop thread from the start."""
+    loop = _new_loop()
+
+    async def build():
+        return make_async_engine(checkpoint_dir, max_frames, **overrides)
+
+    try:
+        engine = asyncio.run_coroutine_threadsafe(build(), loop).result()
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        raise
+    engine.__dict__["_terra_loop"] = loop
+    return engine
 
 
 def chunk_params(sampling: SamplingConfig, layout: FrameLayout, rollout: int, frame: int):
@@ -248,10 +270,15 @@ def engine_loop(engine) -> asyncio.AbstractEventLoop:
     with _loops_lock:
         loop = engine.__dict__.get("_terra_loop")
         if loop is None:
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="terra-session-loop", daemon=True).start()
-            engine.__dict__["_terra_loop"] = loop
+            loop = engine.__dict__["_terra_loop"] = _new_loop()
         return loop
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop running forever in a daemon thread."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="terra-session-loop", daemon=True).start()
+    return loop
 
 
 def shutdown_async_engine(engine) -> None:
