@@ -17,6 +17,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from terra_nb.workbook.results import rewrite_readme_section  # noqa: E402
+
 RECORD = REPO / "results" / "cpu_reproduce.json"
 README_START, README_END = "<!-- cpu-times:start -->", "<!-- cpu-times:end -->"
 
@@ -68,12 +71,7 @@ def readme_section(path: Path = RECORD) -> str:
 
 
 def update_readme(readme: Path = REPO / "README.md", path: Path = RECORD) -> bool:
-    text = readme.read_text()
-    a, b = text.index(README_START) + len(README_START), text.index(README_END)
-    new = text[:a] + "\n" + readme_section(path) + "\n" + text[b:]
-    if new != text:
-        readme.write_text(new)
-    return new != text
+    return rewrite_readme_section(readme, README_START, README_END, readme_section(path))
 
 
 def main(argv=None) -> int:

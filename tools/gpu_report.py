@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from terra_nb.workbook.results import markdown_table  # noqa: E402
+from terra_nb.workbook.results import markdown_table, rewrite_readme_section  # noqa: E402
 
 
 def gpu_slug(device: str) -> str:
@@ -158,11 +158,11 @@ def notebook_rows(state: Path) -> list[dict]:
             params = {**s.get("parameters", {}), **s.get("notebook_parameters", {}).get(name[:2], {})}
             runs[name[:2]] = (name, nb, params.get("preset", "?"))
     numbers = sorted(set(runs) | {p.stem[6:] for p in (state / "steps").glob("nbval_*.json")})
-    rows = []
+    rows, running = [], unfinished_steps(state)
     for nn in numbers:
         name, nb, preset = runs.get(nn, (nn, None, ""))
         nbval = _json(state / "steps" / f"nbval_{nn}.json")
-        if f"reproduce_{nn}" in unfinished_steps(state) and nb is None:
+        if f"reproduce_{nn}" in running and nb is None:
             nb = {"status": "unfinished", "seconds": None, "error": "still running when the report was written"}
         rows.append({
             "notebook": name, "papermill": "not run" if nb is None else nb["status"], "preset": preset,
@@ -206,10 +206,10 @@ def lane_lines(state: Path) -> list[str]:
 
 
 def test_rows(state: Path) -> list[dict]:
-    rows = []
+    rows, running = [], unfinished_steps(state)
     for step in sorted((state / "steps").glob("test_*.json")):
         s = json.loads(step.read_text())
-        rerun = s["step"] in unfinished_steps(state)
+        rerun = s["step"] in running
         rows.append({"group": s["step"][5:], "exit": s["rc"], "seconds": s["seconds"],
                      "pytest": ("(second attempt unfinished when the lease ended; this is the first's) " if rerun else "")
                      + _pytest_line(step.with_name(f"{s['step']}.attempt1.log.txt") if rerun else step.with_suffix(".log"))})
@@ -237,6 +237,7 @@ def report_data(state: Path, commit: str | None = None, lease: str | None = None
     """What the README's GPU section is generated from (saved beside the report as JSON)."""
     env = _json(state / "environment.json") or {}
     parity = _json(state / "reproduce" / "06" / "results" / "06_parity.json") or {}
+    running = unfinished_steps(state)
     return {
         "device": env.get("device", "unknown GPU"), "date": env.get("date"),
         "versions": {k: env.get(k) for k in ("python", "torch", "transformers", "vllm")},
@@ -244,7 +245,7 @@ def report_data(state: Path, commit: str | None = None, lease: str | None = None
         "notebooks": notebook_rows(state),
         "parity_06": {k: parity.get(k) for k in ("equal", "tokens", "frames", "first_mismatch", "teacher_forced")},
         "tests": [{"group": r["group"], "exit": r["exit"], "seconds": r["seconds"],
-                   "unfinished": f"test_{r['group']}" in unfinished_steps(state)} for r in test_rows(state)],
+                   "unfinished": f"test_{r['group']}" in running} for r in test_rows(state)],
         "notes": list(notes or []),
         "other_runs": [],
     }
@@ -357,12 +358,7 @@ def readme_section(results_dir: Path = REPO / "results") -> str:
 
 def update_readme(readme: Path = REPO / "README.md", results_dir: Path = REPO / "results") -> bool:
     """Rewrite the README's GPU section from the committed report JSON; True if it changed."""
-    text = readme.read_text()
-    a, b = text.index(README_START) + len(README_START), text.index(README_END)
-    new = text[:a] + "\n" + readme_section(results_dir) + "\n" + text[b:]
-    if new != text:
-        readme.write_text(new)
-    return new != text
+    return rewrite_readme_section(readme, README_START, README_END, readme_section(results_dir))
 
 
 def main(argv=None) -> int:

@@ -354,28 +354,38 @@ def supports_multimodal_inputs(model_config) -> bool:
     return MULTIMODAL_REGISTRY.supports_multimodal_inputs(model_config)
 
 
-def wrapped_by(mark: str) -> int:
-    """How many wrappers marked `mark` `InputProcessor.process_inputs` holds (the chain of `__wrapped__`)."""
-    fn, n = InputProcessor.process_inputs, 0
+def _marked(fn, mark: str) -> int:
+    """How many wrappers marked `mark` the chain of `__wrapped__` from `fn` holds."""
+    n = 0
     while fn is not None:
         n += bool(fn.__dict__.get(mark, False)) if hasattr(fn, "__dict__") else 0
         fn = getattr(fn, "__wrapped__", None)
     return n
 
 
-def wrap_process_inputs(mark: str, make_wrapper) -> None:
-    """Wrap `InputProcessor.process_inputs` with `make_wrapper(original)` once per process.
+def _wrap_once(owner, name: str, mark: str, make_wrapper) -> None:
+    """Replace `owner.name` with `make_wrapper(original)`, marked `mark`, unless the chain holds it.
 
     Several plugins may each add a check (Terra's door, TinyVLM's); each wrapper carries only its own
     `mark` (`functools.wraps(..., updated=())` copies no attributes), so the wrappers compose in any
-    order and `wrapped_by(mark)` counts each plugin's exactly.
+    order and `_marked` counts each plugin's exactly.
     """
-    if wrapped_by(mark):
+    original = getattr(owner, name)
+    if _marked(original, mark):
         return
-    original = InputProcessor.process_inputs
     wrapper = functools.wraps(original, updated=())(make_wrapper(original))
     setattr(wrapper, mark, True)
-    InputProcessor.process_inputs = wrapper
+    setattr(owner, name, wrapper)
+
+
+def wrapped_by(mark: str) -> int:
+    """How many wrappers marked `mark` `InputProcessor.process_inputs` holds (the chain of `__wrapped__`)."""
+    return _marked(InputProcessor.process_inputs, mark)
+
+
+def wrap_process_inputs(mark: str, make_wrapper) -> None:
+    """Wrap `InputProcessor.process_inputs` with `make_wrapper(original)` once per process."""
+    _wrap_once(InputProcessor, "process_inputs", mark, make_wrapper)
 
 
 def wrap_streaming_sessions(mark: str, make_wrapper) -> None:
@@ -383,12 +393,7 @@ def wrap_streaming_sessions(mark: str, make_wrapper) -> None:
     `make_wrapper(original)` once per process, marked `mark` like `wrap_process_inputs`."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    original = AsyncLLM._add_streaming_input_request
-    if getattr(original, mark, False):
-        return
-    wrapper = functools.wraps(original, updated=())(make_wrapper(original))
-    setattr(wrapper, mark, True)
-    AsyncLLM._add_streaming_input_request = wrapper
+    _wrap_once(AsyncLLM, "_add_streaming_input_request", mark, make_wrapper)
 
 
 def prefix_cache_counters(llm) -> dict[str, float] | None:

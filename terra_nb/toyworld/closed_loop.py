@@ -139,6 +139,7 @@ def plot_closed_loop(targets: Targets, paths: dict, save=None):
     import matplotlib.pyplot as plt
 
     from .media import plot_paths
+    from .workbook import _save
 
     n = len(targets.names)
     fig, axes = plt.subplots(1, n, figsize=(2.8 * n, 3.8), sharey=True, squeeze=False)
@@ -147,9 +148,5 @@ def plot_closed_loop(targets: Targets, paths: dict, save=None):
         ax.lines[0].set_label("target")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    if save is not None:
-        from pathlib import Path
-
-        Path(save).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(save, dpi=110)
+    _save(fig, save)
     return fig

@@ -151,13 +151,11 @@ def update_readme(readme: Path | None = None, results: dict[str, dict] | None = 
     """Rewrite the README's benchmark section from the committed JSON; True if it changed."""
     from terra_nb.workbook.paths import REPO
 
+    from terra_nb.workbook.results import rewrite_readme_section
+
     readme = Path(readme) if readme is not None else REPO / "README.md"
-    text = readme.read_text()
-    a, b = text.index(README_START) + len(README_START), text.index(README_END)
-    new = text[:a] + "\n" + readme_section(load_results() if results is None else results) + "\n" + text[b:]
-    if new != text:
-        readme.write_text(new)
-    return new != text
+    body = readme_section(load_results() if results is None else results)
+    return rewrite_readme_section(readme, README_START, README_END, body)
 
 
 def report_rows(res: dict) -> list[dict]:
