@@ -95,3 +95,14 @@ def test_merge_builds_the_throughput_curve():
     assert curve[64]["port_vs_stock"] == pytest.approx(32.0 / 35.2, abs=1e-3)
     assert curve[1]["port_vs_stock"] == pytest.approx(20 / 22, abs=1e-3)
     assert curve[128]["port_frames_per_s"] is None and curve[128]["port_vs_stock"] is None
+
+
+def test_session_rows_join_the_curve_against_stocks_frame_loop():
+    assert bench.row_engine("session_b128") == "session" and bench.row_batch("session") == 1
+    assert bench.engine_groups(["session_b8", "stock_llama", "session"]) == [["stock_llama"], ["session", "session_b8"]]
+    rows = [dict(name="stock_llama_b128", batch=128, frames_per_s=23.4), dict(name="session_b128", batch=128, frames_per_s=31.0),
+            dict(name="session", batch=1, frames_per_s=0.7), dict(name="vllm_tp2", batch=1, frames_per_s=0.6, tp=2)]
+    curve = {c["batch"]: c for c in bench.throughput_curve(rows)}
+    assert curve[128]["session_vs_stock"] == pytest.approx(31.0 / 23.4, abs=1e-3)
+    assert curve[1]["session_frames_per_s"] == 0.7 and curve[1]["session_vs_stock"] is None
+    assert bench.row_label("session_b64") == "our port, one session per rollout, 64 rollouts at once"

@@ -82,3 +82,21 @@ def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
     monkeypatch.delenv("TRITON_F32_DEFAULT")
     apply_gpu_settings({"dtype": "float32"}, fp32_attention=None)  # the caller keeps Triton's default
     assert "TRITON_F32_DEFAULT" not in os.environ
+
+
+def test_gpu_settings_fix_the_kv_cache_and_eager_mode_only_where_the_caller_chose_none(monkeypatch):
+    from terra_nb.port.vllm_rollout import EAGER_ENV, KV_CACHE_ENV, apply_gpu_settings
+
+    monkeypatch.delenv(EAGER_ENV, raising=False)
+    monkeypatch.delenv(KV_CACHE_ENV, raising=False)
+    assert apply_gpu_settings({"dtype": "bfloat16"}) == {"dtype": "bfloat16"}   # unset: vLLM's defaults
+    monkeypatch.setenv(KV_CACHE_ENV, "1.5")
+    monkeypatch.setenv(EAGER_ENV, "1")
+    got = apply_gpu_settings({"dtype": "bfloat16"})
+    assert got["kv_cache_memory_bytes"] == 3 * 2**29 and got["enforce_eager"] is True
+    chosen = apply_gpu_settings({"dtype": "bfloat16", "kv_cache_memory_bytes": 2**30, "enforce_eager": False})
+    assert chosen["kv_cache_memory_bytes"] == 2**30 and chosen["enforce_eager"] is False   # the benchmark's graphs
+    for bad in ("0", "-1", "lots"):
+        monkeypatch.setenv(KV_CACHE_ENV, bad)
+        with pytest.raises(ValueError, match=KV_CACHE_ENV):
+            apply_gpu_settings({"dtype": "bfloat16"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,20 @@ def test_plan_covers_every_notebook_twice_and_fits_in_steps():
     assert [s.split()[1] for s in steps if s.startswith("reproduce ")] == NOTEBOOKS
     assert [s.split()[1] for s in steps if s.startswith("nbval ")] == NOTEBOOKS
     assert "test fast" in steps and "test engine1" in steps
+
+
+def test_lanes_run_every_step_of_the_plan_once(tmp_path):
+    runner = ["bash", str(REPO / "tools" / "gpu_runner.sh")]
+    plan = subprocess.run(runner + ["plan"], capture_output=True, text=True).stdout.split("\n")
+    lanes = subprocess.run(runner + ["lanes"], capture_output=True, text=True).stdout.strip().split("\n")
+    steps = [s for line in lanes for s in line.split(": ", 1)[1].split(";")]
+    assert sorted(steps) == sorted(s for s in plan if s.split(" ")[0] in ("reproduce", "nbval", "test"))
+    pm = dict(line.split(": ", 1) for line in lanes)
+    assert pm["papermill"].startswith("reproduce 01") and pm["papermill2"].startswith("reproduce 02")
+    (tmp_path / "site" / "vllm").mkdir(parents=True)
+    env = {**os.environ, "GPU_SITE": str(tmp_path / "site"), "GPU_RUNNER_STATE": str(tmp_path / "state")}
+    bad = subprocess.run(runner + ["lane", "nope"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "unknown lane nope" in bad.stderr
 
 
 def test_report_from_a_real_reproduce_summary(tmp_path):

@@ -7,6 +7,8 @@
 #   bash tools/gpu.sh port    our port: profile, then the batch curve 1/8/32/64/128      ~8 min
 #   bash tools/gpu.sh stock   stock vLLM Llama, same shape: profile, then the same curve ~8 min
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
+#   bash tools/gpu.sh session stock's frame loop, then our port with one engine session per
+#                             rollout (issue 24), at 1 and 128 (+256 if time) rollouts    ~9 min
 #
 # Then, here: python -m terra_nb.workbook.bench merge part_hf.json part_port.json part_stock.json \
 #               --out results/benchmark_<gpu>.json && python -m terra_nb.workbook.bench readme
@@ -30,7 +32,13 @@ case "$1" in
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     export VLLM_ALLREDUCE_USE_FLASHINFER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_USE_NCCL_SYMM_MEM=0
     args=(tp --ref "$OUT/part_port.json") ;;
-  *) echo "unknown part $1 (hf|port|stock|tp)"; exit 2 ;;
+  session)
+    # Two engines, one after the other, each in its own process (its GPU memory freed for the next):
+    # stock's frame loop first, so that each session row has its stock row from this same call.
+    python3 -m terra_nb.workbook.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
+      --ckpt-root /tmp/ckpt --out "$OUT/part_session_stock.json" > "$OUT/log_session_stock.txt" 2>&1
+    args=(run --rows session,session_b128,session_b256 --long-repeats 2 --deadline-s 200) ;;
+  *) echo "unknown part $1 (hf|port|stock|tp|session)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?

@@ -14,22 +14,23 @@
 # --readme` regenerates the README's GPU section from the committed results/gpu_report_*.json.
 #
 # Or all of it at once, side by side on the one GPU (what fits a few device calls):
-#   bash tools/gpu_runner.sh start             # setup, then four lanes in the background:
-#                                              #   papermill: reproduce 01..10, one after another
+#   bash tools/gpu_runner.sh start             # setup, then five lanes in the background:
+#                                              #   papermill, papermill2: reproduce 01 03 05 ... and 02 04 06 ...
 #                                              #   nbval:     nbval of every notebook but the longest (08)
 #                                              #   engines:   nbval 08, then the engine test groups
-#                                              #   fast:      the fast test group
+#                                              #   fast:      the fast test group, in 3 pytest-xdist workers
 #   bash tools/gpu_runner.sh wait 570          # wait up to 570 s; prints the finished steps;
 #                                              # always writes the report (partial until all end)
-# The lanes are balanced by the times of the last full run (papermill ~15 min, nbval 08 ~6 min, the
-# fast group ~9 min), so the whole run takes about as long as its longest lane. They cap every
-# engine's share of GPU memory ($TERRA_NB_GPU_MEMORY_UTILIZATION, see
-# terra_nb.port.vllm_rollout.gpu_memory_share): 0.4 for the Terra-shaped papermill lane, 0.1 for
-# each tiny-model lane, so all fit beside each other and beside an HF model (on an 80 GB H100 too).
-# vLLM sizes its KV cache from the GPU memory in use while it profiles, so an engine starting while
-# another lane's engine allocates can count that memory as its own and refuse to start ("No
-# available memory for the cache blocks"; seven engines at 0.1 each on an H200 did): a step whose
-# log ends so is run once more (lanes.log says "retry"), and the report lists such retries.
+# The lanes share the one GPU and its 16 cores: each lane computes on 3 threads (torch's default,
+# a thread per core in every lane, oversubscribed them: nbval 08 took 961 s on an H100 beside three
+# lanes, 34 s on two CPU cores), and every engine has a fixed KV cache ($TERRA_NB_KV_CACHE_GIB: 12
+# GiB for the Terra-shaped papermill lanes, 1 GiB for the tiny-model lanes; see
+# terra_nb.port.vllm_rollout.apply_gpu_settings). With the cache size given, vLLM skips its
+# start-up memory profiling, which measures the whole GPU and so failed whenever another lane
+# allocated or freed meanwhile ("No available memory for the cache blocks", "Error in memory
+# profiling": 4 of the steps of 2026-11-25's lease). A step whose log still ends so is run once more
+# (lanes.log says "retry"), and the report lists such retries. The check lanes run engines eager
+# ($TERRA_NB_ENFORCE_EAGER): torch.compile and CUDA graphs are the papermill lanes' to exercise.
 #
 # The machine: vLLM 0.26 and the notebook tools unpacked in /tmp/site (the bundle of the GPU notes),
 # no network. Every step writes its log and summary under $STATE (kept while the machine stays
@@ -38,7 +39,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=${GPU_SITE:-/tmp/site}   # where the bundle was unpacked
-if [ "${1:-plan}" != plan ] && [ "${1:-plan}" != report ] && [ "${1:-plan}" != groups ]; then
+if [ "${1:-plan}" != plan ] && [ "${1:-plan}" != report ] && [ "${1:-plan}" != groups ] && [ "${1:-plan}" != lanes ]; then
   test -d "$SITE/vllm" || { echo FRESH-MACHINE; exit 3; }
 fi
 export PYTHONPATH=$SITE VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
@@ -52,7 +53,7 @@ mk() {  # mk reproduce|test ARGS...
   local target=$1; shift
   if command -v make > /dev/null; then
     if [ "$target" = reproduce ]; then make reproduce BACKEND=gpu PY=$PY SETUP=none REPRODUCE_ARGS="$*"
-    else make test BACKEND=gpu PY=$PY SETUP=none PYTEST_ARGS="$*"; fi
+    else make test BACKEND=gpu PY=$PY SETUP=none TEST_WORKERS=${TEST_WORKERS:-0} PYTEST_ARGS="$*"; fi
   elif [ "$target" = reproduce ]; then
     $PY -m terra_nb.workbook.reproduce --device cuda --preset terra --notebook-parameter 09 preset tiny "$@"
   else $PY -m pytest "$@"; fi
@@ -74,10 +75,24 @@ groups() {  # name -> pytest arguments
 }
 NOTEBOOKS=$(ls notebooks/[0-9][0-9]_*.ipynb | sed -E 's|notebooks/([0-9][0-9])_.*|\1|')
 NOTEBOOKS=${RUNNER_NOTEBOOKS:-$NOTEBOOKS}   # e.g. RUNNER_NOTEBOOKS="04 06": only those
-LANES=${RUNNER_LANES:-papermill nbval engines fast}
+LANES=${RUNNER_LANES:-papermill papermill2 nbval engines fast}
 LONG_NBVAL=${LONG_NBVAL:-08}   # the notebook whose nbval runs in the engines lane (the longest)
 # what an engine that lost the start-up memory race prints (vLLM 0.26 and 0.32)
 MEMORY_RACE="No available memory for the cache blocks|Error in memory profiling|less than desired GPU memory utilization|CUDA out of memory"
+
+lane_steps() {  # lane -> its steps, one per line
+  case "$1" in
+    # the Terra-shaped notebooks alternate between two lanes (01 03 05 ... and 02 04 06 ...)
+    papermill|papermill2)
+      local first=$([ "$1" = papermill ] && echo 0 || echo 1) i=0
+      for nb in $NOTEBOOKS; do [ $((i % 2)) = "$first" ] && echo "reproduce $nb"; i=$((i + 1)); done ;;
+    nbval) for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] || echo "nbval $nb"; done ;;
+    engines) for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] && echo "nbval $nb"; done
+             for g in ${TEST_GROUPS-engine1 engine2 engine3 engine4}; do echo "test $g"; done ;;
+    fast) echo "test fast" ;;
+    *) echo "unknown lane $1 (papermill, papermill2, nbval, engines, fast)" >&2; return 2 ;;
+  esac
+}
 
 timed() {  # timed NAME CMD...: run, keep the log and {rc, seconds} under $STATE/steps
   local name=$1; shift
@@ -102,6 +117,8 @@ case "${1:-plan}" in
     for g in fast engine1 engine2 engine3 engine4; do echo "test $g"; done
     for nb in $NOTEBOOKS; do echo "nbval $nb"; done
     echo report ;;
+  lanes)  # each lane of `start` and its steps
+    for lane in $LANES; do echo "$lane: $(lane_steps $lane | paste -sd ';' -)"; done ;;
   groups)  # the unit-test groups and their pytest arguments, one per line
     for g in fast engine1 engine2 engine3 engine4; do echo "$g: $(groups $g)"; done ;;
   setup)
@@ -135,16 +152,21 @@ case "${1:-plan}" in
     $PY tools/gpu_report.py "$STATE" --out "$OUT" --lease "${TERRA_NB_LEASE:-}" --commit "${TERRA_NB_COMMIT:-}" ;;
   lane)   # lane papermill|nbval|engines|fast: its steps in order (started by `start`, in the background)
     lane=${2:?papermill, nbval, engines or fast}
+    steps=$(lane_steps "$lane") || exit 2
     case "$lane" in
-      papermill) export TERRA_NB_GPU_MEMORY_UTILIZATION=${PAPERMILL_GPU_SHARE:-0.4}
-                 steps=$(for nb in $NOTEBOOKS; do echo "reproduce $nb"; done) ;;
-      nbval)     steps=$(for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] || echo "nbval $nb"; done) ;;
-      engines)   steps=$(for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] && echo "nbval $nb"; done
-                         for g in ${TEST_GROUPS-engine1 engine2 engine3 engine4}; do echo "test $g"; done) ;;
-      fast)      steps="test fast" ;;
-      *) echo "unknown lane $lane" >&2; exit 2 ;;
+      papermill|papermill2)
+        export TERRA_NB_GPU_MEMORY_UTILIZATION=${PAPERMILL_GPU_SHARE:-0.2} TERRA_NB_KV_CACHE_GIB=${PAPERMILL_KV_GIB:-12} \
+               TERRA_NB_ENFORCE_EAGER=0 ;;
+      fast) export TEST_WORKERS=${FAST_TEST_WORKERS:-3} ;;
     esac
-    export TERRA_NB_GPU_MEMORY_UTILIZATION=${TERRA_NB_GPU_MEMORY_UTILIZATION:-${CHECKS_GPU_SHARE:-0.1}}
+    # The check lanes (tiny model): a small fixed KV cache, eager engines (compile and CUDA graphs
+    # are papermill's to exercise). A fixed KV cache (TERRA_NB_KV_CACHE_GIB) means no start-up
+    # memory profiling, so no engine can lose the race against another lane's allocations.
+    export TERRA_NB_GPU_MEMORY_UTILIZATION=${TERRA_NB_GPU_MEMORY_UTILIZATION:-${CHECKS_GPU_SHARE:-0.05}}
+    export TERRA_NB_KV_CACHE_GIB=${TERRA_NB_KV_CACHE_GIB:-${CHECKS_KV_GIB:-1}} TERRA_NB_ENFORCE_EAGER=${TERRA_NB_ENFORCE_EAGER:-1}
+    # 16 cores for 5 lanes: torch's default of a thread per core in every lane oversubscribes them
+    export OMP_NUM_THREADS=${LANE_THREADS:-3}
+    echo "$(date +%T) lane $lane: KV cache $TERRA_NB_KV_CACHE_GIB GiB, eager ${TERRA_NB_ENFORCE_EAGER}, $OMP_NUM_THREADS threads, xdist workers ${TEST_WORKERS:-0}" >> "$STATE/lanes.log"
     echo "$steps" > "$STATE/lane_$lane.plan"
     echo "$(date +%T) lane $lane: engines capped at $TERRA_NB_GPU_MEMORY_UTILIZATION of GPU memory" >> "$STATE/lanes.log"
     while read -r step; do

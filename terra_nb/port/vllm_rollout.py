@@ -58,6 +58,17 @@ GPU_SHARE_ENV = "TERRA_NB_GPU_MEMORY_UTILIZATION"
 """When set (a number in (0, 1]), the most `gpu_memory_utilization` any engine here asks for on a
 GPU: several processes can then share one GPU (the GPU runner runs notebooks side by side)."""
 
+KV_CACHE_ENV = "TERRA_NB_KV_CACHE_GIB"
+"""When set (GiB > 0), the KV cache of every engine here on a GPU that does not choose its own
+(`kv_cache_memory_bytes`). vLLM then skips its start-up memory profiling, which measures the free
+memory of the whole GPU and so fails when another process on it allocates or frees meanwhile
+("No available memory for the cache blocks", "Error in memory profiling")."""
+
+EAGER_ENV = "TERRA_NB_ENFORCE_EAGER"
+"""When "1", engines here whose caller does not choose `enforce_eager` run eager on a GPU: no
+torch.compile or CUDA-graph capture (a minute or more per engine start). The GPU runner's check
+lanes use it; papermill keeps vLLM's default."""
+
 # Below this, a placeholder logit is never sampled in practice (vLLM clamps biases to +-100).
 SUPPRESS_BIAS = -100.0
 
@@ -147,14 +158,35 @@ def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp3
 
 def apply_gpu_settings(kwargs: dict, fp32_attention: str | None = "ieee") -> dict:
     """What every engine built here gets on a GPU (`make_llm`, and the benchmark's stock engine, so
-    that both are measured alike): `gpu_memory_utilization` capped by `gpu_memory_share`, and for a
-    float32 `dtype` Triton's float32 precision `fp32_attention`. Edits `kwargs` and returns it."""
+    that both are measured alike): `gpu_memory_utilization` capped by `gpu_memory_share`, the KV
+    cache size of `$TERRA_NB_KV_CACHE_GIB` and eager mode of `$TERRA_NB_ENFORCE_EAGER` where the
+    caller chose none, and for a float32 `dtype` Triton's float32 precision `fp32_attention`.
+    Edits `kwargs` and returns it."""
     share = gpu_memory_share(kwargs.get("gpu_memory_utilization"))
     if share is not None:
         kwargs["gpu_memory_utilization"] = share
+    kv_gib = _env_number(KV_CACHE_ENV)
+    if kv_gib is not None:
+        kwargs.setdefault("kv_cache_memory_bytes", int(kv_gib * 2**30))
+    if os.environ.get(EAGER_ENV, "").strip() == "1":
+        kwargs.setdefault("enforce_eager", True)
     if kwargs.get("dtype") == "float32" and fp32_attention is not None:
         set_triton_fp32_precision(fp32_attention)
     return kwargs
+
+
+def _env_number(name: str) -> float | None:
+    """A positive number from the environment variable `name`; None when unset or empty."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {text!r}")
+    return value
 
 
 def set_triton_fp32_precision(mode: str) -> None:

@@ -264,6 +264,36 @@ def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | 
     return progress.rows
 
 
+def bench_session(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None,
+                  **engine_kwargs) -> list[dict]:
+    """Our port with one engine session per rollout (`port.session_rollout`): each frame step sends
+    only the last code and the next actions; the prompt stays in the session's KV cache."""
+    from terra_nb.port.session_rollout import make_session_engine, session_rollout_sync, shutdown_async_engine
+
+    progress = progress or Progress()
+    kw = {"enforce_eager": False, **engine_kwargs}   # vLLM's default mode, as the frame-loop rows
+    t0 = time.perf_counter()
+    engine = make_session_engine(ckpt, **kw)
+    start = time.perf_counter() - t0
+    sample = load_sample(wl.preset)
+    sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
+    try:
+        session_rollout_sync(engine, sample.context[: wl.n_ctx], sample.actions, 1, sampling, progress=False)  # warm-up
+        for name in [r for r in rows if row_engine(r) == "session"]:
+            if progress.out_of_time(name):
+                continue
+            batch = row_batch(name)
+            ctx = sample.context[: wl.n_ctx].expand(batch, -1, -1).contiguous()
+            trials = [_timed(lambda: session_rollout_sync(engine, ctx, sample.actions, wl.long_frames,
+                                                          dataclasses.replace(sampling, seed=wl.seed + 1 + r),
+                                                          progress=False))
+                      for r in range(wl.repeats_for(batch))]
+            progress.add(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1)))
+    finally:
+        shutdown_async_engine(engine)
+    return progress.rows
+
+
 def decode_probe(llm, request: dict, layout: FrameLayout, wl: Workload, repeats: int = 5) -> dict:
     """Split a frame's time into per-call overhead and per-token decode (prompt fully cached).
 
@@ -322,6 +352,7 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | No
         ("hf", lambda: [progress.add(r) for r in bench_hf(ckpt, wl)] if not progress.out_of_time("hf") else []),
         ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, **kw)),
         ("stock_llama", lambda: bench_stock(ckpt, wl, rows, progress, profile_spec, **kw)),
+        ("session", lambda: bench_session(ckpt, wl, rows, progress, **kw)),
     ]
     for prefix, measure in groups:
         if not ({prefix} & engines or (prefix == "vllm" and "vllm_eager" in engines)):

@@ -61,13 +61,28 @@ def profile_digest(profiles: dict[str, dict]) -> dict | None:
 
 
 def throughput_curve(rows: list[dict]) -> list[dict]:
-    """Frames per second of the port and of stock at each batch both measured, and their ratio."""
-    port = {r["batch"]: r["frames_per_s"] for r in rows if r["name"].startswith("vllm") and r["name"] != "vllm_eager"
-            and "tp" not in r}
-    stock = {r["batch"]: r["frames_per_s"] for r in rows if r["name"].startswith("stock_llama")}
-    return [dict(batch=b, port_frames_per_s=port.get(b), stock_frames_per_s=stock.get(b),
-                 port_vs_stock=round(port[b] / stock[b], 3) if b in port and b in stock else None)
-            for b in sorted(port.keys() | stock.keys())]
+    """Frames per second of the port and of stock at each batch both measured, and their ratio;
+    with session rows (`session_b<N>`), also the sessions' frames per second and their ratio to
+    stock's frame loop."""
+    def engine(name: str) -> str | None:
+        try:
+            return row_engine(name)
+        except ValueError:   # rows off the curve (e.g. `vllm_tp2`)
+            return None
+
+    def fps(kind: str) -> dict:
+        return {r["batch"]: r["frames_per_s"] for r in rows if engine(r["name"]) == kind and "tp" not in r}
+
+    port, stock, session = fps("vllm"), fps("stock_llama"), fps("session")
+    ratio = lambda a, b: round(a / b, 3) if a is not None and b else None  # noqa: E731
+    out = []
+    for b in sorted(port.keys() | stock.keys() | session.keys()):
+        row = dict(batch=b, port_frames_per_s=port.get(b), stock_frames_per_s=stock.get(b),
+                   port_vs_stock=ratio(port.get(b), stock.get(b)))
+        if session:
+            row.update(session_frames_per_s=session.get(b), session_vs_stock=ratio(session.get(b), stock.get(b)))
+        out.append(row)
+    return out
 
 
 ROW_LABELS = {
@@ -75,6 +90,7 @@ ROW_LABELS = {
     "vllm_eager": "our port, `enforce_eager=True` (the seed's setting)",
     "vllm": "our port, CUDA graphs + prefix caching (default)",
     "stock_llama": "stock vLLM Llama, same shape (ceiling)",
+    "session": "our port, one engine session per rollout",
 }
 
 
@@ -82,7 +98,7 @@ def row_label(name: str) -> str:
     """A row's label in tables: `ROW_LABELS`, or 'our port, 64 rollouts at once' for curve rows."""
     if name in ROW_LABELS:
         return ROW_LABELS[name]
-    who = "our port" if row_engine(name) == "vllm" else "stock vLLM Llama"
+    who = {"vllm": "our port", "session": "our port, one session per rollout"}.get(row_engine(name), "stock vLLM Llama")
     return f"{who}, {row_batch(name)} rollouts at once"
 
 

@@ -1,7 +1,8 @@
 """The benchmark's workload: which rows exist, what each measures, and the checkpoints it runs on.
 
 A *row* names an engine and a batch (`hf`, `vllm_eager`, `vllm`, `vllm_b<N>`, `stock_llama`,
-`stock_llama_b<N>`); `Workload` says how much is generated and how often. Measuring is
+`stock_llama_b<N>`, and `session`, `session_b<N>`: our port with one engine session per rollout,
+`port.session_rollout`); `Workload` says how much is generated and how often. Measuring is
 `bench_measure`, merging and the README table `bench_report`, the command line `bench`.
 """
 from __future__ import annotations
@@ -17,25 +18,27 @@ from terra_nb.port.checkpoints import write_random_checkpoint
 
 
 ROW_NAMES = ("hf", "vllm_eager", "vllm", "vllm_b8", "vllm_b32", "stock_llama", "stock_llama_b8", "stock_llama_b32")
-"""The classic rows; any `vllm_b<N>` / `stock_llama_b<N>` (N rollouts at once) is valid too."""
+"""The classic rows; any `vllm_b<N>` / `stock_llama_b<N>` / `session` / `session_b<N>` (N rollouts
+at once) is valid too."""
 
 
 CURVE_BATCHES = (1, 8, 32, 64, 128)
 
 
-_ROW_RE = re.compile(r"^(hf|vllm_eager|vllm|stock_llama)(?:_b([1-9][0-9]*))?$")
+_ROW_RE = re.compile(r"^(hf|vllm_eager|vllm|stock_llama|session)(?:_b([1-9][0-9]*))?$")
 
 
 def row_batch(name: str) -> int:
     """Rollouts at once of a row name: `vllm` -> 1, `vllm_b32` -> 32, `stock_llama_b128` -> 128."""
     m = _ROW_RE.match(name)
     if m is None or (m.group(2) and m.group(1) in ("hf", "vllm_eager")):
-        raise ValueError(f"unknown row {name!r}; choose from {', '.join(ROW_NAMES)} or vllm_b<N> / stock_llama_b<N>")
+        raise ValueError(f"unknown row {name!r}; choose from {', '.join(ROW_NAMES)} or vllm_b<N> / stock_llama_b<N> / "
+                         "session / session_b<N>")
     return int(m.group(2) or 1)
 
 
 def row_engine(name: str) -> str:
-    """Which engine measures a row: 'hf', 'vllm_eager', 'vllm' or 'stock_llama'."""
+    """Which engine measures a row: 'hf', 'vllm_eager', 'vllm', 'stock_llama' or 'session'."""
     row_batch(name)
     return _ROW_RE.match(name).group(1)
 
@@ -88,7 +91,7 @@ def engine_groups(rows: list[str]) -> list[list[str]]:
     memory is freed before the next starts); `hf` rides along with the first group."""
     by_engine = {r: row_engine(r) for r in rows}  # raises on an unknown row
     groups = [sorted((r for r in rows if by_engine[r] == kind), key=row_batch)  # the curve from batch 1 up
-              for kind in ("vllm_eager", "vllm", "stock_llama")]
+              for kind in ("vllm_eager", "vllm", "stock_llama", "session")]
     groups = [g for g in groups if g]
     if "hf" in rows:
         groups = [["hf", *groups[0]], *groups[1:]] if groups else [["hf"]]
