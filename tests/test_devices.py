@@ -85,10 +85,10 @@ def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
 
 
 def test_gpu_settings_fix_the_kv_cache_and_eager_mode_only_where_the_caller_chose_none(monkeypatch):
-    from terra_nb.port.vllm_rollout import EAGER_ENV, KV_CACHE_ENV, apply_gpu_settings
+    from terra_nb.port.vllm_rollout import EAGER_ENV, GPU_SHARE_ENV, KV_CACHE_ENV, apply_gpu_settings
 
-    monkeypatch.delenv(EAGER_ENV, raising=False)
-    monkeypatch.delenv(KV_CACHE_ENV, raising=False)
+    for name in (EAGER_ENV, KV_CACHE_ENV, GPU_SHARE_ENV):   # the GPU runner's lanes set them
+        monkeypatch.delenv(name, raising=False)
     assert apply_gpu_settings({"dtype": "bfloat16"}) == {"dtype": "bfloat16"}   # unset: vLLM's defaults
     monkeypatch.setenv(KV_CACHE_ENV, "1.5")
     monkeypatch.setenv(EAGER_ENV, "1")
@@ -100,3 +100,25 @@ def test_gpu_settings_fix_the_kv_cache_and_eager_mode_only_where_the_caller_chos
         monkeypatch.setenv(KV_CACHE_ENV, bad)
         with pytest.raises(ValueError, match=KV_CACHE_ENV):
             apply_gpu_settings({"dtype": "bfloat16"})
+
+
+def test_async_engines_spawn_their_engine_process_once_cuda_is_in_use(monkeypatch):
+    """vLLM's environment cache, frozen by an in-process engine core, must not keep "fork"."""
+    import torch
+    from vllm import envs
+
+    from terra_nb.port.session_rollout import spawn_engine_processes_after_cuda
+
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    envs.enable_envs_cache()   # what an in-process engine core does at start
+    try:
+        assert envs.VLLM_WORKER_MULTIPROC_METHOD == "fork"
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        spawn_engine_processes_after_cuda()   # no GPU: nothing to change
+        assert envs.VLLM_WORKER_MULTIPROC_METHOD == "fork"
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+        spawn_engine_processes_after_cuda()
+        assert envs.VLLM_WORKER_MULTIPROC_METHOD == "spawn"
+    finally:
+        envs.disable_envs_cache()

@@ -271,12 +271,13 @@ def max_tokens_past_the_frame(c: Case) -> str:
 
 
 def sampling_ids_out_of_vocab(c: Case) -> str:
-    """vLLM 0.32 checks these ids itself; on 0.26 the front door does."""
+    """vLLM 0.32 checks these ids itself; 0.26 checks only logit_bias's (`SamplingParams.verify`) and
+    the front door the others."""
     bad = c.rng.choice([c.layout.vocab_size, 10**7, -1])
     key = c.rng.choice(["logit_bias", "allowed_token_ids", "stop_token_ids"])
     value = {bad: 1.0} if key == "logit_bias" else [bad]
     c.params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False, **{key: value})
-    if VLLM_VERSION >= (0, 32):
+    if VLLM_VERSION >= (0, 32) or key == "logit_bias":
         return "vllm:sampling_ids_out_of_vocab"
     return "id_negative" if bad < 0 else "id_out_of_vocab"
 

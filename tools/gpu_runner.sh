@@ -14,16 +14,18 @@
 # --readme` regenerates the README's GPU section from the committed results/gpu_report_*.json.
 #
 # Or all of it at once, side by side on the one GPU (what fits a few device calls):
-#   bash tools/gpu_runner.sh start             # setup, then five lanes in the background:
-#                                              #   papermill, papermill2: reproduce 01 03 05 ... and 02 04 06 ...
-#                                              #   nbval:     nbval of every notebook but the longest (08)
-#                                              #   engines:   nbval 08, then the engine test groups
+#   bash tools/gpu_runner.sh start             # setup, then seven lanes in the background:
+#                                              #   papermill, papermill2, papermill3: reproduce, the
+#                                              #     notebooks spread by their last times (PAPERMILL_LANES)
+#                                              #   nbval, nbval2: nbval of every notebook but the longest (08)
+#                                              #   engines:   nbval 08, then engine test groups 1 and 3
 #                                              #   fast:      the fast test group, in 3 pytest-xdist workers
+#   bash tools/gpu_runner.sh lanes             # each lane's steps
 #   bash tools/gpu_runner.sh wait 570          # wait up to 570 s; prints the finished steps;
 #                                              # always writes the report (partial until all end)
-# The lanes share the one GPU and its 16 cores: each lane computes on 3 threads (torch's default,
+# The lanes share the one GPU and its 16 cores: each lane computes on 2 threads (torch's default,
 # a thread per core in every lane, oversubscribed them: nbval 08 took 961 s on an H100 beside three
-# lanes, 34 s on two CPU cores), and every engine has a fixed KV cache ($TERRA_NB_KV_CACHE_GIB: 12
+# lanes, 34 s on two CPU cores), and every engine has a fixed KV cache ($TERRA_NB_KV_CACHE_GIB: 8
 # GiB for the Terra-shaped papermill lanes, 1 GiB for the tiny-model lanes; see
 # terra_nb.port.vllm_rollout.apply_gpu_settings). With the cache size given, vLLM skips its
 # start-up memory profiling, which measures the whole GPU and so failed whenever another lane
@@ -75,22 +77,34 @@ groups() {  # name -> pytest arguments
 }
 NOTEBOOKS=$(ls notebooks/[0-9][0-9]_*.ipynb | sed -E 's|notebooks/([0-9][0-9])_.*|\1|')
 NOTEBOOKS=${RUNNER_NOTEBOOKS:-$NOTEBOOKS}   # e.g. RUNNER_NOTEBOOKS="04 06": only those
-LANES=${RUNNER_LANES:-papermill papermill2 nbval engines fast}
+LANES=${RUNNER_LANES:-papermill papermill2 papermill3 nbval nbval2 engines fast}
 LONG_NBVAL=${LONG_NBVAL:-08}   # the notebook whose nbval runs in the engines lane (the longest)
 # what an engine that lost the start-up memory race prints (vLLM 0.26 and 0.32)
 MEMORY_RACE="No available memory for the cache blocks|Error in memory profiling|less than desired GPU memory utilization|CUDA out of memory"
 
+# Which lane runs what: the longest steps spread so that the lanes end together. The step times of
+# the H100 run of 2026-11-25 (results/gpu_report_h100.md; all lanes sharing the GPU): papermill 07
+# 348 s, 06 232, 04 201, 01 193, 08 183, 05 134, 11 127, 10 103, 03 81, 09 70, 02 38; nbval 08 319,
+# 03 156, 05 107, 07 102, others 37-90; test fast 391, engine1-4 107, 109, 82, 44.
+PAPERMILL_LANES=("07 03 05" "06 04 09 02" "01 08 11 10")   # a notebook not named here: the last lane
+NBVAL2="03 05"                                              # nbval2's notebooks (08: the engines lane)
 lane_steps() {  # lane -> its steps, one per line
+  local nb i n=${#PAPERMILL_LANES[@]}
   case "$1" in
-    # the Terra-shaped notebooks alternate between two lanes (01 03 05 ... and 02 04 06 ...)
-    papermill|papermill2)
-      local first=$([ "$1" = papermill ] && echo 0 || echo 1) i=0
-      for nb in $NOTEBOOKS; do [ $((i % 2)) = "$first" ] && echo "reproduce $nb"; i=$((i + 1)); done ;;
-    nbval) for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] || echo "nbval $nb"; done ;;
+    papermill|papermill2|papermill3)
+      i=$(( ${1#papermill} + 0 )); i=$(( i == 0 ? 0 : i - 1 ))
+      for nb in $NOTEBOOKS; do
+        local lane_of=$((n - 1))
+        for j in $(seq 0 $((n - 1))); do [[ " ${PAPERMILL_LANES[$j]} " == *" $nb "* ]] && lane_of=$j; done
+        [ "$lane_of" = "$i" ] && echo "reproduce $nb"
+      done ;;
+    nbval) for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] || [[ " $NBVAL2 " == *" $nb "* ]] || echo "nbval $nb"; done ;;
+    nbval2) for nb in $NOTEBOOKS; do [[ " $NBVAL2 " == *" $nb "* ]] && echo "nbval $nb"; done
+            for g in ${TEST_GROUPS-engine2 engine4}; do echo "test $g"; done ;;
     engines) for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] && echo "nbval $nb"; done
-             for g in ${TEST_GROUPS-engine1 engine2 engine3 engine4}; do echo "test $g"; done ;;
+             for g in ${TEST_GROUPS-engine1 engine3}; do echo "test $g"; done ;;
     fast) echo "test fast" ;;
-    *) echo "unknown lane $1 (papermill, papermill2, nbval, engines, fast)" >&2; return 2 ;;
+    *) echo "unknown lane $1 (papermill, papermill2, papermill3, nbval, nbval2, engines, fast)" >&2; return 2 ;;
   esac
 }
 
@@ -154,8 +168,8 @@ case "${1:-plan}" in
     lane=${2:?papermill, nbval, engines or fast}
     steps=$(lane_steps "$lane") || exit 2
     case "$lane" in
-      papermill|papermill2)
-        export TERRA_NB_GPU_MEMORY_UTILIZATION=${PAPERMILL_GPU_SHARE:-0.2} TERRA_NB_KV_CACHE_GIB=${PAPERMILL_KV_GIB:-12} \
+      papermill*)
+        export TERRA_NB_GPU_MEMORY_UTILIZATION=${PAPERMILL_GPU_SHARE:-0.15} TERRA_NB_KV_CACHE_GIB=${PAPERMILL_KV_GIB:-8} \
                TERRA_NB_ENFORCE_EAGER=0 ;;
       fast) export TEST_WORKERS=${FAST_TEST_WORKERS:-3} ;;
     esac
@@ -164,8 +178,8 @@ case "${1:-plan}" in
     # memory profiling, so no engine can lose the race against another lane's allocations.
     export TERRA_NB_GPU_MEMORY_UTILIZATION=${TERRA_NB_GPU_MEMORY_UTILIZATION:-${CHECKS_GPU_SHARE:-0.05}}
     export TERRA_NB_KV_CACHE_GIB=${TERRA_NB_KV_CACHE_GIB:-${CHECKS_KV_GIB:-1}} TERRA_NB_ENFORCE_EAGER=${TERRA_NB_ENFORCE_EAGER:-1}
-    # 16 cores for 5 lanes: torch's default of a thread per core in every lane oversubscribes them
-    export OMP_NUM_THREADS=${LANE_THREADS:-3}
+    # 16 cores for 7 lanes: torch's default of a thread per core in every lane oversubscribes them
+    export OMP_NUM_THREADS=${LANE_THREADS:-2}
     echo "$(date +%T) lane $lane: KV cache $TERRA_NB_KV_CACHE_GIB GiB, eager ${TERRA_NB_ENFORCE_EAGER}, $OMP_NUM_THREADS threads, xdist workers ${TEST_WORKERS:-0}" >> "$STATE/lanes.log"
     echo "$steps" > "$STATE/lane_$lane.plan"
     echo "$(date +%T) lane $lane: engines capped at $TERRA_NB_GPU_MEMORY_UTILIZATION of GPU memory" >> "$STATE/lanes.log"

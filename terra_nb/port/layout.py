@@ -436,8 +436,9 @@ def check_ids_in_vocab(arr: np.ndarray, layout: FrameLayout, param: str = "promp
 
 def check_sampling_ids(params, layout: FrameLayout) -> None:
     """Token ids inside sampling parameters (`logit_bias`, `allowed_token_ids`, `stop_token_ids`)
-    are in the vocabulary (vLLM 0.32 checks this itself, 0.26 does not: an out-of-range
-    `logit_bias` id would index past the logits row on the GPU)."""
+    are in the vocabulary. vLLM 0.32 checks all three itself; 0.26 checks only `logit_bias`
+    (`SamplingParams.verify`, before this runs), and an out-of-range `allowed_token_ids` id would
+    index past the logits row on the GPU."""
     for key in ("logit_bias", "allowed_token_ids", "stop_token_ids"):
         ids = list(getattr(params, key, None) or ())
         bad = next((i for i, t in enumerate(ids) if not isinstance(t, (int, np.integer)) or isinstance(t, bool)), None)

@@ -83,7 +83,7 @@ def run_rollout(
     context, actions, batched = prepare_inputs(context, actions, n_frames, layout)
     B, n_ctx = context.shape[:2]
     rounds = plan_rounds(n_ctx, n_frames, layout.max_frames, overlap)
-    video = context
+    video = context.cpu()   # the frames are kept where each round's output lands (a GPU context too)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -41,6 +41,7 @@ chunk raises vLLM's validation error naming its rule, and the engine serves the 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import uuid
 from pathlib import Path
@@ -72,7 +73,27 @@ def make_async_engine(checkpoint_dir: str | Path, max_frames: int | None = None,
     from vllm.v1.engine.async_llm import AsyncLLM
 
     kwargs = engine_kwargs(checkpoint_dir, max_frames, **{"disable_log_stats": True, **overrides})
+    spawn_engine_processes_after_cuda()
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
+def spawn_engine_processes_after_cuda() -> None:
+    """Start the `AsyncLLM`'s engine-core process by spawning, not forking, once this process has
+    used CUDA: a forked child cannot ("Cannot re-initialize CUDA in forked subprocess").
+
+    vLLM makes that switch itself when it sees CUDA initialized, but reads the setting through
+    its cache of environment variables, which an engine core built earlier in this process
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, e.g. `make_llm` in a test run) has frozen at "fork". Seen
+    on vLLM 0.26 on an H100 (2026-11-25): every session test of the GPU runner's engine group."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    from vllm import envs
+
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()   # vLLM re-reads the variable; the next engine core caches again
 
 
 def make_session_engine(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
