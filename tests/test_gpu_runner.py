@@ -33,7 +33,9 @@ def test_plan_covers_every_notebook_twice_and_fits_in_steps():
 def test_lanes_run_every_step_of_the_plan_once(tmp_path):
     runner = ["bash", str(REPO / "tools" / "gpu_runner.sh")]
     plan = subprocess.run(runner + ["plan"], capture_output=True, text=True).stdout.split("\n")
-    lanes = subprocess.run(runner + ["lanes"], capture_output=True, text=True).stdout.strip().split("\n")
+    listed = subprocess.run(runner + ["lanes"], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr   # a lane whose step list ends non-zero never starts
+    lanes = listed.stdout.strip().split("\n")
     steps = [s for line in lanes for s in line.split(": ", 1)[1].split(";")]
     assert sorted(steps) == sorted(s for s in plan if s.split(" ")[0] in ("reproduce", "nbval", "test"))
     by_lane = dict(line.split(": ", 1) for line in lanes)

@@ -60,6 +60,9 @@ def test_bf16_toy_model_agrees_with_hf_and_few_flips_are_excused(toy_bf16):
     inputs, hf, llm = toy_bf16
     runs = scored_commands(inputs, hf, llm)
     report = {c: tf.summary() for c, tf in runs.items()}
+    for command, tf in runs.items():   # the whole verdict of each command (pytest cuts a long message)
+        worst = int(tf.gap.argmax())
+        print(command, report[command], "largest gap at", tf.at(worst // tf.image_tokens, worst % tf.image_tokens))
     positions = sum(tf.positions for tf in runs.values())
     excused = sum(tf.near_tie_disagreements for tf in runs.values())
     near = sum(int((tf.hf_top2_margin <= tf.tolerance).sum()) for tf in runs.values())

@@ -96,12 +96,12 @@ lane_steps() {  # lane -> its steps, one per line
       for nb in $NOTEBOOKS; do
         local lane_of=$((n - 1))
         for j in $(seq 0 $((n - 1))); do [[ " ${PAPERMILL_LANES[$j]} " == *" $nb "* ]] && lane_of=$j; done
-        [ "$lane_of" = "$i" ] && echo "reproduce $nb"
+        if [ "$lane_of" = "$i" ]; then echo "reproduce $nb"; fi   # (not `&&`: the function's status)
       done ;;
     nbval) for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] || [[ " $NBVAL2 " == *" $nb "* ]] || echo "nbval $nb"; done ;;
-    nbval2) for nb in $NOTEBOOKS; do [[ " $NBVAL2 " == *" $nb "* ]] && echo "nbval $nb"; done
+    nbval2) for nb in $NOTEBOOKS; do if [[ " $NBVAL2 " == *" $nb "* ]]; then echo "nbval $nb"; fi; done
             for g in ${TEST_GROUPS-engine2 engine4}; do echo "test $g"; done ;;
-    engines) for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] && echo "nbval $nb"; done
+    engines) for nb in $NOTEBOOKS; do if [ "$nb" = "$LONG_NBVAL" ]; then echo "nbval $nb"; fi; done
              for g in ${TEST_GROUPS-engine1 engine3}; do echo "test $g"; done ;;
     fast) echo "test fast" ;;
     *) echo "unknown lane $1 (papermill, papermill2, papermill3, nbval, nbval2, engines, fast)" >&2; return 2 ;;
@@ -132,7 +132,8 @@ case "${1:-plan}" in
     for nb in $NOTEBOOKS; do echo "nbval $nb"; done
     echo report ;;
   lanes)  # each lane of `start` and its steps
-    for lane in $LANES; do echo "$lane: $(lane_steps $lane | paste -sd ';' -)"; done ;;
+    # as `lane` reads them: a lane whose steps end in a non-zero status would not start
+    for lane in $LANES; do steps=$(lane_steps $lane) || exit 2; echo "$lane: $(echo "$steps" | paste -sd ';' -)"; done ;;
   groups)  # the unit-test groups and their pytest arguments, one per line
     for g in fast engine1 engine2 engine3 engine4; do echo "$g: $(groups $g)"; done ;;
   setup)
