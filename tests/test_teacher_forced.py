@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from terra_nb.port.layout import FrameLayout
-from terra_nb.lessons.parity import compare_teacher_forced, teacher_forced_parity
+from terra_nb.lessons.parity import compare_teacher_forced, reference_logprobs, teacher_forced_parity
 from terra_nb.lessons.weight_mapping import VllmLogprobs
 
 SMALL = FrameLayout(image_tokens=4, action_tokens=2, max_frames=25, vocab_size=9)
@@ -19,14 +19,7 @@ def scored(n_ctx=2, n_new=2, seed=0):
     L = (n_ctx + n_new) * SMALL.frame_len
     hf = torch.randn(L, SMALL.vocab_size, generator=g).mul(3).log_softmax(-1)
     ids = torch.randint(0, 8, (L,), generator=g).tolist()
-    prompt, ranks = [None], [None]
-    for p in range(1, L):
-        row = hf[p - 1]
-        top = row.topk(3).indices.tolist()
-        keep = dict.fromkeys(top + [ids[p]])
-        prompt.append({t: float(row[t]) for t in keep})
-        ranks.append({t: int((row > row[t]).sum()) + 1 for t in keep})
-    return hf, VllmLogprobs(ids, prompt, ranks, 0, {}), n_ctx
+    return hf, reference_logprobs(hf, ids, k=3), n_ctx
 
 
 def test_identical_scores_pass():
@@ -34,6 +27,20 @@ def test_identical_scores_pass():
     tf = compare_teacher_forced(hf, v, SMALL, n_ctx, torch.bfloat16)
     assert tf.positions == 2 * 4 and tf.top1_agree == 8 and tf.max_gap == 0 and tf.passed
     assert tf.summary()["top1_agreement"] == "8/8" and tf.tolerance == 0.25
+
+
+def test_a_reference_model_in_vllms_form_measures_what_a_dtype_changes():
+    """Two HF scorers compared as HF vs vLLM: the second's rounding is the gap, and a tolerance
+    given in its place decides the verdict."""
+    hf, _, n_ctx = scored()
+    ids = torch.arange(hf.shape[0]).remainder(8).tolist()
+    rounded = hf.to(torch.bfloat16).float()
+    tf = compare_teacher_forced(hf, reference_logprobs(rounded, ids, k=3), SMALL, n_ctx, torch.bfloat16)
+    pos = [(n_ctx + f) * SMALL.frame_len + j - 1 for f in range(2) for j in range(SMALL.image_tokens)]
+    assert 0 < tf.max_gap <= float((hf[pos] - rounded[pos]).abs().max()) and tf.top1_agree == tf.positions
+    tight = compare_teacher_forced(hf, reference_logprobs(rounded, ids, k=3), SMALL, n_ctx, torch.bfloat16,
+                                   tolerance=tf.max_gap / 2)
+    assert tight.tolerance == tf.max_gap / 2 and not tight.passed and tf.passed
 
 
 def pin(hf, v, p, hf_top, vllm_pick, shift=0.0):

@@ -187,14 +187,31 @@ class TeacherForcedParity:
         }
 
 
+def reference_logprobs(lp: torch.Tensor, prompt_ids: list[int], k: int = 5):
+    """Another scorer's `hf_prompt_logprobs` rows in the form vLLM returns prompt logprobs
+    (`weight_mapping.VllmLogprobs`): at each position `p >= 1`, the top-`k` of row `p - 1` and the
+    prompt token, with their ranks. `compare_teacher_forced` then compares two HF models, e.g. one
+    in bfloat16 against the same weights in float32: what the dtype alone changes."""
+    from terra_nb.lessons.weight_mapping import VllmLogprobs
+
+    prompt, ranks = [None], [None]
+    for p in range(1, len(prompt_ids)):
+        row = lp[p - 1]
+        keep = dict.fromkeys(row.topk(k).indices.tolist() + [int(prompt_ids[p])])
+        prompt.append({t: float(row[t]) for t in keep})
+        ranks.append({t: int((row > row[t]).sum()) + 1 for t in keep})
+    return VllmLogprobs(list(prompt_ids), prompt, ranks, int(lp[-1].argmax()), {})
+
+
 def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_ctx: int, dtype: torch.dtype,
-                           max_excused: int | None = None) -> TeacherForcedParity:
+                           max_excused: int | None = None, tolerance: float | None = None) -> TeacherForcedParity:
     """Compare `weight_mapping.hf_prompt_logprobs` with `weight_mapping.vllm_prompt_logprobs` of the
     same prompt (`n_ctx` context frames, then the generated frames) on the generated frames' codes.
 
     vLLM's prompt position `p` (the distribution of token `p` given tokens before it) is HF's row
     `p - 1`. The tolerance is `hf_lessons.logit_tolerance(dtype)`, as in notebook 05's one-prompt check;
-    `max_excused` bounds the near-tie disagreements the verdict accepts (see `TeacherForcedParity`).
+    `max_excused` bounds the near-tie disagreements the verdict accepts (see `TeacherForcedParity`);
+    `tolerance` replaces the dtype's (e.g. one measured as bf16's own effect on this model).
     """
     from terra_nb.lessons.hf_lessons import logit_tolerance
 
@@ -214,11 +231,12 @@ def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_
     idx = torch.arange(len(pos))
     margin = rows[idx, hf_top1] - rows[idx, vllm_top1]
     return TeacherForcedParity(n_frames, P, hf_top1, vllm_top1, gap, margin, top2[:, 0] - top2[:, 1],
-                               str(dtype).replace("torch.", ""), logit_tolerance(dtype), max_excused)
+                               str(dtype).replace("torch.", ""),
+                               logit_tolerance(dtype) if tolerance is None else float(tolerance), max_excused)
 
 
 def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5,
-                          max_excused: int | None = None) -> TeacherForcedParity:
+                          max_excused: int | None = None, tolerance: float | None = None) -> TeacherForcedParity:
     """Both models score the same tokens: `context` `[n_ctx, P]` followed by `frames` `[n, P]` (e.g.
     HF's greedy rollout), with their action slots, as one prompt; compared on the codes of `frames`.
 
@@ -226,7 +244,7 @@ def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5,
     item (a rollout needs `n_ctx + n - 1`) is filled with the one before it: the slots after the
     last frame come after every scored position, and attention is causal, so they change nothing
     scored. vLLM returns its top-`k` and the scored token at every position (`prompt_logprobs`).
-    `max_excused`: see `compare_teacher_forced`.
+    `max_excused`, `tolerance`: see `compare_teacher_forced`.
     """
     from terra_nb.lessons.weight_mapping import hf_prompt_logprobs, vllm_prompt_logprobs
 
@@ -246,4 +264,4 @@ def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5,
     hf_lp = hf_prompt_logprobs(hf_model, prompt, actions)
     vllm_lp = vllm_prompt_logprobs(llm, prompt, actions, k=k)
     return compare_teacher_forced(hf_lp, vllm_lp, layout, context.shape[0], next(hf_model.parameters()).dtype,
-                                  max_excused)
+                                  max_excused, tolerance)
