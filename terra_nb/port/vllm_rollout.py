@@ -86,15 +86,9 @@ def gpu_memory_share(requested: float | None) -> float | None:
     vLLM sizes its KV cache as this share of the *whole* GPU minus what its own process holds, and
     refuses to start when less than the share is free; two engines at the default 0.9 cannot share
     a GPU, two at 0.4 can."""
-    cap = os.environ.get(GPU_SHARE_ENV, "").strip()
-    if not cap:
+    share = _env_number(GPU_SHARE_ENV, most=1.0)
+    if share is None:
         return requested
-    try:
-        share = float(cap)
-    except ValueError:
-        share = float("nan")
-    if not 0.0 < share <= 1.0:
-        raise ValueError(f"{GPU_SHARE_ENV} must be a number in (0, 1], got {cap!r}")
     return share if requested is None else min(float(requested), share)
 
 
@@ -175,8 +169,8 @@ def apply_gpu_settings(kwargs: dict, fp32_attention: str | None = "ieee") -> dic
     return kwargs
 
 
-def _env_number(name: str) -> float | None:
-    """A positive number from the environment variable `name`; None when unset or empty."""
+def _env_number(name: str, most: float | None = None) -> float | None:
+    """A number > 0 (and <= `most`) from the environment variable `name`; None when unset or empty."""
     text = os.environ.get(name, "").strip()
     if not text:
         return None
@@ -184,8 +178,9 @@ def _env_number(name: str) -> float | None:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {text!r}")
+    if not (value > 0 and (most is None or value <= most)):
+        allowed = "a positive number" if most is None else f"a number in (0, {most:g}]"
+        raise ValueError(f"{name} must be {allowed}, got {text!r}")
     return value
 
 
