@@ -35,7 +35,9 @@ case "$1" in
   session)
     # Two engines, one after the other, each in its own process (its GPU memory freed for the next):
     # stock's frame loop first, so that each session row has its stock row from this same call.
-    python3 -m terra_nb.workbook.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
+    # Stock with its engine core in a child process, as AsyncLLM always has it (vLLM's default; the
+    # other parts run it in-process): the rows record it (`engine_core`).
+    VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m terra_nb.workbook.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
       --ckpt-root /tmp/ckpt --out "$OUT/part_session_stock.json" > "$OUT/log_session_stock.txt" 2>&1
     args=(run --rows session,session_b128,session_b256 --long-repeats 2 --deadline-s 200) ;;
   *) echo "unknown part $1 (hf|port|stock|tp|session)"; exit 2 ;;

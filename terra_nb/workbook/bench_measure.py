@@ -42,6 +42,16 @@ def _row(name: str, batch: int, frames: int, trials: list[float], **extra) -> di
                 s_per_frame=med / frames, frames_per_s=batch * frames / med, **extra)
 
 
+def engine_core_process(async_engine: bool = False) -> str:
+    """Where a row's engine core ran: `vllm.LLM` in this process when
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0` (tools/gpu.sh sets it), else in a child process, as
+    `AsyncLLM` always does. Per-step work differs between the two (inter-process messages), so a
+    comparison of session rows with frame-loop rows says which each had."""
+    from vllm import envs
+
+    return "child process" if async_engine or envs.VLLM_ENABLE_V1_MULTIPROCESSING else "this process"
+
+
 def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
     """HF `generate` with the KV cache, one call for all frames, as the seed ran it."""
     from transformers import AutoModelForCausalLM
@@ -176,7 +186,7 @@ def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | N
                 continue
             batch = row_batch(name)
             trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, wl.repeats_for(batch))
-            row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+            row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1), engine_core=engine_core_process(),
                        prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)))
             first = first or row
             progress.add(row)
@@ -255,7 +265,8 @@ def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | 
         trials = [_timed(lambda: stock_rollout(llm, ctx, layout, batch, wl.long_frames,
                                                dataclasses.replace(sampling, seed=wl.seed + 1 + r)))
                   for r in range(wl.repeats_for(batch))]
-        row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1))
+        row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+                   engine_core=engine_core_process())
         first = first or row
         progress.add(row)
     if first is not None:
@@ -288,7 +299,8 @@ def bench_session(ckpt: Path, wl: Workload, rows: list[str], progress: Progress 
                                                           dataclasses.replace(sampling, seed=wl.seed + 1 + r),
                                                           progress=False))
                       for r in range(wl.repeats_for(batch))]
-            progress.add(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1)))
+            progress.add(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+                              engine_core=engine_core_process(async_engine=True)))
     finally:
         shutdown_async_engine(engine)
     return progress.rows
