@@ -1,4 +1,5 @@
-"""Measuring from a notebook: rows grouped one engine per process, run and merged (HF row only here)."""
+"""Measuring from a notebook: rows grouped one engine per process, run and merged (the HF row), and the
+seed-setting rows of issue 25 measured in-process on the tiny preset."""
 from __future__ import annotations
 
 import pytest
@@ -42,3 +43,29 @@ def test_report_rows_put_the_seed_first():
     assert rows[1]["x_hf"] == round(11.03 / 4.25, 2)
     assert rows[2]["x_hf"] == 1.0 and rows[3]["x_hf"] == round(8.0 / (4 / 36.0), 2)
     assert bench.report_rows({"rows": []})[0]["s_per_frame"] == 11.03
+
+
+def test_seed_rows_are_their_own_engines():
+    assert [bench.row_batch(r) for r in bench.SEED_ROWS] == [1, 1, 1, 1]
+    assert bench.engine_groups(["vllm_seed", "hf_seed", "vllm"]) == [["vllm"], ["hf_seed"], ["vllm_seed"]]
+    with pytest.raises(ValueError, match="unknown row"):
+        bench.row_batch("hf_seed_b8")
+
+
+def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_path):
+    """HF and the port on the seed's workload (one call per frame, temperature 1.0), the port with
+    the seed's engine settings as the engine reports them; HF's static-cache path either measures
+    or is recorded with what stops it."""
+    from terra_nb.workbook.bench_measure import HF_STATIC_NEEDS, run
+
+    wl = bench.Workload(preset="tiny", long_frames=2, long_repeats=1)
+    res = run(["hf_static", "hf_seed", "vllm_seed"], wl, tmp_path / "ckpt")
+    by = {r["name"]: r for r in res["rows"]}
+    assert by["hf_seed"]["temperature"] == 1.0 and by["hf_seed"]["calls_per_trial"] == 2
+    assert by["hf_seed"]["tokens_per_call"] == by["vllm_seed"]["tokens_per_call"] == 64
+    assert by["vllm_seed"]["engine"] == {"enforce_eager": True, "enable_prefix_caching": False, "max_num_seqs": 5}
+    assert all(by[r]["frames"] == 2 and by[r]["s_per_frame"] > 0 for r in ("hf_seed", "vllm_seed"))
+    static = [e for e in res["errors"] if e["group"] == "hf_static"]
+    assert ("hf_static" in by) != bool(static) and all(e["needs"] == HF_STATIC_NEEDS for e in static)
+    merged = bench.merge([res])
+    assert merged["ratios"]["seed_setting_vs_hf"] == by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]

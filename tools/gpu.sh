@@ -7,6 +7,8 @@
 #   bash tools/gpu.sh port    our port: profile, then the batch curve 1/8/32/64/128      ~8 min
 #   bash tools/gpu.sh stock   stock vLLM Llama, same shape: profile, then the same curve ~8 min
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
+#   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF static+compile (or why not), HF   ~9 min
+#   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
 #   bash tools/gpu.sh session stock's frame loop, then our port with one engine session per
 #                             rollout (issue 24), at 1 and 128 (+256 if time) rollouts    ~9 min
 #
@@ -32,6 +34,9 @@ case "$1" in
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     export VLLM_ALLREDUCE_USE_FLASHINFER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_USE_NCCL_SYMM_MEM=0
     args=(tp --ref "$OUT/part_port.json") ;;
+  # The seed's video (3 context + 22 frames, batch 1, temperature 1.0, one call per frame), 2 trials.
+  seed_hf) args=(run --rows hf_static,hf_seed --long-repeats 2 --deadline-s 120) ;;
+  seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --deadline-s 420) ;;
   session)
     # Two engines, one after the other, each in its own process (its GPU memory freed for the next):
     # stock's frame loop first, so that each session row has its stock row from this same call.
@@ -40,7 +45,7 @@ case "$1" in
     VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m terra_nb.workbook.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
       --ckpt-root /tmp/ckpt --out "$OUT/part_session_stock.json" > "$OUT/log_session_stock.txt" 2>&1
     args=(run --rows session,session_b128,session_b256 --long-repeats 2 --deadline-s 200) ;;
-  *) echo "unknown part $1 (hf|port|stock|tp|session)"; exit 2 ;;
+  *) echo "unknown part $1 (hf|port|stock|tp|session|seed_hf|seed_port)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?

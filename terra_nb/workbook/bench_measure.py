@@ -23,7 +23,8 @@ from terra_nb.port.config import LlamaActionConfig
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 from terra_nb.workbook.bench_report import merge
-from terra_nb.workbook.bench_workload import Workload, checkpoint, engine_groups, row_batch, row_engine, stock_llama_checkpoint
+from terra_nb.workbook.bench_workload import (SEED_ENGINE, SEED_ROWS, SEED_TEMPERATURE, Workload, checkpoint, engine_groups, row_batch,
+                                              row_engine, stock_llama_checkpoint)
 from terra_nb.workbook.data import load_sample
 from terra_nb.workbook.profiling import sync as _sync
 
@@ -85,6 +86,101 @@ def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the next engine sizes its KV cache from the free memory
     return [_row("hf", 1, wl.short_frames, trials, load_s=round(load_s, 1))]
+
+
+HF_STATIC_NEEDS = (
+    "generate() sizes a static cache as len(input_ids) + max_new_tokens, but Terra's forward inserts 6 "
+    "action positions after every frame, so the cache is too short (pass a StaticCache of frames x 582 "
+    "positions instead); and the forward derives positions from past_key_values.get_seq_length(), a "
+    "Python int per step (a StaticCache gives a tensor), on which torch.compile would guard and "
+    "recompile every step: positions would have to come from generate's cache_position tensor.")
+"""What stops `hf_static` for Terra's HF model (transformers 5.17), found on the CPU (2026-11-25)."""
+
+
+def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: SamplingConfig, **generate_kw):
+    """One video as the seed made it: one `generate` call per frame (576 new tokens, its own KV
+    cache), each on the whole prompt so far; returns the prompt with all frames `[1, n]`."""
+    device = next(model.parameters()).device
+    ids = sample.context[: wl.n_ctx].reshape(1, -1).to(device)
+    actions = sample.actions[None].to(device)
+    kw = {**hf_generate_kwargs(sampling, layout), **generate_kw}
+    with torch.inference_mode():
+        for _ in range(wl.long_frames):
+            ids = model.generate(input_ids=ids, actions=actions, max_new_tokens=layout.image_tokens, **kw)
+    return ids
+
+
+def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
+    """Row `hf_seed` (or `hf_static`: static cache + `torch.compile`): HF in the seed's setting."""
+    from transformers import AutoModelForCausalLM
+
+    import terra_nb  # noqa: F401  (registers the Auto classes)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto").to(device).eval()
+    layout = FrameLayout.from_config(model.config)
+    sample = load_sample(wl.preset)
+    extra = {}
+    if static:
+        extra = dict(cache_implementation="static")
+        model.forward = torch.compile(model.forward, mode="reduce-overhead")
+    one_frame = dataclasses.replace(wl, long_frames=1)
+    _timed(lambda: seed_video(model, one_frame, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE), **extra))
+    trials = []
+    for r in range(wl.long_repeats):
+        sampling = SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed + 1 + r)
+        torch.manual_seed(sampling.seed)
+        trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, **extra)))
+    return _row("hf_static" if static else "hf_seed", 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
+                calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens,
+                engine=dict(cache="static" if static else "dynamic", compile=static))
+
+
+def bench_vllm_seed(ckpt: Path, wl: Workload, name: str) -> dict:
+    """Row `vllm_seed` (the seed's engine settings, `SEED_ENGINE`) or `vllm_seed_defaults` (ours):
+    the port on the seed's video, one request per frame (576 new tokens)."""
+    from terra_nb.port.vllm_rollout import vllm_rollout
+
+    settings = dict(SEED_ENGINE) if name == "vllm_seed" else {}
+    llm, start = _engine(ckpt, **settings)
+    try:
+        sample = load_sample(wl.preset)
+        ctx = sample.context[: wl.n_ctx]
+        vllm_rollout(llm, ctx, sample.actions, 1, SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed),
+                     progress=False)  # warm-up
+        trials = [_timed(lambda: vllm_rollout(llm, ctx, sample.actions, wl.long_frames,
+                                              SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed + 1 + r),
+                                              progress=False))
+                  for r in range(wl.long_repeats)]
+        return _row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE, calls_per_trial=wl.long_frames,
+                    tokens_per_call=FrameLayout.from_config(llm.model_config.hf_config).image_tokens,
+                    engine_start_s=round(start, 1), engine=engine_settings(llm), engine_core=engine_core_process())
+    finally:
+        _shutdown(llm)
+
+
+def engine_settings(llm) -> dict:
+    """The settings the seed's rows compare, as the engine has them (not as they were asked for)."""
+    c = llm.llm_engine.vllm_config
+    return dict(enforce_eager=c.model_config.enforce_eager, enable_prefix_caching=c.cache_config.enable_prefix_caching,
+                max_num_seqs=c.scheduler_config.max_num_seqs)
+
+
+def bench_seed_rows(ckpt: Path, wl: Workload, rows: list[str], progress: Progress) -> None:
+    """The seed-setting rows among `rows`; a failing `hf_static` is recorded with what stops it."""
+    for name in [r for r in rows if r in SEED_ROWS]:
+        if progress.out_of_time(name):
+            continue
+        if name == "hf_static":
+            try:
+                progress.add(bench_hf_seed(ckpt, wl, static=True))
+            except Exception as e:  # noqa: BLE001  (the documented failure is the result)
+                progress.errors.append(dict(group=name, error=f"{type(e).__name__}: {str(e)[:300]}", needs=HF_STATIC_NEEDS))
+                progress.flush()
+        elif name == "hf_seed":
+            progress.add(bench_hf_seed(ckpt, wl))
+        else:
+            progress.add(bench_vllm_seed(ckpt, wl, name))
 
 
 def _engine(ckpt: Path, **kw):
@@ -365,9 +461,12 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | No
         ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, **kw)),
         ("stock_llama", lambda: bench_stock(ckpt, wl, rows, progress, profile_spec, **kw)),
         ("session", lambda: bench_session(ckpt, wl, rows, progress, **kw)),
+        ("seed", lambda: bench_seed_rows(ckpt, wl, rows, progress)),
     ]
     for prefix, measure in groups:
-        if not ({prefix} & engines or (prefix == "vllm" and "vllm_eager" in engines)):
+        wanted = {prefix} & engines or (prefix == "vllm" and "vllm_eager" in engines) or (
+            prefix == "seed" and engines & set(SEED_ROWS))
+        if not wanted:
             continue
         try:  # a device lease is scarce: one broken group must not lose the others' figures
             measure()

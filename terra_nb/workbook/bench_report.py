@@ -36,6 +36,11 @@ def merge(parts: list[dict]) -> dict:
             if {"vllm", "stock_llama"} <= by.keys() else None,
             "eager_vs_hf": by["hf"]["s_per_frame"] / by["vllm_eager"]["s_per_frame"]
             if {"hf", "vllm_eager"} <= by.keys() else None,
+            # the seed's setting (issue 25): HF's s/frame over the port's, as the seed's 11.03 / 4.25
+            "seed_setting_vs_hf": by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
+            if {"hf_seed", "vllm_seed"} <= by.keys() else None,
+            "seed_defaults_vs_hf": by["hf_seed"]["s_per_frame"] / by["vllm_seed_defaults"]["s_per_frame"]
+            if {"hf_seed", "vllm_seed_defaults"} <= by.keys() else None,
         },
         commit=env.get("git_commit"),   # the code that ran; a results file holds one commit and one lease
         lease=None,                      # set when committing: which machine lease measured the parts
@@ -91,6 +96,10 @@ ROW_LABELS = {
     "vllm": "our port, CUDA graphs + prefix caching (default)",
     "stock_llama": "stock vLLM Llama, same shape (ceiling)",
     "session": "our port, one engine session per rollout",
+    "hf_seed": "HF `generate`, the seed's setting (one call per frame, temperature 1.0)",
+    "hf_static": "HF `generate`, static cache + `torch.compile`, the seed's setting",
+    "vllm_seed": "our port as the seed ran vLLM (eager, no prefix caching, max_num_seqs 5)",
+    "vllm_seed_defaults": "our port with today's defaults, the seed's setting",
 }
 
 

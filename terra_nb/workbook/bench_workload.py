@@ -27,20 +27,35 @@ CURVE_BATCHES = (1, 8, 32, 64, 128)
 
 _ROW_RE = re.compile(r"^(hf|vllm_eager|vllm|stock_llama|session)(?:_b([1-9][0-9]*))?$")
 
+SEED_ROWS = ("hf_seed", "hf_static", "vllm_seed", "vllm_seed_defaults")
+"""Rows in the seed's setting (issue 25): one video of `long_frames` (22) after `n_ctx` (3) context
+frames, batch 1, temperature `SEED_TEMPERATURE`, one call per frame (576 new tokens). `hf_seed`: HF
+`generate` with its dynamic KV cache; `hf_static`: the same with a static cache and
+`torch.compile` (HF's documented fast path); `vllm_seed`: our port as the seed ran vLLM 0.6
+(`SEED_ENGINE`); `vllm_seed_defaults`: our port with today's defaults."""
+
+SEED_TEMPERATURE = 1.0
+SEED_ENGINE = dict(enforce_eager=True, enable_prefix_caching=False, max_num_seqs=5)
+"""The seed's engine: vLLM 0.6 with `enforce_eager=True`, `max_num_seqs=5`, and prefix caching off
+(its default then)."""
+
 
 def row_batch(name: str) -> int:
     """Rollouts at once of a row name: `vllm` -> 1, `vllm_b32` -> 32, `stock_llama_b128` -> 128."""
+    if name in SEED_ROWS:
+        return 1
     m = _ROW_RE.match(name)
     if m is None or (m.group(2) and m.group(1) in ("hf", "vllm_eager")):
-        raise ValueError(f"unknown row {name!r}; choose from {', '.join(ROW_NAMES)} or vllm_b<N> / stock_llama_b<N> / "
-                         "session / session_b<N>")
+        raise ValueError(f"unknown row {name!r}; choose from {', '.join(ROW_NAMES + SEED_ROWS)} or vllm_b<N> / "
+                         "stock_llama_b<N> / session / session_b<N>")
     return int(m.group(2) or 1)
 
 
 def row_engine(name: str) -> str:
-    """Which engine measures a row: 'hf', 'vllm_eager', 'vllm', 'stock_llama' or 'session'."""
+    """Which engine measures a row: 'hf', 'vllm_eager', 'vllm', 'stock_llama', 'session', or a seed
+    row's own name (each of `SEED_ROWS` is its own engine)."""
     row_batch(name)
-    return _ROW_RE.match(name).group(1)
+    return name if name in SEED_ROWS else _ROW_RE.match(name).group(1)
 
 
 def curve_rows(engine: str, batches=CURVE_BATCHES) -> list[str]:
@@ -91,7 +106,7 @@ def engine_groups(rows: list[str]) -> list[list[str]]:
     memory is freed before the next starts); `hf` rides along with the first group."""
     by_engine = {r: row_engine(r) for r in rows}  # raises on an unknown row
     groups = [sorted((r for r in rows if by_engine[r] == kind), key=row_batch)  # the curve from batch 1 up
-              for kind in ("vllm_eager", "vllm", "stock_llama", "session")]
+              for kind in ("vllm_eager", "vllm", "stock_llama", "session", *SEED_ROWS)]
     groups = [g for g in groups if g]
     if "hf" in rows:
         groups = [["hf", *groups[0]], *groups[1:]] if groups else [["hf"]]
