@@ -80,6 +80,21 @@ MUTANTS = (
                  "(differ & (self.hf_margin <= self.tolerance))",
                  "(differ & (self.hf_top2_margin <= self.tolerance))"),),
            ("tests/test_teacher_forced.py",)),
+    Mutant("fork_after_cuda", "AsyncLLM's engine process is forked after CUDA is in use (vLLM's env cache keeps 'fork')",
+           (Site("terra_nb/port/session_rollout.py",
+                 "    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):\n        return\n",
+                 "    return\n"),),
+           ("tests/test_devices.py",)),
+    Mutant("kv_cache_env_ignored", "engines ignore $TERRA_NB_KV_CACHE_GIB and profile the whole GPU again",
+           (Site("terra_nb/port/vllm_rollout.py",
+                 "        kwargs.setdefault(\"kv_cache_memory_bytes\", int(kv_gib * 2**30))\n",
+                 "        pass\n"),),
+           ("tests/test_devices.py",)),
+    Mutant("reference_rank_off", "a reference scorer's top-1 is reported at rank 2 (another model's pick looks like a flip)",
+           (Site("terra_nb/lessons/parity.py",
+                 "        ranks.append({t: int((row > row[t]).sum()) + 1 for t in keep})\n",
+                 "        ranks.append({t: int((row > row[t]).sum()) + 2 for t in keep})\n"),),
+           ("tests/test_teacher_forced.py",)),
 )
 
 
