@@ -4,8 +4,9 @@
 # writes $OUT/part_<name>.json as it goes (a part cut short keeps the rows it measured):
 #
 #   bash tools/gpu.sh hf      HF generate + our port with enforce_eager (short clip)     ~4 min
-#   bash tools/gpu.sh port    our port: profile, then the batch curve 1/8/32/64/128      ~8 min
-#   bash tools/gpu.sh stock   stock vLLM Llama, same shape: profile, then the same curve ~8 min
+#   bash tools/gpu.sh port    our port: profile, then the batch curve 1/8/32/64          ~7 min
+#   bash tools/gpu.sh stock   stock vLLM Llama, same shape: profile, then the same curve ~7 min
+#   bash tools/gpu.sh port_big / stock_big   the curve at 128 and 256 rollouts          ~7 min each
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
 #   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF static+compile (or why not), HF   ~9 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
@@ -22,13 +23,16 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip.log 2>&1 || cat /tmp/pip.log
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-curve() { local e=$1; echo "$e,${e}_b8,${e}_b32,${e}_b64,${e}_b128"; }
+curve() { local e=$1; echo "$e,${e}_b8,${e}_b32,${e}_b64"; }
+big() { local e=$1; echo "${e}_b128,${e}_b256"; }   # issue 25: the curve up to 256, a call of its own
 # Rows that would start after 420 s are skipped, so a part ends inside the call's 600 s.
 batch=(--profile --batch-repeats 2 --big-batch-repeats 1 --deadline-s 420)
 case "$1" in
   hf) args=(run --rows hf,vllm_eager --short-frames 2 --deadline-s 400) ;;
   port) args=(run --rows "$(curve vllm)" "${batch[@]}") ;;
   stock) args=(run --rows "$(curve stock_llama)" "${batch[@]}") ;;
+  port_big) args=(run --rows "$(big vllm)" --big-batch-repeats 1 --deadline-s 300) ;;
+  stock_big) args=(run --rows "$(big stock_llama)" --big-batch-repeats 1 --deadline-s 300) ;;
   tp)
     # ../shared/gpu/README.md: vLLM 0.26 with TP>1 reaches for NVLink multicast unless told not to.
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -45,7 +49,7 @@ case "$1" in
     VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m terra_nb.workbook.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
       --ckpt-root /tmp/ckpt --out "$OUT/part_session_stock.json" > "$OUT/log_session_stock.txt" 2>&1
     args=(run --rows session,session_b128,session_b256 --long-repeats 2 --deadline-s 200) ;;
-  *) echo "unknown part $1 (hf|port|stock|tp|session|seed_hf|seed_port)"; exit 2 ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|seed_hf|seed_port)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?
