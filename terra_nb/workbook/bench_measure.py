@@ -139,19 +139,11 @@ def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
 def bench_vllm_seed(ckpt: Path, wl: Workload, name: str) -> dict:
     """Row `vllm_seed` (the seed's engine settings, `SEED_ENGINE`) or `vllm_seed_defaults` (ours):
     the port on the seed's video, one request per frame (576 new tokens)."""
-    from terra_nb.port.vllm_rollout import vllm_rollout
-
     settings = dict(SEED_ENGINE) if name == "vllm_seed" else {}
     llm, start = _engine(ckpt, **settings)
     try:
-        sample = load_sample(wl.preset)
-        ctx = sample.context[: wl.n_ctx]
-        vllm_rollout(llm, ctx, sample.actions, 1, SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed),
-                     progress=False)  # warm-up
-        trials = [_timed(lambda: vllm_rollout(llm, ctx, sample.actions, wl.long_frames,
-                                              SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed + 1 + r),
-                                              progress=False))
-                  for r in range(wl.long_repeats)]
+        seed_wl = dataclasses.replace(wl, temperature=SEED_TEMPERATURE)
+        trials, _ = _rollout_trials(llm, seed_wl, 1, wl.long_frames, wl.long_repeats)
         return _row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE, calls_per_trial=wl.long_frames,
                     tokens_per_call=FrameLayout.from_config(llm.model_config.hf_config).image_tokens,
                     engine_start_s=round(start, 1), engine=engine_settings(llm), engine_core=engine_core_process())
@@ -183,14 +175,15 @@ def bench_seed_rows(ckpt: Path, wl: Workload, rows: list[str], progress: Progres
             progress.add(bench_vllm_seed(ckpt, wl, name))
 
 
-def _engine(ckpt: Path, **kw):
+def _engine(ckpt: Path, build=None, **kw):
+    """Our port's engine (`build`: `make_llm`, or e.g. `make_session_engine`) and its start-up seconds."""
     from terra_nb.port.vllm_rollout import make_llm
 
     # vLLM's own default mode unless a row asks for eager: `make_llm` is eager on the CPU, the
     # stock engine is not, and the two are compared like for like
     kw.setdefault("enforce_eager", False)
     t0 = time.perf_counter()
-    llm = make_llm(ckpt, **kw)
+    llm = (build or make_llm)(ckpt, **kw)
     return llm, time.perf_counter() - t0
 
 
@@ -378,10 +371,7 @@ def bench_session(ckpt: Path, wl: Workload, rows: list[str], progress: Progress 
     from terra_nb.port.session_rollout import make_session_engine, session_rollout_sync, shutdown_async_engine
 
     progress = progress or Progress()
-    kw = {"enforce_eager": False, **engine_kwargs}   # vLLM's default mode, as the frame-loop rows
-    t0 = time.perf_counter()
-    engine = make_session_engine(ckpt, **kw)
-    start = time.perf_counter() - t0
+    engine, start = _engine(ckpt, make_session_engine, **engine_kwargs)
     sample = load_sample(wl.preset)
     sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
     try:
