@@ -191,3 +191,20 @@ def test_test_groups_cover_every_test_module_once_and_keep_shared_engines_togeth
         users = {p.name for p in (REPO / "tests").glob("test_*.py") if re.search(rf"\b{name}\b", p.read_text())}
         holding = [g for g, mods in named.items() if users & mods]
         assert users and len(holding) == 1 and users <= named[holding[0]], (name, users, holding)
+
+
+def test_lanes_run_in_a_snapshot_that_later_copies_of_the_checkout_do_not_touch(tmp_path):
+    """`start` runs its lanes in `snapshot`'s copy: the same files (the tree the report names), its own
+    .git, none of the ignored folders (the venv, the bundle), and a runner that works from there."""
+    snap = tmp_path / "tree"
+    r = subprocess.run(["bash", str(REPO / "tools" / "gpu_runner.sh"), "snapshot", str(snap)],
+                       capture_output=True, text=True, cwd=REPO, env={**os.environ, "GPU_RUNNER_STATE": str(tmp_path / "st")})
+    assert r.returncode == 0, r.stderr
+    here, there = gpu_report.tree_state(REPO), gpu_report.tree_state(snap)
+    assert there["tree"] == here["tree"] and there["commit"] == here["commit"]
+    assert (snap / "notebooks" / "08_toy_world.ipynb").is_file() and not (snap / ".venv").exists()
+    lanes = subprocess.run(["bash", str(snap / "tools" / "gpu_runner.sh"), "lanes"], capture_output=True, text=True,
+                           env={**os.environ, "GPU_RUNNER_STATE": str(tmp_path / "st")})
+    assert lanes.returncode == 0 and "nbval 08" in lanes.stdout
+    start = (REPO / "tools" / "gpu_runner.sh").read_text().split("\n  start)", 1)[1].split(";;", 1)[0]
+    assert 'snapshot "$snap"' in start and 'bash "$snap/tools/gpu_runner.sh" lane' in start

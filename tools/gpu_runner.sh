@@ -14,7 +14,9 @@
 # --readme` regenerates the README's GPU section from the committed results/gpu_report_*.json.
 #
 # Or all of it at once, side by side on the one GPU (what fits a few device calls):
-#   bash tools/gpu_runner.sh start             # setup, then seven lanes in the background:
+#   bash tools/gpu_runner.sh start             # a snapshot of this checkout ($STATE/tree: later device
+#                                              # calls re-copy the checkout under the lanes), its
+#                                              # setup, then seven lanes in the background, there:
 #                                              #   papermill, papermill2, papermill3: reproduce, the
 #                                              #     notebooks spread by their last times (PAPERMILL_LANES)
 #                                              #   nbval, nbval2: nbval of every notebook but the longest (08)
@@ -41,10 +43,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SITE=${GPU_SITE:-/tmp/site}   # where the bundle was unpacked
-if [ "${1:-plan}" != plan ] && [ "${1:-plan}" != report ] && [ "${1:-plan}" != groups ] && [ "${1:-plan}" != lanes ]; then
+if [ "${1:-plan}" != plan ] && [ "${1:-plan}" != report ] && [ "${1:-plan}" != groups ] && [ "${1:-plan}" != lanes ] && [ "${1:-plan}" != snapshot ]; then
   test -d "$SITE/vllm" || { echo FRESH-MACHINE; exit 3; }
 fi
-export PYTHONPATH=$SITE VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+# this checkout's terra_nb first, whatever the editable install points to (see `snapshot`)
+export PYTHONPATH=$PWD:$SITE VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 STATE=${GPU_RUNNER_STATE:-/tmp/terra_gpu_runner}
 OUT=${OUT:-$STATE/out}
 mkdir -p "$STATE" "$OUT"
@@ -136,6 +139,15 @@ case "${1:-plan}" in
     for lane in $LANES; do steps=$(lane_steps $lane) || exit 2; echo "$lane: $(echo "$steps" | paste -sd ';' -)"; done ;;
   groups)  # the unit-test groups and their pytest arguments, one per line
     for g in fast engine1 engine2 engine3 engine4; do echo "$g: $(groups $g)"; done ;;
+  snapshot)  # snapshot DIR: a copy of the files here (those git does not ignore) and .git
+    # `start` runs its lanes in one: every later device call (`wait`) copies the checkout again, and
+    # a file being copied is briefly absent (2026-11-25, third lease: nbval 08 found no notebook 20 s
+    # into the run, and passed when run again on the same commit).
+    dest=${2:?where, e.g. $STATE/tree}
+    rm -rf "$dest" && mkdir -p "$dest" || exit 1
+    git ls-files -co --exclude-standard | while read -r f; do [ -e "$f" ] && echo "$f"; done \
+      | tar -cf - -T - .git | tar -xf - -C "$dest" || exit 1
+    echo "snapshot: $(find "$dest" -path "$dest/.git" -prune -o -type f -print | wc -l) files in $dest" ;;
   setup)
     $PY -m pip install -q --no-deps --no-build-isolation -e . > "$STATE/pip.log" 2>&1 || { cat "$STATE/pip.log"; exit 1; }
     # What runs: the tree of the files here (content; not the copy's modes, index or HEAD) and git's
@@ -199,10 +211,12 @@ case "${1:-plan}" in
     done <<< "$steps"
     touch "$STATE/lane_$lane.done" ;;
   start)
-    bash "$0" setup || exit 1
+    # the lanes run in a snapshot of this checkout (see `snapshot`), installed from there
+    snap=$STATE/tree
+    bash "$0" snapshot "$snap" && bash "$snap/tools/gpu_runner.sh" setup || exit 1
     rm -f "$STATE"/lane_*.done
     for lane in $LANES; do
-      setsid nohup bash "$0" lane $lane > "$STATE/lane_$lane.log" 2>&1 < /dev/null &
+      setsid nohup bash "$snap/tools/gpu_runner.sh" lane $lane > "$STATE/lane_$lane.log" 2>&1 < /dev/null &
       sleep 5  # engines of different lanes start their profiling apart
     done
     echo "started lanes: $LANES (bash tools/gpu_runner.sh wait SECONDS)" ;;
@@ -219,7 +233,7 @@ case "${1:-plan}" in
     done
     $PY tools/gpu_report.py "$STATE" --out "$OUT" --lease "${TERRA_NB_LEASE:-}" --commit "${TERRA_NB_COMMIT:-}"
     # one archive of every step's log and record, the papermill summaries and results (no notebooks)
-    tar -C "$STATE" -czf "$OUT/gpu_runner_state.tgz" --exclude='*.ipynb' --exclude='figures' --exclude=out . 2>/dev/null
+    tar -C "$STATE" -czf "$OUT/gpu_runner_state.tgz" --exclude='*.ipynb' --exclude='figures' --exclude=out --exclude=./tree . 2>/dev/null
     ls "$OUT" ;;
   *) echo "unknown step $1; see: bash tools/gpu_runner.sh plan" >&2; exit 2 ;;
 esac
