@@ -106,3 +106,37 @@ def test_session_rows_join_the_curve_against_stocks_frame_loop():
     assert curve[128]["session_vs_stock"] == pytest.approx(31.0 / 23.4, abs=1e-3)
     assert curve[1]["session_frames_per_s"] == 0.7 and curve[1]["session_vs_stock"] is None
     assert bench.row_label("session_b64") == "our port, one session per rollout, 64 rollouts at once"
+
+
+def test_merge_puts_the_memory_floor_beside_each_batch_of_the_curve():
+    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.workbook.roofline import floor_frames_per_s
+
+    rows = [_row("stock_llama", 1, 22, [33.0]), _row("stock_llama_b128", 128, 22, [146.0]), _row("session_b128", 128, 22, [140.0])]
+    part = _part(rows)
+    part["workload"].update(preset="terra", long_frames=22)
+    curve = {c["batch"]: c for c in bench.merge([part])["curve"]}
+    floor = floor_frames_per_s(preset_config("terra"), 128, 3, 22, "NVIDIA H200")
+    assert curve[128]["floor_frames_per_s"] == pytest.approx(floor, abs=1e-3)
+    assert curve[128]["stock_of_floor"] == pytest.approx(128 * 22 / 146.0 / floor, abs=1e-3)
+    assert curve[128]["session_of_floor"] == pytest.approx(128 * 22 / 140.0 / floor, abs=1e-3)
+    assert "port_of_floor" not in curve[128] and curve[1]["stock_of_floor"] < curve[128]["stock_of_floor"]
+    # no preset, or a device without a bandwidth on record: the curve as it was
+    assert "floor_frames_per_s" not in bench.merge([_part(rows)])["curve"][0]
+
+
+def test_committed_session_results_compare_like_with_like_and_render_their_curve():
+    """results/sessions_*.json: every ratio's two rows from one commit, with the engine core in the same
+    place; notebook 11's table shows the curve's own figures."""
+    from terra_nb.workbook.bench_report import load_sessions, sessions_table
+
+    committed = load_sessions()
+    assert committed
+    for stem, res in committed.items():
+        assert res["commit"] and res["lease"] and len({r.get("engine_core") for r in res["rows"]}) == 1, stem
+        assert res["env"]["git_commit"] == res["commit"], (stem, "the device's git named another commit: say which ran")
+        table = sessions_table(res)
+        for c in res["curve"]:
+            assert f"| {c['batch']} | {c['stock_frames_per_s']:.2f} | {c['session_frames_per_s']:.2f} | {c['session_vs_stock']:.3f} |" in table
+            assert c["session_vs_stock"] == pytest.approx(c["session_frames_per_s"] / c["stock_frames_per_s"], abs=1e-3)
+        assert res["commit"] in table and res["device"] in table

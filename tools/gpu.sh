@@ -10,8 +10,9 @@
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
 #   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF static+compile (or why not), HF   ~9 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
-#   bash tools/gpu.sh session stock's frame loop, then our port with one engine session per
-#                             rollout (issue 24), at 1 and 128 (+256 if time) rollouts    ~9 min
+#   bash tools/gpu.sh session stock's frame loop at 1 and 128 rollouts, then our port with one
+#                             engine session per rollout (issue 24) at 1                   ~9 min
+#   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
 #
 # Then, here: python -m terra_nb.workbook.bench merge part_hf.json part_port.json part_stock.json \
 #               --out results/benchmark_<gpu>.json && python -m terra_nb.workbook.bench readme
@@ -48,8 +49,12 @@ case "$1" in
     # other parts run it in-process): the rows record it (`engine_core`).
     VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m terra_nb.workbook.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
       --ckpt-root /tmp/ckpt --out "$OUT/part_session_stock.json" > "$OUT/log_session_stock.txt" 2>&1
-    args=(run --rows session,session_b128,session_b256 --long-repeats 2 --deadline-s 200) ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|seed_hf|seed_port)"; exit 2 ;;
+    # measured (H100, 2026-11-25): stock's process 5 min, the session at 1 rollout 2.5 min; at 128
+    # rollouts the session takes 3.6 min more, so it has a call of its own (session_big)
+    export VLLM_ENABLE_V1_MULTIPROCESSING=1   # AsyncLLM's engine core is a child process anyway
+    args=(run --rows session --long-repeats 2 --deadline-s 200) ;;
+  session_big) args=(run --rows session_b128,session_b256 --big-batch-repeats 1 --deadline-s 240) ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|seed_hf|seed_port)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?

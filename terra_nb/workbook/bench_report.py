@@ -44,7 +44,7 @@ def merge(parts: list[dict]) -> dict:
         },
         commit=env.get("git_commit"),   # the code that ran; a results file holds one commit and one lease
         lease=None,                      # set when committing: which machine lease measured the parts
-        curve=throughput_curve(rows),
+        curve=with_floor(throughput_curve(rows), parts[0]["workload"], env["device"]),
         profile=profile_digest({p["profile"]["engine"]: p["profile"] for p in parts if "profile" in p}),
     )
 
@@ -87,6 +87,27 @@ def throughput_curve(rows: list[dict]) -> list[dict]:
         if session:
             row.update(session_frames_per_s=session.get(b), session_vs_stock=ratio(session.get(b), stock.get(b)))
         out.append(row)
+    return out
+
+
+def with_floor(curve: list[dict], workload: dict, device: str) -> list[dict]:
+    """The curve with each batch's memory floor (`terra_nb.workbook.roofline`: the frames/s no engine
+    can pass on this device, model and rollout length) and what share of it each engine reached.
+    Unchanged when the workload names no preset or the device has no bandwidth on record."""
+    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.workbook.roofline import bandwidth_of, floor_frames_per_s
+
+    try:
+        config, frames = preset_config(workload["preset"]), workload["long_frames"]
+        bandwidth_of(device)
+    except (KeyError, ValueError):
+        return curve
+    out = []
+    for row in curve:
+        floor = floor_frames_per_s(config, row["batch"], workload["n_ctx"], frames, device)
+        shares = {f"{who}_of_floor": round(row[f"{who}_frames_per_s"] / floor, 3)
+                  for who in ("port", "stock", "session") if row.get(f"{who}_frames_per_s") is not None}
+        out.append(dict(row, floor_frames_per_s=round(floor, 3), **shares))
     return out
 
 
@@ -196,3 +217,29 @@ def report_rows(res: dict) -> list[dict]:
                     "s_per_frame": round(r["s_per_frame"], 4), "frames_per_s": round(r["frames_per_s"], 3),
                     "x_hf": round(r["frames_per_s"] / hf["frames_per_s"], 2) if hf else None})
     return out
+
+
+def load_sessions(results_dir: Path | None = None) -> dict[str, dict]:
+    """Committed session-vs-frame-loop results (issue 24): {file stem: results}, results/sessions_*.json."""
+    from terra_nb.workbook.paths import RESULTS
+
+    folder = Path(results_dir) if results_dir is not None else RESULTS
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("sessions_*.json"))}
+
+
+def sessions_table(res: dict) -> str:
+    """Markdown: per batch, stock's frame loop and the sessions in frames/s, their ratio, and the
+    memory floor (`with_floor`) with the share of it each reached; under it, what measured them."""
+    pct = lambda x: "" if x is None else f"{x:.0%}"  # noqa: E731
+    num = lambda x, f=".2f": "" if x is None else format(x, f)  # noqa: E731
+    lines = ["| rollouts | stock frame loop (frames/s) | sessions (frames/s) | sessions ÷ stock | memory floor (frames/s) "
+             "| stock, share of floor | sessions, share of floor |", "|---|---|---|---|---|---|---|"]
+    for c in res["curve"]:
+        lines.append(f"| {c['batch']} | {num(c['stock_frames_per_s'])} | {num(c.get('session_frames_per_s'))} "
+                     f"| {num(c.get('session_vs_stock'), '.3f')} | {num(c.get('floor_frames_per_s'))} "
+                     f"| {pct(c.get('stock_of_floor'))} | {pct(c.get('session_of_floor'))} |")
+    w = res["workload"]
+    lines += ["", f"{res['device']}, vLLM {res['versions']['vllm']}, {res['dtype'].replace('torch.', '')}, "
+              f"{w['preset']} shape, {w['n_ctx']} context + {w['long_frames']} frames, temperature {w['temperature']}. "
+              + _provenance(res)]
+    return "\n".join(lines)
