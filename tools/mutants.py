@@ -4,6 +4,7 @@ of `make test` must catch.
     python tools/mutants.py                 # every mutant; prints mutant -> the test that caught it
     python tools/mutants.py kv_swapped ...  # only these
     python tools/mutants.py --list          # the mutants and their test files
+    python tools/mutants.py --baseline ...  # first check that the unmutated copy passes those tests
 
 Each mutant replaces one small anchored snippet of one source file (the snippet must occur exactly
 once, or the tool stops: a refactor moved it, update the anchor). A mutant may list the same bug at
@@ -95,6 +96,21 @@ MUTANTS = (
                  "        ranks.append({t: int((row > row[t]).sum()) + 1 for t in keep})\n",
                  "        ranks.append({t: int((row > row[t]).sum()) + 2 for t in keep})\n"),),
            ("tests/test_teacher_forced.py",)),
+    Mutant("lanes_in_the_live_checkout", "the runner's lanes run in the checkout the next device call copies again",
+           (Site("tools/gpu_runner.sh",
+                 '      setsid nohup bash "$snap/tools/gpu_runner.sh" lane $lane',
+                 '      setsid nohup bash "$0" lane $lane'),),
+           ("tests/test_gpu_runner.py::test_lanes_run_in_a_snapshot_that_later_copies_of_the_checkout_do_not_touch",)),
+    Mutant("floor_without_output_layer", "the memory floor forgets the output layer (counted as an embedding table)",
+           (Site("terra_nb/workbook/roofline.py",
+                 'if "embed" not in name)',
+                 'if "embed" not in name and "lm_head" not in name)'),),
+           ("tests/test_roofline.py",)),
+    Mutant("floor_one_cache", "the memory floor reads one rollout's KV cache per step, not every rollout's",
+           (Site("terra_nb/workbook/roofline.py",
+                 "+ batch * kv_tokens * kv_bytes_per_token",
+                 "+ kv_tokens * kv_bytes_per_token"),),
+           ("tests/test_roofline.py",)),
 )
 
 
@@ -118,7 +134,8 @@ def apply(mutant: Mutant, root: Path) -> Site:
 def copy_repo(dest: Path) -> Path:
     root = dest / "repo"
     shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".gpu", "outputs", "checkpoints", "__pycache__", ".pytest_cache", "*.ipynb"))
+        ".venv", ".gpu", ".whl", ".sweep", "outputs", "checkpoints", "__pycache__", ".pytest_cache"))
+    # .git and the notebooks travel: tests of the GPU runner read the tree and list the notebooks
     return root
 
 
@@ -135,10 +152,11 @@ def plugin_entry_point(root: Path) -> None:
     (info / "entry_points.txt").write_text("[vllm.general_plugins]\nterra_nb = terra_nb.port.vllm_plugin:register\n")
 
 
-def run(mutant: Mutant, timeout: int) -> dict:
+def run(mutant: Mutant, timeout: int, mutate: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"mutant_{mutant.name}_") as tmp:
         root = copy_repo(Path(tmp))
-        apply(mutant, root)
+        if mutate:
+            apply(mutant, root)
         plugin_entry_point(root)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider", *mutant.tests]
@@ -156,6 +174,9 @@ def main(argv=None) -> int:
     ap.add_argument("names", nargs="*", help="mutants to run (default: all)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per mutant")
+    ap.add_argument("--baseline", action="store_true",
+                    help="first run each chosen mutant's tests on an unmutated copy: a catch means nothing "
+                         "where the copy fails anyway (stops if one does)")
     a = ap.parse_args(argv)
     chosen = [m for m in MUTANTS if not a.names or m.name in a.names]
     unknown = set(a.names) - {m.name for m in MUTANTS}
@@ -165,6 +186,12 @@ def main(argv=None) -> int:
         for m in chosen:
             print(f"{m.name:28s} {m.path}: {m.bug}\n{'':28s} tests: {' '.join(m.tests)}")
         return 0
+    if a.baseline:
+        for m in chosen:
+            r = run(m, a.timeout, mutate=False)
+            print(f"{m.name:28s} baseline {'FAILS: ' + str(r['by'] or r['rc']) if r['caught'] else 'passes'}  [{r['seconds']} s]", flush=True)
+            if r["caught"]:
+                return 2
     survived = 0
     for m in chosen:
         r = run(m, a.timeout)
