@@ -139,9 +139,12 @@ def browser():
 def _open_notebook(browser, lab_url, name: str):
     base, token = lab_url
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(f"{base}/lab/tree/{name}?token={token}")
+    # A workspace of its own per notebook: JupyterLab restores the default workspace's open tabs, and
+    # a notebook a previous page opened would sit (hidden) beside this one, matching its selectors first.
+    page.goto(f"{base}/lab/workspaces/{Path(name).stem}/tree/{name}?token={token}")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
-    page.wait_for_selector(".jp-NotebookPanel .jp-RenderedMarkdown h1", timeout=30_000)
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-RenderedMarkdown h1", timeout=30_000)
+    assert page.locator(".jp-NotebookPanel").count() == 1, "another notebook is open beside this one"
     # Wait for the kernel: the status bar shows "Idle" once it has started.
     page.wait_for_selector(".jp-StatusBar-TextItem:has-text('Idle')", timeout=60_000)
     return page
