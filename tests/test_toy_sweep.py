@@ -76,3 +76,28 @@ def test_constant_velocity_references_match_the_score_function(result):
         rows = action_following_score({}, N, 3, 12, counterfactual=cf, seed0=seed0)
         want = round(next(r["ade_m"] for r in rows if r["model"] == CONST_VEL), 3)
         assert res["references"][key]["constant velocity"] == want, key
+
+
+def test_frames_baseline_measures_constant_velocity_like_a_model_and_checks_the_clips_are_the_same(tmp_path):
+    """A counterfactual 'straight' clip keeps the context's motion, so constant velocity IS its path:
+    rendered and measured from frames it must score what the tokenized ground truth scores. And a
+    recorded sweep whose references differ (other clips) is refused, not compared."""
+    from terra_nb.toyworld.score import CONST_VEL_FRAMES, GROUND_TRUTH, constant_velocity_frames, eval_clips
+
+    rows = action_following_score({}, 8, 3, 4, counterfactual=True, per_clip=True, frames_baseline=True)
+    straight = {r["model"]: r["ade_m"] for r in rows if r.get("kind") == "straight"}
+    assert straight[CONST_VEL] < 1e-9 and straight[CONST_VEL_FRAMES] == pytest.approx(straight[GROUND_TRUTH], abs=1e-6)
+    clip = eval_clips(1, 3, 4)[0]
+    assert constant_velocity_frames(clip, 3, 4).shape == (5, 32, 32, 3)
+    with pytest.raises(ValueError, match="two context frames"):
+        constant_velocity_frames(clip, 1, 4)
+    # the recorded sweep's references are checked against the clips scored here
+    tok = toy_sweep.ToyTokenizer.load()
+    good = toy_sweep.frames_baseline(N, tok, {})["references"]
+    sweep = {"references": {k: {n: v[n] for n in ("constant velocity", "ground truth (tokenized)")} for k, v in good.items()},
+             "runs": [{"name": "r", "ade_m": {k: 0.1 for k in good}}]}
+    out = toy_sweep.frames_baseline(N, tok, {"s.json": sweep})
+    assert out["runs"][0]["vs_constant_velocity_frames"]["cf"] == round(0.1 / good["cf"]["constant velocity (frames)"], 3)
+    sweep["references"]["cf"]["constant velocity"] += 0.01
+    with pytest.raises(ValueError, match="not the same clips"):
+        toy_sweep.frames_baseline(N, tok, {"s.json": sweep})

@@ -2,6 +2,9 @@
 
     python3 tools/toy_sweep.py OUT_DIR --run 'name:steps=12000,batch=16' --run 'name2:n_clips=8000' [--device cuda] [--clips 16]
     python3 tools/toy_sweep.py OUT_DIR --score-only data/toy/model     # score an existing checkpoint (a control)
+    python3 tools/toy_sweep.py OUT_DIR --frames-baseline data/toy/sweep.json results/toy_sweep_h100.json
+        # no training (CPU): constant velocity rendered, tokenized and measured from its frames like a
+        # model, on the same clips; the recorded runs' ADE against both baselines (frames_baseline.json)
 
 Every run is `train(out_dir=OUT_DIR/<slug>, device=..., **settings)` (its checkpoint stays there, so
 a winner can be shipped), scored like sweep.json: HF greedy rollouts, 3 context + 12 generated
@@ -25,8 +28,8 @@ import torch
 from terra_nb.toyworld import standing
 from terra_nb.toyworld.dataset import EVAL_SEED
 from terra_nb.toyworld.demo import steering_rollouts
-from terra_nb.toyworld.score import (CONST_VEL, GROUND_TRUTH, action_following_score, load_toy_model,
-                                     random_toy_model)
+from terra_nb.toyworld.score import (CONST_VEL, CONST_VEL_FRAMES, GROUND_TRUTH, action_following_score,
+                                     load_toy_model, random_toy_model)
 from terra_nb.toyworld.tokenizer import ToyTokenizer
 from terra_nb.toyworld.train import DEFAULTS, train
 from terra_nb.toyworld.workbook import end_errors
@@ -106,6 +109,37 @@ def score_model(model, n_clips: int, tok) -> dict:
     return out
 
 
+FRAMES_NAMES = {"constant velocity": CONST_VEL, "constant velocity (frames)": CONST_VEL_FRAMES,
+                "ground truth (tokenized)": GROUND_TRUTH}
+
+
+def frames_baseline(n_clips: int, tok, recorded: dict[str, dict]) -> dict:
+    """Both constant-velocity baselines and the tokenized ground truth on every clip set (no model:
+    nothing here depends on the device), then each recorded run's ADE over each baseline.
+
+    `recorded`: {source file: its sweep JSON}; a run's ADE is comparable here because its clip sets
+    are the same seeded clips (the references each file recorded must equal the ones computed here)."""
+    refs, by_kind = {}, {}
+    for key, (seed0, cf) in CLIP_SETS.items():
+        rows = action_following_score({}, n_clips, N_CTX, N_FRAMES, tokenizer=tok, counterfactual=cf, seed0=seed0,
+                                      per_clip=True, reference=True, frames_baseline=True)
+        refs[key] = {short: mean_ade(rows, long) for short, long in FRAMES_NAMES.items()}
+        by_kind[key] = {short: ade_by_kind(rows, long) for short, long in FRAMES_NAMES.items()}
+    runs = []
+    for source, sweep in recorded.items():
+        for name in ("constant velocity", "ground truth (tokenized)"):
+            for key in CLIP_SETS:   # the same clips, or the ratios below mean nothing
+                if sweep["references"][key][name] != refs[key][name]:
+                    raise ValueError(f"{source}: its {key} reference '{name}' is {sweep['references'][key][name]}, "
+                                     f"here {refs[key][name]}: not the same clips")
+        for run in sweep["runs"]:
+            runs.append({"source": source, "name": run["name"], "ade_m": run["ade_m"],
+                         "vs_constant_velocity": {k: round(v / refs[k]["constant velocity"], 3) for k, v in run["ade_m"].items()},
+                         "vs_constant_velocity_frames": {k: round(v / refs[k]["constant velocity (frames)"], 3)
+                                                         for k, v in run["ade_m"].items()}})
+    return {"references": refs, "references_by_kind": by_kind, "runs": runs}
+
+
 def summary(run: dict, refs: dict) -> str:
     """One line: ade and ade / constant velocity per set, steering recovered / commanded, and the
     issue's verdict (ratio <= TARGET_RATIO on every set, every command within STEER_TOLERANCE)."""
@@ -127,7 +161,25 @@ def main(argv=None) -> dict:
                     help="score an existing checkpoint (its toy_training.json gives settings, loss and times)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--clips", type=int, default=16, help="clips per clip set (sweep.json: 16)")
+    ap.add_argument("--frames-baseline", nargs="+", metavar="SWEEP_JSON",
+                    help="only the frame-measured constant-velocity baseline, and these sweeps' runs against it")
     a = ap.parse_args(argv)
+    if a.frames_baseline:
+        t0 = time.time()
+        recorded = {f: json.loads(Path(f).read_text()) for f in a.frames_baseline}
+        out = {"what": f"toy_sweep.py --frames-baseline: action_following_score's references on {a.clips} clips per set "
+                       f"({N_CTX} context + {N_FRAMES} frames), with constant velocity also rendered in each clip's "
+                       "world, tokenized and measured from its frames (score.constant_velocity_frames); each "
+                       "recorded run's ADE over both baselines",
+               "command": "python3 " + shlex.join(sys.argv if argv is None else ["tools/toy_sweep.py", *argv]),
+               "clips": a.clips, "clip_sets": CLIP_SET_NAMES, **frames_baseline(a.clips, tok := ToyTokenizer.load(), recorded)}
+        out_path = Path(a.out_dir) / "frames_baseline.json"
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(out, indent=1) + "\n")
+        for r in out["runs"]:
+            log(f"[{r['name']}] vs cv {r['vs_constant_velocity']}  vs cv frames {r['vs_constant_velocity_frames']}")
+        log(f"wrote {out_path} in {time.time() - t0:.0f} s")
+        return out
     runs = [parse_run(s) for s in a.run]                 # parse all first: a typo fails before any training
     if not runs and not a.score_only:
         ap.error("nothing to do: give --run and/or --score-only")

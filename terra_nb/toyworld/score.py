@@ -27,6 +27,7 @@ EVAL_KINDS = ("curve_left", "curve_right", "lane_change_left", "lane_change_righ
 METRICS = ("ade_m", "fde_m", "lat_m", "heading_deg")
 CONST_VEL = "constant velocity (no actions; a path, not frames)"
 GROUND_TRUTH = "ground truth (tokenized)"
+CONST_VEL_FRAMES = "constant velocity, rendered and tokenized (frames, measured like a model's)"
 KIND_GROUPS = {
     "curve": ("curve_left", "curve_right"),
     "lane change": ("lane_change_left", "lane_change_right"),
@@ -117,9 +118,35 @@ def _mean_row(name: str, rows: list[dict]) -> dict:
     return out
 
 
+def constant_velocity_path(clip: Clip, n_context: int, n_frames: int) -> np.ndarray:
+    """The action-blind path [n_frames + 1, 3]: the context's last motion repeated, in the ego frame
+    of the last context frame (what a model that ignores the actions would drive)."""
+    if n_context < 2:
+        raise ValueError(f"constant velocity needs two context frames to read a motion from, got {n_context}")
+    step = relative_pose(clip.poses[n_context - 2], clip.poses[n_context - 1])
+    path = [np.zeros(3)]
+    for _ in range(n_frames):
+        path.append(compose(path[-1], step))
+    return np.stack(path)
+
+
+def constant_velocity_frames(clip: Clip, n_context: int, n_frames: int) -> np.ndarray:
+    """`constant_velocity_path` as pictures [n_frames + 1, 32, 32, 3]: the clip's own world rendered
+    along it, from the last context frame. Through the tokenizer and `path_from_frames`, this is the
+    action-blind baseline measured exactly as a model is (the path row is measured on the true path,
+    with none of the tokenizer's or the registration's error)."""
+    from .scene import render_frames
+
+    if clip.world is None:
+        raise ValueError("the clip carries no world to render (made with render=False?)")
+    base = clip.poses[n_context - 1]
+    return render_frames(clip.world, [compose(base, p) for p in constant_velocity_path(clip, n_context, n_frames)])
+
+
 def action_following_score(model_or_rollout_fn, n_clips: int = 8, n_context: int = 3, n_frames: int = 6,
                            tokenizer: ToyTokenizer | None = None, sampling=None, counterfactual: bool = False,
-                           seed0: int = EVAL_SEED, per_clip: bool = False, reference: bool = True) -> list[dict]:
+                           seed0: int = EVAL_SEED, per_clip: bool = False, reference: bool = True,
+                           frames_baseline: bool = False) -> list[dict]:
     """Commanded path vs path recovered from generated frames, as a small table (list of rows).
 
     `model_or_rollout_fn`: a model, a rollout function (see RolloutFn), or a dict name -> either.
@@ -129,7 +156,8 @@ def action_following_score(model_or_rollout_fn, n_clips: int = 8, n_context: int
     heading error). `reference` adds two rows: "ground truth (tokenized)", the true frames through
     the tokenizer and the same measurement (the floor of the measurement itself), and the
     constant-velocity path (the context's last motion repeated: what ignoring the actions costs). `per_clip` adds
-    one row per clip (model, kind, metrics).
+    one row per clip (model, kind, metrics). `frames_baseline` adds the constant-velocity path rendered,
+    tokenized and measured from its frames like a model's (`constant_velocity_frames`).
     """
     tok = tokenizer or ToyTokenizer.load()
     models = model_or_rollout_fn if isinstance(model_or_rollout_fn, Mapping) else {"model": model_or_rollout_fn}
@@ -142,14 +170,18 @@ def action_following_score(model_or_rollout_fn, n_clips: int = 8, n_context: int
         # what an action-blind but otherwise perfect model would do: keep the context's last motion
         rows = []
         for c in clips:
-            step = relative_pose(c.poses[n_context - 2], c.poses[n_context - 1])
-            path = [np.zeros(3)]
-            for _ in range(n_frames):
-                path.append(compose(path[-1], step))
-            r = path_error(np.stack(path), c.rel_poses(n_context - 1)[n_context - 1:])
+            r = path_error(constant_velocity_path(c, n_context, n_frames), c.rel_poses(n_context - 1)[n_context - 1:])
             rows.append(r)
             details.append({"model": CONST_VEL, "kind": c.kind, **r})
         table.append(_mean_row(CONST_VEL, rows))
+    if frames_baseline:
+        rows = []
+        for c in clips:
+            frames = tok.decode(tok.encode(constant_velocity_frames(c, n_context, n_frames)))
+            r = _measure(frames, c, n_context)
+            rows.append(r)
+            details.append({"model": CONST_VEL_FRAMES, "kind": c.kind, **r})
+        table.append(_mean_row(CONST_VEL_FRAMES, rows))
     if reference:
         rows = []
         for i, c in enumerate(clips):
