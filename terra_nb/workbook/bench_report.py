@@ -132,12 +132,12 @@ def row_label(name: str) -> str:
     return f"{who}, {row_batch(name)} rollouts at once"
 
 
-def load_results(results_dir: Path | None = None) -> dict[str, dict]:
-    """Committed GPU results: {file stem: results}, from results/benchmark_*.json."""
+def load_results(results_dir: Path | None = None, pattern: str = "benchmark_*.json") -> dict[str, dict]:
+    """Committed GPU results: {file stem: results}, from results/benchmark_*.json (or `pattern`)."""
     from terra_nb.workbook.paths import RESULTS
 
     folder = Path(results_dir) if results_dir is not None else RESULTS
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("benchmark_*.json"))}
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob(pattern))}
 
 
 RATIO_LABEL = "frames/s ÷ HF's frames/s"
@@ -221,10 +221,7 @@ def report_rows(res: dict) -> list[dict]:
 
 def load_sessions(results_dir: Path | None = None) -> dict[str, dict]:
     """Committed session-vs-frame-loop results (issue 24): {file stem: results}, results/sessions_*.json."""
-    from terra_nb.workbook.paths import RESULTS
-
-    folder = Path(results_dir) if results_dir is not None else RESULTS
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("sessions_*.json"))}
+    return load_results(results_dir, "sessions_*.json")
 
 
 def sessions_table(res: dict) -> str:
