@@ -64,11 +64,11 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"
 
 
-def score_set(models, key: str, n_clips: int, tok, reference: bool) -> list[dict]:
+def score_set(models, key: str, n_clips: int, tok, reference: bool, frames_baseline: bool = False) -> list[dict]:
     """action_following_score on one clip set, per-clip rows included (for the per-kind means)."""
     seed0, cf = CLIP_SETS[key]
     return action_following_score(models, n_clips, N_CTX, N_FRAMES, tokenizer=tok, counterfactual=cf,
-                                  seed0=seed0, per_clip=True, reference=reference)
+                                  seed0=seed0, per_clip=True, reference=reference, frames_baseline=frames_baseline)
 
 
 def mean_ade(rows, model) -> float:
@@ -82,14 +82,17 @@ def ade_by_kind(rows, model) -> dict:
     return {k: round(float(np.mean([r["ade_m"] for r in mine if r["kind"] == k])), 3) for k in kinds}
 
 
-def references(n_clips: int, device: str, tok, random_model: bool = True) -> tuple[dict, dict]:
+def references(n_clips: int, device: str, tok, random_model: bool = True,
+               frames_baseline: bool = False) -> tuple[dict, dict]:
     """sweep.json's `references` (constant velocity, tokenized ground truth, random weights) and
-    `references_by_kind` (the first two) for every clip set."""
+    `references_by_kind` (the first two) for every clip set; with `frames_baseline`, also constant
+    velocity measured from its rendered, tokenized frames ("constant velocity (frames)")."""
     models = {RANDOM: random_toy_model(0).to(device)} if random_model else {}
+    names = {"constant velocity": CONST_VEL, **({"constant velocity (frames)": CONST_VEL_FRAMES} if frames_baseline else {}),
+             "ground truth (tokenized)": GROUND_TRUTH}
     refs, by_kind = {}, {}
     for key in CLIP_SETS:
-        rows = score_set(models, key, n_clips, tok, reference=True)
-        names = {"constant velocity": CONST_VEL, "ground truth (tokenized)": GROUND_TRUTH}
+        rows = score_set(models, key, n_clips, tok, reference=True, frames_baseline=frames_baseline)
         refs[key] = {short: mean_ade(rows, long) for short, long in names.items()}
         if random_model:
             refs[key][RANDOM] = mean_ade(rows, RANDOM)
@@ -109,22 +112,13 @@ def score_model(model, n_clips: int, tok) -> dict:
     return out
 
 
-FRAMES_NAMES = {"constant velocity": CONST_VEL, "constant velocity (frames)": CONST_VEL_FRAMES,
-                "ground truth (tokenized)": GROUND_TRUTH}
-
-
 def frames_baseline(n_clips: int, tok, recorded: dict[str, dict]) -> dict:
     """Both constant-velocity baselines and the tokenized ground truth on every clip set (no model:
     nothing here depends on the device), then each recorded run's ADE over each baseline.
 
     `recorded`: {source file: its sweep JSON}; a run's ADE is comparable here because its clip sets
     are the same seeded clips (the references each file recorded must equal the ones computed here)."""
-    refs, by_kind = {}, {}
-    for key, (seed0, cf) in CLIP_SETS.items():
-        rows = action_following_score({}, n_clips, N_CTX, N_FRAMES, tokenizer=tok, counterfactual=cf, seed0=seed0,
-                                      per_clip=True, reference=True, frames_baseline=True)
-        refs[key] = {short: mean_ade(rows, long) for short, long in FRAMES_NAMES.items()}
-        by_kind[key] = {short: ade_by_kind(rows, long) for short, long in FRAMES_NAMES.items()}
+    refs, by_kind = references(n_clips, "cpu", tok, random_model=False, frames_baseline=True)
     runs = []
     for source, sweep in recorded.items():
         for name in ("constant velocity", "ground truth (tokenized)"):
@@ -172,7 +166,7 @@ def main(argv=None) -> dict:
                        "world, tokenized and measured from its frames (score.constant_velocity_frames); each "
                        "recorded run's ADE over both baselines",
                "command": "python3 " + shlex.join(sys.argv if argv is None else ["tools/toy_sweep.py", *argv]),
-               "clips": a.clips, "clip_sets": CLIP_SET_NAMES, **frames_baseline(a.clips, tok := ToyTokenizer.load(), recorded)}
+               "clips": a.clips, "clip_sets": CLIP_SET_NAMES, **frames_baseline(a.clips, ToyTokenizer.load(), recorded)}
         out_path = Path(a.out_dir) / "frames_baseline.json"
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(out, indent=1) + "\n")

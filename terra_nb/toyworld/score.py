@@ -166,39 +166,26 @@ def action_following_score(model_or_rollout_fn, n_clips: int = 8, n_context: int
     actions = torch.from_numpy(np.stack([c.actions for c in clips]))                    # [B, n, 6, 3]
     ctx = codes[:, :n_context]
     table, details = [], []
+
+    def add(name: str, errors: list[dict]) -> None:
+        """One row's per-clip errors (in clip order): their mean in the table, each in the details."""
+        details.extend({"model": name, "kind": c.kind, **r} for c, r in zip(clips, errors))
+        table.append(_mean_row(name, errors))
+
     if reference and n_context >= 2:
         # what an action-blind but otherwise perfect model would do: keep the context's last motion
-        rows = []
-        for c in clips:
-            r = path_error(constant_velocity_path(c, n_context, n_frames), c.rel_poses(n_context - 1)[n_context - 1:])
-            rows.append(r)
-            details.append({"model": CONST_VEL, "kind": c.kind, **r})
-        table.append(_mean_row(CONST_VEL, rows))
+        add(CONST_VEL, [path_error(constant_velocity_path(c, n_context, n_frames), c.rel_poses(n_context - 1)[n_context - 1:])
+                        for c in clips])
     if frames_baseline:
-        rows = []
-        for c in clips:
-            frames = tok.decode(tok.encode(constant_velocity_frames(c, n_context, n_frames)))
-            r = _measure(frames, c, n_context)
-            rows.append(r)
-            details.append({"model": CONST_VEL_FRAMES, "kind": c.kind, **r})
-        table.append(_mean_row(CONST_VEL_FRAMES, rows))
+        add(CONST_VEL_FRAMES, [_measure(tok.decode(tok.encode(constant_velocity_frames(c, n_context, n_frames))), c, n_context)
+                               for c in clips])
     if reference:
-        rows = []
-        for i, c in enumerate(clips):
-            r = _measure(tok.decode(codes[i, n_context - 1:].numpy()), c, n_context)
-            rows.append(r)
-            details.append({"model": GROUND_TRUTH, "kind": c.kind, **r})
-        table.append(_mean_row(GROUND_TRUTH, rows))
+        add(GROUND_TRUTH, [_measure(tok.decode(codes[i, n_context - 1:].numpy()), c, n_context) for i, c in enumerate(clips)])
     for name, m in models.items():
         fn = as_rollout_fn(m, sampling)
         gen = torch.as_tensor(fn(ctx, actions[:, : n_context + n_frames - 1], n_frames))
-        rows = []
-        for i, c in enumerate(clips):
-            frames = tok.decode(torch.cat([ctx[i, -1:], gen[i]]).numpy())
-            r = _measure(frames, c, n_context)
-            rows.append(r)
-            details.append({"model": name, "kind": c.kind, **r})
-        table.append(_mean_row(name, rows))
+        add(name, [_measure(tok.decode(torch.cat([ctx[i, -1:], gen[i]]).numpy()), c, n_context)
+                   for i, c in enumerate(clips)])
     return table + (details if per_clip else [])
 
 
