@@ -50,8 +50,8 @@ case "$1" in
     VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m terra_nb.workbook.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
       --ckpt-root /tmp/ckpt --out "$OUT/part_session_stock.json" > "$OUT/log_session_stock.txt" 2>&1
     # measured (H100, 2026-11-25): stock's process 5 min, the session at 1 rollout 2.5 min; at 128
-    # rollouts the session takes 3.6 min more, so it has a call of its own (session_big)
-    export VLLM_ENABLE_V1_MULTIPROCESSING=1   # AsyncLLM's engine core is a child process anyway
+    # rollouts the session takes 3.6 min more, so it has a call of its own (session_big). AsyncLLM's
+    # engine core is a child process whatever VLLM_ENABLE_V1_MULTIPROCESSING says (kept at 0, as measured).
     args=(run --rows session --long-repeats 2 --deadline-s 200) ;;
   session_big) args=(run --rows session_b128,session_b256 --big-batch-repeats 1 --deadline-s 240) ;;
   *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|seed_hf|seed_port)"; exit 2 ;;
