@@ -13,11 +13,35 @@
 #   bash tools/gpu.sh session stock's frame loop at 1 and 128 rollouts, then our port with one
 #                             engine session per rollout (issue 24) at 1                   ~9 min
 #   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
+#   bash tools/gpu.sh session_curve_stock / session_curve   issue 24's curve: stock's frame loop,
+#                             then the sessions, at 1, 8, 32, 64, 128 rollouts, each with the
+#                             frame-step profile at 1 and 128 (workbook/step_profile.py)   ~10 min each
+#
+# Parts longer than a call run in the background, from a snapshot of the checkout (each device call
+# copies the checkout again, under a running part):
+#   bash tools/gpu.sh bg session_curve_stock session_curve   start them, one after the other
+#   bash tools/gpu.sh poll 560                               wait (at most 560 s); bring back what they wrote
 #
 # Then, here: python -m terra_nb.workbook.bench merge part_hf.json part_port.json part_stock.json \
 #               --out results/benchmark_<gpu>.json && python -m terra_nb.workbook.bench readme
 set -uo pipefail
 test -d /tmp/site/vllm || { echo FRESH-MACHINE; exit 3; }
+BG=/tmp/bench_out
+if [ "${1:-}" = bg ]; then
+  shift; snap=/tmp/bench_tree; rm -rf "$snap" "$BG"; mkdir -p "$snap" "$BG"
+  git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$snap"
+  cp -r .git "$snap/"   # the parts record the commit they ran
+  (cd "$snap" && for part in "$@"; do echo "== $part $(date -u +%T)"; OUT=$BG bash tools/gpu.sh "$part"; done
+   echo "finished $(date -u +%T)") > "$BG/bg.log" 2>&1 < /dev/null &
+  disown; echo "started: $* (log $BG/bg.log)"; exit 0
+fi
+if [ "${1:-}" = poll ]; then
+  end=$((SECONDS + ${2:-540}))
+  until grep -q '^finished' "$BG/bg.log" 2>/dev/null || [ $SECONDS -ge $end ]; do sleep 5; done
+  cp "$BG"/* "${OUT:-/tmp/out}/" 2>/dev/null
+  tail -25 "$BG/bg.log"; for f in "$BG"/log_*.txt; do echo "-- $f"; grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)|^\(MainProcess" "$f" | tail -6; done
+  grep -q '^finished' "$BG/bg.log"; exit $?
+fi
 export PYTHONPATH=/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 # No top-k/top-p here: skip FlashInfer's sampler and its minute of JIT on a fresh machine (all rows alike).
 export VLLM_USE_FLASHINFER_SAMPLER=0
@@ -28,6 +52,7 @@ curve() { local e=$1; echo "$e,${e}_b8,${e}_b32,${e}_b64"; }
 big() { local e=$1; echo "${e}_b128,${e}_b256"; }   # issue 25: the curve up to 256, a call of its own
 # Rows that would start after 420 s are skipped, so a part ends inside the call's 600 s.
 batch=(--profile --batch-repeats 2 --big-batch-repeats 1 --deadline-s 420)
+steps=(--long-repeats 2 --batch-repeats 1 --big-batch-repeats 1 --step-batches 1,128 --deadline-s 540)
 case "$1" in
   hf) args=(run --rows hf,vllm_eager --short-frames 2 --deadline-s 400) ;;
   port) args=(run --rows "$(curve vllm)" "${batch[@]}") ;;
@@ -54,7 +79,13 @@ case "$1" in
     # engine core is a child process whatever VLLM_ENABLE_V1_MULTIPROCESSING says (kept at 0, as measured).
     args=(run --rows session --long-repeats 2 --deadline-s 200) ;;
   session_big) args=(run --rows session_b128,session_b256 --big-batch-repeats 1 --deadline-s 240) ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|seed_hf|seed_port)"; exit 2 ;;
+  # Issue 24's curve, one engine per part (stock's core in a child process, as AsyncLLM's always is).
+  # 256 rollouts are left out on an H100: their KV cache (256 x 14,550 tokens x 22,528 B = 84 GB)
+  # exceeds its memory, so the engine would preempt; `roofline` says so for any GPU.
+  session_curve_stock) export VLLM_ENABLE_V1_MULTIPROCESSING=1
+    args=(run --rows "$(curve stock_llama),stock_llama_b128" "${steps[@]}") ;;
+  session_curve) args=(run --rows "$(curve session),session_b128" "${steps[@]}") ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from terra_nb.workbook.bench_measure import *  # noqa: F401,F403
 from terra_nb.workbook.bench_measure import _row, _timed  # noqa: F401
-from terra_nb.workbook.bench_measure import profile, run, tensor_parallel
+from terra_nb.workbook.bench_measure import StepSpec, profile, run, tensor_parallel
 from terra_nb.workbook.bench_report import *  # noqa: F401,F403
 from terra_nb.workbook.bench_report import merge, update_readme
 from terra_nb.workbook.bench_workload import *  # noqa: F401,F403
@@ -50,6 +50,9 @@ def main(argv=None):
     r.add_argument("--profile", action="store_true", help="also profile each vLLM engine (key `profile` in the part)")
     r.add_argument("--profile-batch", type=int, default=32)
     r.add_argument("--profile-decode-steps", type=int, default=64)
+    r.add_argument("--step-batches", default="", help="comma-separated batches whose rows also get a frame-step "
+                   "profile (key `step_profile`, see workbook/step_profile.py)")
+    r.add_argument("--step-frames", type=int, default=6, help="frames of each step profile's rollout")
     pr = sub.add_parser("profile", help="cProfile + torch.profiler of one engine (port or stock), write JSON")
     pr.add_argument("--engine", choices=("port", "stock"), required=True)
     pr.add_argument("--preset", default="terra")
@@ -81,8 +84,9 @@ def main(argv=None):
 
         spec = ProfileSpec(batch=a.profile_batch, decode_steps=a.profile_decode_steps, n_ctx=wl.n_ctx,
                            temperature=wl.temperature) if a.profile else None
+        steps = StepSpec(tuple(int(b) for b in a.step_batches.split(",") if b), a.step_frames)
         res = run(a.rows.split(","), wl, Path(a.ckpt_root), a.engine_kwargs, partial=Path(a.out),
-                  deadline_s=a.deadline_s, profile_spec=spec)
+                  deadline_s=a.deadline_s, profile_spec=spec, steps=steps)
         print(json.dumps([{k: v for k, v in r.items() if k != "greedy_tokens"} for r in res["rows"]], indent=2))
         if "profile" in res:
             from terra_nb.workbook.profiling import summary_lines

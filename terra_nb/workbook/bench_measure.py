@@ -258,7 +258,7 @@ def _frame_len(ckpt: Path) -> int:
 
 
 def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None, profile_spec=None,
-               **engine_kwargs) -> list[dict]:
+               steps: StepSpec | None = None, **engine_kwargs) -> list[dict]:
     progress = progress or Progress()
     if "vllm_eager" in rows and not progress.out_of_time("vllm_eager"):
         llm, start = _engine(ckpt, enforce_eager=True)
@@ -279,11 +279,24 @@ def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | N
                        prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)))
             first = first or row
             progress.add(row)
+            _step_profile_into(progress, row, steps, lambda b, n: port_step_profile(llm, wl, b, n))
         if first is not None:
             first["probe"] = _probe_port(llm, wl)
             first["greedy_tokens"] = greedy_tokens(llm, wl)
             progress.flush()
     return progress.rows
+
+
+def port_step_profile(llm, wl: Workload, batch: int, frames: int) -> dict:
+    """`step_profile.frame_loop_step_profile` of our port's frame loop (`vllm_rollout`)."""
+    from terra_nb.port.vllm_rollout import vllm_rollout
+    from terra_nb.workbook.step_profile import frame_loop_step_profile
+
+    sample = load_sample(wl.preset)
+    ctx = sample.context[: wl.n_ctx].expand(batch, -1, -1).contiguous()
+    sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
+    roll = lambda: vllm_rollout(llm, ctx, sample.actions, frames, sampling, progress=False)  # noqa: E731
+    return frame_loop_step_profile(llm, roll, FrameLayout.from_config(llm.model_config.hf_config).image_tokens, batch)
 
 
 def _shutdown(llm) -> None:
@@ -297,6 +310,23 @@ def _profile_into(progress: Progress, llm, engine: str, wl: Workload, spec, layo
     if spec is None or progress.out_of_time(f"profile {engine}"):
         return
     progress.extra["profile"] = profile_on(llm, engine, wl, spec, layout)
+    progress.flush()
+
+
+@dataclasses.dataclass
+class StepSpec:
+    """Which rows also get a profile of their frame steps (`step_profile`): those of `batches`,
+    each on a separate rollout of `frames` frames after the context (one round)."""
+    batches: tuple[int, ...] = ()
+    frames: int = 6
+
+
+def _step_profile_into(progress: Progress, row: dict, steps: StepSpec | None, measure) -> None:
+    """`measure(batch, frames)` (a `step_profile` function) into the row as `step_profile`, when
+    `steps` names the row's batch; after the row's timed trials, which run without clocks."""
+    if steps is None or row["batch"] not in steps.batches or progress.out_of_time(f"step profile {row['name']}"):
+        return
+    row["step_profile"] = measure(row["batch"], steps.frames)
     progress.flush()
 
 
@@ -335,9 +365,10 @@ def stock_rollout(llm, ctx_prompt: list[int], layout: FrameLayout, batch: int, f
 
 
 def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None, profile_spec=None,
-                **engine_kwargs) -> list[dict]:
+                steps: StepSpec | None = None, **engine_kwargs) -> list[dict]:
     """Stock vLLM Llama, same shape, plain token prompts, the same frame-by-frame loop."""
     from terra_nb.port.layout import build_prompt
+    from terra_nb.workbook.step_profile import frame_loop_step_profile
 
     progress = progress or Progress()
     layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
@@ -358,6 +389,8 @@ def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | 
                    engine_core=engine_core_process())
         first = first or row
         progress.add(row)
+        _step_profile_into(progress, row, steps, lambda b, n: frame_loop_step_profile(
+            llm, lambda: stock_rollout(llm, ctx, layout, b, n, sampling), layout.image_tokens, b))
     if first is not None:
         first["probe"] = decode_probe(llm, {"prompt_token_ids": ctx}, layout, wl)
         progress.flush()
@@ -365,12 +398,14 @@ def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | 
 
 
 def bench_session(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | None = None,
-                  **engine_kwargs) -> list[dict]:
+                  steps: StepSpec | None = None, **engine_kwargs) -> list[dict]:
     """Our port with one engine session per rollout (`port.session_rollout`): each frame step sends
     only the last code and the next actions; the prompt stays in the session's KV cache."""
     from terra_nb.port.session_rollout import make_session_engine, session_rollout_sync, shutdown_async_engine
+    from terra_nb.workbook.step_profile import session_step_profile
 
     progress = progress or Progress()
+    codes = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))).image_tokens
     engine, start = _engine(ckpt, make_session_engine, **engine_kwargs)
     sample = load_sample(wl.preset)
     sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
@@ -385,8 +420,10 @@ def bench_session(ckpt: Path, wl: Workload, rows: list[str], progress: Progress 
                                                           dataclasses.replace(sampling, seed=wl.seed + 1 + r),
                                                           progress=False))
                       for r in range(wl.repeats_for(batch))]
-            progress.add(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
-                              engine_core=engine_core_process(async_engine=True)))
+            row = progress.add(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+                                    engine_core=engine_core_process(async_engine=True)))
+            _step_profile_into(progress, row, steps, lambda b, n: session_step_profile(
+                engine, lambda: session_rollout_sync(engine, ctx, sample.actions, n, sampling, progress=False), codes, b))
     finally:
         shutdown_async_engine(engine)
     return progress.rows
@@ -430,12 +467,14 @@ def greedy_tokens(llm, wl: Workload, frames: int = 3) -> list[list[int]]:
 
 
 def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | None = None,
-        partial: Path | None = None, deadline_s: float | None = None, profile_spec=None) -> dict:
+        partial: Path | None = None, deadline_s: float | None = None, profile_spec=None,
+        steps: StepSpec | None = None) -> dict:
     """Measure `rows` in this process; `engine_kwargs` go to every vLLM engine (e.g. max_num_seqs).
 
     With `partial`, the part is rewritten after every row; rows that would start after
     `deadline_s` seconds are skipped (listed in `errors`); with `profile_spec` (a
-    `profiling.ProfileSpec`), each vLLM engine is also profiled before its rows (key `profile`).
+    `profiling.ProfileSpec`), each vLLM engine is also profiled before its rows (key `profile`);
+    with `steps` (a `StepSpec`), the rows of its batches get a profile of their frame steps.
     """
     from terra_nb.workbook.show import environment_info
 
@@ -448,9 +487,9 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | No
     progress = Progress(partial, deadline_s, header)
     groups = [
         ("hf", lambda: [progress.add(r) for r in bench_hf(ckpt, wl)] if not progress.out_of_time("hf") else []),
-        ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, **kw)),
-        ("stock_llama", lambda: bench_stock(ckpt, wl, rows, progress, profile_spec, **kw)),
-        ("session", lambda: bench_session(ckpt, wl, rows, progress, **kw)),
+        ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, steps, **kw)),
+        ("stock_llama", lambda: bench_stock(ckpt, wl, rows, progress, profile_spec, steps, **kw)),
+        ("session", lambda: bench_session(ckpt, wl, rows, progress, steps, **kw)),
         ("seed", lambda: bench_seed_rows(ckpt, wl, rows, progress)),
     ]
     for prefix, measure in groups:

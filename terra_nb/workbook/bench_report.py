@@ -46,7 +46,23 @@ def merge(parts: list[dict]) -> dict:
         lease=None,                      # set when committing: which machine lease measured the parts
         curve=with_floor(throughput_curve(rows), parts[0]["workload"], env["device"]),
         profile=profile_digest({p["profile"]["engine"]: p["profile"] for p in parts if "profile" in p}),
+        step_profiles=step_digest(rows),
     )
+
+
+def step_digest(rows: list[dict]) -> dict | None:
+    """Per batch (a string key, as JSON has it): each engine's frame-step profile (rows measured
+    with `--step-batches`), and the session's against stock's frame loop where both ran."""
+    from terra_nb.workbook.step_profile import compare_steps
+
+    by_batch: dict[str, dict] = {}
+    for r in rows:
+        if "step_profile" in r:
+            by_batch.setdefault(str(r["batch"]), {})[row_engine(r["name"])] = r["step_profile"]
+    for profiles in by_batch.values():
+        if {"stock_llama", "session"} <= profiles.keys():
+            profiles["session_vs_stock"] = compare_steps(profiles["stock_llama"], profiles["session"])
+    return by_batch or None
 
 
 def profile_digest(profiles: dict[str, dict]) -> dict | None:

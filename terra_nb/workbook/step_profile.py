@@ -1,0 +1,153 @@
+"""Where one frame step's time goes: stock vLLM's frame loop beside one engine session per rollout.
+
+Both generate the same frames, `P` codes each, one decode step per code; what differs is what
+happens between two frames:
+
+* **frame loop** (`vllm_rollout`, or stock Llama's `stock_rollout`): each frame is one
+  `LLM.generate` of every rollout's whole prompt grown by a frame. The front end processes each
+  prompt again, the engine core hashes its blocks and prefills its newest frame (582 tokens).
+  Measured with a clock around the `generate` calls and around every engine `step` inside them.
+* **session** (`session_rollout`): each frame is one 7-token chunk per rollout. Measured from the
+  arrival of the session's outputs: per rollout and frame, the *gap* from the previous frame's
+  last code to this frame's first (chunk sent, checked, 7 tokens prefilled, first code sampled),
+  then the time per code after it.
+
+Both give a frame's wall time and its decode step (the median engine step of a frame for the loop;
+the time per code after the first for a session), and so the frame's **overhead**: wall time minus
+`P - 1` decode steps, what the step spends on anything but generating codes. Frames that open a
+round (their prompt is the whole window) are left out of both.
+
+The clocks wrap methods of one engine instance for the duration of a `with` block (instance
+attributes shadowing the class's methods), so they cost one `perf_counter` per call and vanish
+afterwards. The benchmark measures its timed trials without them, on a separate short rollout.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Callable
+
+__all__ = ["clocked_calls", "clocked_stream", "frame_loop_step_profile", "session_step_profile", "compare_steps"]
+
+
+@contextlib.contextmanager
+def clocked_calls(obj, name: str):
+    """Record `(start, end)` of every call of `obj.<name>()` inside the block (a list, yielded)."""
+    method, record = getattr(obj, name), []
+
+    def clocked(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            record.append((t0, time.perf_counter()))
+
+    setattr(obj, name, clocked)
+    try:
+        yield record
+    finally:
+        delattr(obj, name)  # the class's method shows through again
+
+
+@contextlib.contextmanager
+def clocked_stream(engine):
+    """Record `(request_id, arrival time, new token count)` of every output `engine.generate` streams
+    inside the block (an `AsyncLLM` with delta outputs, as `session_rollout` runs it)."""
+    generate, record = engine.generate, []
+
+    async def clocked(prompt, sampling_params, request_id, *args, **kwargs):
+        async for out in generate(prompt, sampling_params, request_id, *args, **kwargs):
+            record.append((request_id, time.perf_counter(), len(out.outputs[0].token_ids)))
+            yield out
+
+    engine.generate = clocked
+    try:
+        yield record
+    finally:
+        del engine.generate
+
+
+def _ms(seconds: float) -> float:
+    return round(1000 * seconds, 3)
+
+
+def _summary(frames: list[dict], codes: int, batch: int) -> dict:
+    """Medians over the measured frames (round openers left out by the callers)."""
+    if not frames:
+        raise ValueError("no frame step to profile: roll out at least 2 frames in one round")
+    med = {k: statistics.median(f[k] for f in frames) for k in frames[0]}
+    out = dict(batch=batch, frames=len(frames), codes_per_frame=codes,
+               **{f"{k}_ms": _ms(v) for k, v in med.items() if k != "steps"})
+    if "steps" in med:
+        out["engine_steps"] = med["steps"]
+    out["overhead_ms"] = _ms(med["wall"] - (codes - 1) * med["decode_step"])
+    out["overhead_share"] = round(1 - (codes - 1) * med["decode_step"] / med["wall"], 4)
+    return out
+
+
+def frame_loop_step_profile(llm, roll: Callable[[], object], codes: int, batch: int) -> dict:
+    """Profile the frame steps of `roll()`, a frame-by-frame rollout on `llm` (a `vllm.LLM`) whose
+    every `generate` call is one frame of `batch` rollouts; its first call (the window) is left out.
+
+    Per frame: `wall` (the `generate` call), `engine` (its engine steps summed), `front_end`
+    (`wall - engine`: input processing and adding the requests), `steps` (how many engine steps),
+    `decode_step` (their median); medians over frames, and the overhead (module doc)."""
+    with clocked_calls(llm, "generate") as calls, clocked_calls(llm.llm_engine, "step") as steps:
+        roll()
+    frames = []
+    for start, end in calls[1:]:
+        inside = [b - a for a, b in steps if start <= a and b <= end]
+        if not inside:
+            raise RuntimeError("no engine step inside a generate call: is this a vllm.LLM?")
+        frames.append(dict(wall=end - start, engine=sum(inside), front_end=end - start - sum(inside),
+                           steps=len(inside), decode_step=statistics.median(inside)))
+    return dict(mode="frame loop", **_summary(frames, codes, batch))
+
+
+def session_frames(record: list[tuple], codes: int) -> list[dict]:
+    """Split each session's stream into frames of `codes` codes; per frame after the session's
+    first: `wall` (previous frame's last code to this frame's last), `gap` (previous last code to
+    this first) and `decode_step` (time per code after the first output)."""
+    by_request: dict[str, list[tuple[float, int]]] = {}
+    for request_id, t, n in record:
+        if n:
+            by_request.setdefault(request_id, []).append((t, n))
+    frames = []
+    for outputs in by_request.values():
+        bounds, done, first = [], 0, None  # per frame: (time of first output, its codes, time of last)
+        for t, n in outputs:
+            if first is None:
+                first = (t, n)
+            done += n
+            if done % codes == 0:  # a session never streams codes of two frames in one output
+                bounds.append((*first, t))
+                first = None
+            elif done // codes > len(bounds):
+                raise ValueError(f"an output crossed a frame boundary ({done} codes, frames of {codes})")
+        for (_, _, prev_last), (t_first, n_first, t_last) in zip(bounds, bounds[1:]):
+            rest = codes - n_first
+            frames.append(dict(wall=t_last - prev_last, gap=t_first - prev_last,
+                               decode_step=(t_last - t_first) / rest if rest else 0.0))
+    return frames
+
+
+def session_step_profile(engine, roll: Callable[[], object], codes: int, batch: int) -> dict:
+    """Profile the frame steps of `roll()`, a `session_rollout_sync` on `engine` (an `AsyncLLM`):
+    per rollout and frame after its session's first, `wall`, `gap` and `decode_step`
+    (`session_frames`); medians over all of them, and the overhead (module doc)."""
+    with clocked_stream(engine) as record:
+        roll()
+    return dict(mode="session", **_summary(session_frames(record, codes), codes, batch))
+
+
+def compare_steps(loop: dict, session: dict) -> dict:
+    """A frame loop's step profile beside a session's at the same batch: what the session saves."""
+    if loop["batch"] != session["batch"]:
+        raise ValueError(f"profiles of different batches: {loop['batch']} vs {session['batch']}")
+    return dict(batch=loop["batch"],
+                wall_ms=(loop["wall_ms"], session["wall_ms"]),
+                decode_step_ms=(loop["decode_step_ms"], session["decode_step_ms"]),
+                overhead_ms=(loop["overhead_ms"], session["overhead_ms"]),
+                saved_ms=round(loop["wall_ms"] - session["wall_ms"], 3),
+                overhead_saved_ms=round(loop["overhead_ms"] - session["overhead_ms"], 3))

@@ -1,0 +1,54 @@
+"""`workbook.step_profile`: splitting a frame step's time, on streams whose answers are known by hand
+(the engine-backed profiles run in tests/test_session_rollout.py, beside its engines)."""
+from __future__ import annotations
+
+import pytest
+
+from terra_nb.workbook import step_profile as sp
+from terra_nb.workbook.bench_report import step_digest
+
+
+def test_session_frames_split_each_stream_into_gap_and_decode():
+    # frames of 4 codes; request a: frame 0 ends at t=1, frame 1 starts at 3 (2 codes) and ends at 5
+    record = [("a", 0.0, 1), ("a", 1.0, 3), ("a", 3.0, 2), ("a", 4.0, 0), ("a", 5.0, 2),
+              ("b", 0.5, 4), ("b", 2.5, 1), ("b", 2.7, 1), ("b", 2.9, 1), ("b", 3.1, 1)]
+    frames = sp.session_frames(record, codes=4)
+    assert frames[0] == pytest.approx(dict(wall=4.0, gap=2.0, decode_step=1.0))
+    assert frames[1] == pytest.approx(dict(wall=2.6, gap=2.0, decode_step=0.2))
+    out = sp._summary(frames, 4, batch=2)
+    assert out["frames"] == 2 and out["wall_ms"] == pytest.approx(3300) and out["gap_ms"] == pytest.approx(2000)
+    # overhead: the median wall minus 3 median decode steps
+    assert out["overhead_ms"] == pytest.approx(3300 - 3 * 600)
+
+
+def test_an_output_across_a_frame_boundary_is_refused():
+    with pytest.raises(ValueError, match="crossed a frame boundary"):
+        sp.session_frames([("a", 0.0, 3), ("a", 1.0, 3)], codes=4)
+    with pytest.raises(ValueError, match="no frame step to profile"):
+        sp._summary(sp.session_frames([("a", 0.0, 4)], codes=4), 4, batch=1)
+
+
+def test_clocked_calls_time_every_call_and_vanish_afterwards():
+    class Engine:
+        def step(self, x):
+            return x + 1
+
+    e = Engine()
+    with sp.clocked_calls(e, "step") as record:
+        assert e.step(1) == 2 and e.step(2) == 3
+    assert len(record) == 2 and all(b >= a for a, b in record)
+    assert "step" not in vars(e) and e.step(5) == 6
+
+
+def test_step_digest_sets_the_session_against_stocks_frame_loop():
+    loop = dict(mode="frame loop", batch=128, wall_ms=6600.0, decode_step_ms=11.0, overhead_ms=275.0)
+    sess = dict(mode="session", batch=128, wall_ms=6350.0, decode_step_ms=10.9, overhead_ms=82.5)
+    rows = [dict(name="stock_llama_b128", batch=128, step_profile=loop), dict(name="session_b128", batch=128, step_profile=sess),
+            dict(name="session", batch=1)]
+    digest = step_digest(rows)
+    assert list(digest) == ["128"]
+    cmp = digest["128"]["session_vs_stock"]
+    assert cmp["saved_ms"] == pytest.approx(250.0) and cmp["overhead_saved_ms"] == pytest.approx(192.5)
+    assert step_digest([dict(name="session", batch=1)]) is None
+    with pytest.raises(ValueError, match="different batches"):
+        sp.compare_steps(loop, dict(sess, batch=1))
