@@ -49,6 +49,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip.log 2>&
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 curve() { local e=$1; echo "$e,${e}_b8,${e}_b32,${e}_b64"; }
+b256() { [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ] && echo ",$1_b256"; }
 big() { local e=$1; echo "${e}_b128,${e}_b256"; }   # issue 25: the curve up to 256, a call of its own
 # Rows that would start after 420 s are skipped, so a part ends inside the call's 600 s.
 batch=(--profile --batch-repeats 2 --big-batch-repeats 1 --deadline-s 420)
@@ -80,11 +81,11 @@ case "$1" in
     args=(run --rows session --long-repeats 2 --deadline-s 200) ;;
   session_big) args=(run --rows session_b128,session_b256 --big-batch-repeats 1 --deadline-s 240) ;;
   # Issue 24's curve, one engine per part (stock's core in a child process, as AsyncLLM's always is).
-  # 256 rollouts are left out on an H100: their KV cache (256 x 14,550 tokens x 22,528 B = 84 GB)
-  # exceeds its memory, so the engine would preempt; `roofline` says so for any GPU.
+  # 256 rollouts only on a GPU of over 100 GB (an H200): their KV cache (256 x 14,550 tokens x
+  # 22,528 B = 84 GB) exceeds an H100's memory, so its engine would preempt (`roofline.kv_bytes_per_token`).
   session_curve_stock) export VLLM_ENABLE_V1_MULTIPROCESSING=1
-    args=(run --rows "$(curve stock_llama),stock_llama_b128" "${steps[@]}") ;;
-  session_curve) args=(run --rows "$(curve session),session_b128" "${steps[@]}") ;;
+    args=(run --rows "$(curve stock_llama),stock_llama_b128$(b256 stock_llama)" "${steps[@]}") ;;
+  session_curve) args=(run --rows "$(curve session),session_b128$(b256 session)" "${steps[@]}") ;;
   *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
