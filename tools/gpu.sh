@@ -31,9 +31,10 @@ if [ "${1:-}" = bg ]; then
   shift; snap=/tmp/bench_tree; rm -rf "$snap" "$BG"; mkdir -p "$snap" "$BG"
   git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$snap"
   cp -r .git "$snap/"   # the parts record the commit they ran
-  (cd "$snap" && for part in "$@"; do echo "== $part $(date -u +%T)"; OUT=$BG bash tools/gpu.sh "$part"; done
-   echo "finished $(date -u +%T)") > "$BG/bg.log" 2>&1 < /dev/null &
-  disown; echo "started: $* (log $BG/bg.log)"; exit 0
+  # setsid: its own session, so that the end of this device call does not take it down
+  cd "$snap" && setsid nohup bash -c 'for part in "$@"; do echo "== $part $(date -u +%T)"; OUT='"$BG"' bash tools/gpu.sh "$part"; done
+    echo "finished $(date -u +%T)"' bg "$@" > "$BG/bg.log" 2>&1 < /dev/null &
+  echo "started: $* (log $BG/bg.log)"; exit 0
 fi
 if [ "${1:-}" = poll ]; then
   end=$((SECONDS + ${2:-540}))
@@ -50,10 +51,11 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 curve() { local e=$1; echo "$e,${e}_b8,${e}_b32,${e}_b64"; }
 b256() { [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ] && echo ",$1_b256"; }
+ends() { local e=$1; echo "$e,${e}_b128,${e}_b32,${e}_b8,${e}_b64$(b256 "$e")"; }   # the targets' batches first
 big() { local e=$1; echo "${e}_b128,${e}_b256"; }   # issue 25: the curve up to 256, a call of its own
 # Rows that would start after 420 s are skipped, so a part ends inside the call's 600 s.
 batch=(--profile --batch-repeats 2 --big-batch-repeats 1 --deadline-s 420)
-steps=(--long-repeats 2 --batch-repeats 1 --big-batch-repeats 1 --step-batches 1,128 --deadline-s 540)
+steps=(--long-repeats 2 --batch-repeats 1 --big-batch-repeats 1 --step-batches 1,128 --deadline-s "${DEADLINE_S:-540}")
 case "$1" in
   hf) args=(run --rows hf,vllm_eager --short-frames 2 --deadline-s 400) ;;
   port) args=(run --rows "$(curve vllm)" "${batch[@]}") ;;
@@ -84,8 +86,8 @@ case "$1" in
   # 256 rollouts only on a GPU of over 100 GB (an H200): their KV cache (256 x 14,550 tokens x
   # 22,528 B = 84 GB) exceeds an H100's memory, so its engine would preempt (`roofline.kv_bytes_per_token`).
   session_curve_stock) export VLLM_ENABLE_V1_MULTIPROCESSING=1
-    args=(run --rows "$(curve stock_llama),stock_llama_b128$(b256 stock_llama)" "${steps[@]}") ;;
-  session_curve) args=(run --rows "$(curve session),session_b128$(b256 session)" "${steps[@]}") ;;
+    args=(run --rows "$(ends stock_llama)" "${steps[@]}") ;;
+  session_curve) args=(run --rows "$(ends session)" "${steps[@]}") ;;
   *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
