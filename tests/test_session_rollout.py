@@ -110,6 +110,37 @@ def test_step_profiles_split_a_frame_step_on_both_engines_without_changing_a_cod
         assert prof["overhead_ms"] == pytest.approx(prof["wall_ms"] - (P - 1) * prof["decode_step_ms"], abs=0.05)  # ms rounded to 3 places
 
 
+def test_open_loop_sessions_do_not_wait_for_each_other(engine):
+    """Without a policy each session sends its next chunk as soon as its own frame is out: rollout 0
+    finishes all its frames while rollout 1's first output is held back. (Waiting for the whole
+    batch's frame, as a policy needs, would hold rollout 0 at its first frame: the hold times out.)"""
+    import asyncio
+
+    ctx, acts = random_inputs(2, 2, 2 + 3 - 1, seed=13)
+    first_done, held = asyncio.Event(), []
+    generate = engine.generate
+
+    async def second_waits_for_first(prompt, params, request_id, *args, **kwargs):
+        async for out in generate(prompt, params, request_id, *args, **kwargs):
+            if request_id.endswith("-1") and not held:
+                try:
+                    await asyncio.wait_for(first_done.wait(), timeout=5)
+                    held.append("rollout 0 finished first")
+                except TimeoutError:
+                    held.append("rollout 0 waited for rollout 1")
+            yield out
+        if request_id.endswith("-0"):
+            first_done.set()
+
+    engine.generate = second_waits_for_first
+    try:
+        out = session_rollout_sync(engine, ctx, acts, 3, GREEDY, progress=False)
+    finally:
+        del engine.generate
+    assert held == ["rollout 0 finished first"]
+    assert torch.equal(out, session_rollout_sync(engine, ctx, acts, 3, GREEDY, progress=False))
+
+
 # ---------------------------------------------------------------------------- sampling
 def test_seeded_sessions_are_reproducible_and_seeds_matter(engine, sample):
     ctx = sample.context.expand(2, -1, -1)

@@ -111,6 +111,13 @@ MUTANTS = (
                  "+ batch * kv_tokens * kv_bytes_per_token",
                  "+ kv_tokens * kv_bytes_per_token"),),
            ("tests/test_roofline.py",)),
+    Mutant("sessions_in_lockstep", "an open-loop session waits for the whole batch's frame before sending its next chunk",
+           (Site("terra_nb/port/session_rollout.py",
+                 "            frames[b].append(codes)\n",
+                 "            frames[b].append(codes)\n"
+                 "            while min(len(f) for f in frames) <= step:\n"
+                 "                await asyncio.sleep(0.001)\n"),),
+           ("tests/test_session_rollout.py::test_open_loop_sessions_do_not_wait_for_each_other",)),
 )
 
 

@@ -18,7 +18,9 @@ async generator of `vllm.engine.protocol.StreamingInput`), all rollouts concurre
   later chunk is `[that code] + 6 slots` with the frame's actions as one item: 7 tokens prefilled
   per frame, and the next frame is generated;
 * a round ends after `max_frames` frames (25) and the next round opens a new session from the last
-  `overlap` (3) frames, exactly as `vllm_rollout` plans them (`layout.plan_rounds`).
+  `overlap` (3) frames, exactly as `vllm_rollout` plans them (`layout.plan_rounds`);
+* open loop (no policy), each session sends its next chunk as soon as its own frame is out
+  (`_open_round`); a closed loop waits for the whole batch's frame, which the policy reads (`_round`).
 
 **Closed loop.** With `policy=None`, `actions` covers every frame as for `vllm_rollout`
 (`n_ctx + n_frames - 1` rows). With a policy, `actions` covers the context frames (`n_ctx` rows),
@@ -185,6 +187,42 @@ async def _round(engine, layout, window, window_actions, n_new, first_frame, nex
     return torch.stack(frames, dim=1)
 
 
+async def _open_round(engine, layout, window, window_actions, planned, n_new, first_frame, sampling, tick) -> torch.Tensor:
+    """One round of an open loop, all rollouts concurrent: one session each; returns `[B, n_new, P]`.
+
+    Every action is known up front (`planned[b, k]`: the actions after new frame k), so each session
+    sends its next chunk as soon as its own frame is out. Nothing waits for the slowest rollout, and
+    the front end checks one rollout's chunk while the engine decodes the others (`_round`, which a
+    policy needs, holds every rollout until the whole batch's frame is out). `tick(n)`: every
+    rollout has `n` new frames.
+    """
+    from vllm.engine.protocol import StreamingInput
+
+    B = window.shape[0]
+    tag = uuid.uuid4().hex[:12]
+    frames: list[list[list[int]]] = [[] for _ in range(B)]
+
+    async def drive(b: int, feed: asyncio.Queue, made: asyncio.Queue) -> None:
+        for step in range(n_new):
+            codes = await made.get()
+            frames[b].append(codes)
+            if step == n_new - 1:
+                feed.put_nowait(None)  # the round is full: close the session
+            else:
+                feed.put_nowait(StreamingInput(continuation(codes[-1], planned[b, step], layout),
+                                               chunk_params(sampling, layout, b, first_frame + step + 1)))
+            tick(min(len(f) for f in frames))
+
+    async with asyncio.TaskGroup() as group:
+        for b in range(B):
+            feed, made = asyncio.Queue(), asyncio.Queue()
+            params = chunk_params(sampling, layout, b, first_frame)
+            feed.put_nowait(StreamingInput(frame_request(window[b], window_actions[b], layout), params))
+            group.create_task(_read_session(engine, _chunks(feed), params, f"terra-session-{tag}-{b}", made, layout))
+            group.create_task(drive(b, feed, made))
+    return torch.tensor(frames, dtype=torch.long)
+
+
 def _rollout_inputs(context, actions, n_frames: int, layout: FrameLayout, closed_loop: bool):
     """`rollout_inputs`, asking only the context frames' actions of a closed loop."""
     if not closed_loop:
@@ -239,23 +277,34 @@ async def session_rollout(
         bar = tqdm(total=n_frames, unit="frame", desc=f"vLLM session rollout x{B}")
     made: list[torch.Tensor] = []
 
-    def next_actions(codes: torch.Tensor):
+    def next_actions(codes: torch.Tensor):  # closed loop: the whole batch's frame is out; ask the policy
         made.append(codes)
         if bar is not None:
             bar.update(1)
         step = len(made) - 1
         if step == n_frames - 1:
             return None
-        if policy is not None:
-            rows.append(policy_actions(policy(step, torch.stack(made, dim=1)), B, layout))
+        rows.append(policy_actions(policy(step, torch.stack(made, dim=1)), B, layout))
         return rows[n_ctx + step]
+
+    def tick(n: int) -> None:  # every rollout has n new frames in this round (open loop)
+        if bar is not None and done_before + n > bar.n:
+            bar.update(done_before + n - bar.n)
 
     try:
         for r in rounds:
             window = video[:, r.start : r.start + r.n_window]
             window_actions = torch.stack(rows[r.start : r.start + r.n_window], dim=1)
-            new = await _round_or_raise(engine, layout, window, window_actions, r.n_new, n_ctx + len(made),
-                                        next_actions, sampling)
+            first = n_ctx + len(made)
+            if policy is None:
+                done_before = len(made)
+                planned = torch.stack(rows[first : first + r.n_new - 1], dim=1) if r.n_new > 1 else None
+                new = await _first_error(_open_round(engine, layout, window, window_actions, planned, r.n_new, first,
+                                                     sampling, tick))
+                made.extend(new.unbind(1))
+            else:
+                new = await _first_error(_round(engine, layout, window, window_actions, r.n_new, first, next_actions,
+                                                sampling))
             new = validate_codes(new.reshape(B * r.n_new, 1, -1), layout, f"round {r.index} output").reshape(new.shape)
             video = torch.cat([video, new], dim=1)
     finally:
@@ -265,11 +314,11 @@ async def session_rollout(
     return out if batched else out[0]
 
 
-async def _round_or_raise(*args) -> torch.Tensor:
-    """`_round`, raising the first error of its task group itself (a refusal stays vLLM's
-    validation error, not an `ExceptionGroup`)."""
+async def _first_error(round_):
+    """Await a round (`_round`, `_open_round`), raising the first error of its task group itself
+    (a refusal stays vLLM's validation error, not an `ExceptionGroup`)."""
     try:
-        return await _round(*args)
+        return await round_
     except BaseExceptionGroup as group:
         while isinstance(group, BaseExceptionGroup):
             group = group.exceptions[0]
