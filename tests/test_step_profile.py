@@ -52,3 +52,15 @@ def test_step_digest_sets_the_session_against_stocks_frame_loop():
     assert step_digest([dict(name="session", batch=1)]) is None
     with pytest.raises(ValueError, match="different batches"):
         sp.compare_steps(loop, dict(sess, batch=1))
+
+
+def test_steps_table_shows_each_engines_split_and_its_ceiling():
+    from terra_nb.workbook.bench_report import overhead_ceiling, steps_table
+
+    loop = dict(mode="frame loop", batch=128, wall_ms=3500.0, decode_step_ms=5.6, overhead_ms=280.0, overhead_share=0.08)
+    sess = dict(mode="session", batch=128, wall_ms=3400.0, decode_step_ms=5.7, overhead_ms=119.5, overhead_share=0.035,
+                gap_ms=165.0)
+    assert overhead_ceiling(loop) == pytest.approx(3500 / 3220)
+    table = steps_table(dict(step_profiles={"128": {"stock_llama": loop, "session": sess}}))
+    assert "| 128 | stock, frame loop | 3500.0 | 5.600 | 280.0 | 8.0% |  | 1.087 |" in table
+    assert "| 128 | our port, sessions | 3400.0 | 5.700 | 119.5 | 3.5% | 165.0 | 1.036 |" in table

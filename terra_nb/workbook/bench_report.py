@@ -166,6 +166,31 @@ def _hf_basis(res: dict) -> str:
     return f"HF: batch 1, {hf['frames']} frames per trial" if hf else "no HF row"
 
 
+STEP_ENGINES = {"stock_llama": "stock, frame loop", "vllm": "our port, frame loop", "session": "our port, sessions"}
+
+
+def overhead_ceiling(profile: dict) -> float:
+    """The most an engine could gain on a frame step by removing all of its overhead: wall time over
+    decode time (`step_profile`'s wall minus overhead)."""
+    return profile["wall_ms"] / (profile["wall_ms"] - profile["overhead_ms"])
+
+
+def steps_table(res: dict) -> str:
+    """Markdown: per batch with frame-step profiles (`step_profiles`), each engine's frame step split
+    into decoding and overhead, and the most removing all the overhead could gain (`overhead_ceiling`)."""
+    num = lambda x, f=".1f": "" if x is None else format(x, f)  # noqa: E731
+    lines = ["| rollouts | engine | frame step (ms) | decode step (ms) | overhead (ms) | overhead share "
+             "| session's gap before a frame (ms) | ceiling: wall ÷ decode |", "|---|---|---|---|---|---|---|---|"]
+    for batch, profiles in (res.get("step_profiles") or {}).items():
+        for engine, label in STEP_ENGINES.items():
+            if engine in profiles:
+                p = profiles[engine]
+                lines.append(f"| {batch} | {label} | {num(p['wall_ms'])} | {num(p['decode_step_ms'], '.3f')} "
+                             f"| {num(p['overhead_ms'])} | {p['overhead_share']:.1%} | {num(p.get('gap_ms'))} "
+                             f"| {overhead_ceiling(p):.3f} |")
+    return "\n".join(lines)
+
+
 def _provenance(res: dict) -> str:
     """Which commit's code and which lease measured a results file (every row of it)."""
     commit = res.get("commit") or (res.get("env") or {}).get("git_commit") or "unknown"
