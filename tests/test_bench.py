@@ -137,6 +137,16 @@ def test_committed_session_results_compare_like_with_like_and_render_their_curve
         assert res["env"]["git_commit"] == res["commit"], (stem, "the device's git named another commit: say which ran")
         table = sessions_table(res)
         for c in res["curve"]:
+            if c["stock_frames_per_s"] is None or c.get("session_frames_per_s") is None:  # one side not measured
+                assert c.get("session_vs_stock") is None and f"| {c['batch']} | " in table
+                continue
             assert f"| {c['batch']} | {c['stock_frames_per_s']:.2f} | {c['session_frames_per_s']:.2f} | {c['session_vs_stock']:.3f} |" in table
             assert c["session_vs_stock"] == pytest.approx(c["session_frames_per_s"] / c["stock_frames_per_s"], abs=1e-3)
         assert res["commit"] in table and res["device"] in table
+        from terra_nb.workbook.bench_report import overhead_ceiling, steps_table
+
+        steps = steps_table(res)
+        for batch, profiles in (res.get("step_profiles") or {}).items():
+            for p in (v for k, v in profiles.items() if k != "session_vs_stock"):
+                assert p["batch"] == int(batch) and p["overhead_ms"] < p["wall_ms"], (stem, batch)
+                assert f"| {batch} | " in steps and f"| {p['wall_ms']:.1f} | " in steps and f"| {overhead_ceiling(p):.3f} |" in steps
