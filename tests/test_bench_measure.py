@@ -59,8 +59,12 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     from terra_nb.workbook.bench_measure import HF_STATIC_NEEDS, run
 
     wl = bench.Workload(preset="tiny", long_frames=2, long_repeats=1)
-    res = run(["hf_static", "hf_seed", "vllm_seed"], wl, tmp_path / "ckpt")
+    res = run(["hf_static", "hf_seed", "vllm_seed"], wl, tmp_path / "ckpt", steps=bench.StepSpec((1,), 2))
     by = {r["name"]: r for r in res["rows"]}
+    # what each frame of HF's video cost, and the port's frame steps over its own video
+    assert len(by["hf_seed"]["frame_s"]) == 2 and sum(by["hf_seed"]["frame_s"]) <= by["hf_seed"]["trials_s"][0] + 1e-3
+    prof = by["vllm_seed"]["step_profile"]
+    assert prof["mode"] == "frame loop" and prof["batch"] == 1 and [f["index"] for f in prof["by_frame"]] == [1]
     assert by["hf_seed"]["temperature"] == 1.0 and by["hf_seed"]["calls_per_trial"] == 2
     assert by["hf_seed"]["tokens_per_call"] == by["vllm_seed"]["tokens_per_call"] == 64
     assert by["vllm_seed"]["engine"] == {"enforce_eager": True, "enable_prefix_caching": False, "max_num_seqs": 5}

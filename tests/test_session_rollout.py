@@ -107,6 +107,7 @@ def test_step_profiles_split_a_frame_step_on_both_engines_without_changing_a_cod
     assert sess["mode"] == "session" and sess["frames"] == 2 * 3
     assert 0 < sess["gap_ms"] < sess["wall_ms"] and 0 < sess["decode_step_ms"] < sess["wall_ms"] / (P - 1)
     for prof in (loop, sess):
+        assert [f["index"] for f in prof["by_frame"]] == [1, 2, 3]  # per frame after the window's
         assert prof["overhead_ms"] == pytest.approx(prof["wall_ms"] - (P - 1) * prof["decode_step_ms"], abs=0.05)  # ms rounded to 3 places
 
 

@@ -13,12 +13,14 @@ def test_session_frames_split_each_stream_into_gap_and_decode():
     record = [("a", 0.0, 1), ("a", 1.0, 3), ("a", 3.0, 2), ("a", 4.0, 0), ("a", 5.0, 2),
               ("b", 0.5, 4), ("b", 2.5, 1), ("b", 2.7, 1), ("b", 2.9, 1), ("b", 3.1, 1)]
     frames = sp.session_frames(record, codes=4)
-    assert frames[0] == pytest.approx(dict(wall=4.0, gap=2.0, decode_step=1.0))
-    assert frames[1] == pytest.approx(dict(wall=2.6, gap=2.0, decode_step=0.2))
+    assert frames[0] == pytest.approx(dict(index=1, wall=4.0, gap=2.0, decode_step=1.0))
+    assert frames[1] == pytest.approx(dict(index=1, wall=2.6, gap=2.0, decode_step=0.2))
     out = sp._summary(frames, 4, batch=2)
     assert out["frames"] == 2 and out["wall_ms"] == pytest.approx(3300) and out["gap_ms"] == pytest.approx(2000)
     # overhead: the median wall minus 3 median decode steps
     assert out["overhead_ms"] == pytest.approx(3300 - 3 * 600)
+    # per frame of the session: both rollouts' frame 1, medians of their own walls and overheads
+    assert out["by_frame"] == [dict(index=1, wall_ms=pytest.approx(3300), overhead_ms=pytest.approx((1000 + 2000) / 2))]
 
 
 def test_an_output_across_a_frame_boundary_is_refused():

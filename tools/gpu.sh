@@ -69,7 +69,8 @@ case "$1" in
     args=(tp --ref "$OUT/part_port.json") ;;
   # The seed's video (3 context + 22 frames, batch 1, temperature 1.0, one call per frame), 2 trials.
   seed_hf) args=(run --rows hf_static,hf_seed --long-repeats 2 --deadline-s 120) ;;
-  seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --deadline-s 420) ;;
+  # with each engine's frame steps over a whole video (what eager mode costs per code, and as the context grows)
+  seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --step-batches 1 --step-frames 22 --deadline-s 420) ;;
   session)
     # Two engines, one after the other, each in its own process (its GPU memory freed for the next):
     # stock's frame loop first, so that each session row has its stock row from this same call.

@@ -97,16 +97,22 @@ HF_STATIC_NEEDS = (
 """What stops `hf_static` for Terra's HF model (transformers 5.17), found on the CPU (2026-11-25)."""
 
 
-def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: SamplingConfig, **generate_kw):
+def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: SamplingConfig, frame_s: list | None = None,
+               **generate_kw):
     """One video as the seed made it: one `generate` call per frame (576 new tokens, its own KV
-    cache), each on the whole prompt so far; returns the prompt with all frames `[1, n]`."""
+    cache), each on the whole prompt so far; returns the prompt with all frames `[1, n]`. With
+    `frame_s`, each call's seconds are appended to it (what a frame costs as the context grows)."""
     device = next(model.parameters()).device
     ids = sample.context[: wl.n_ctx].reshape(1, -1).to(device)
     actions = sample.actions[None].to(device)
     kw = {**hf_generate_kwargs(sampling, layout), **generate_kw}
     with torch.inference_mode():
         for _ in range(wl.long_frames):
+            t0 = time.perf_counter()
             ids = model.generate(input_ids=ids, actions=actions, max_new_tokens=layout.image_tokens, **kw)
+            if frame_s is not None:
+                _sync()
+                frame_s.append(time.perf_counter() - t0)
     return ids
 
 
@@ -126,27 +132,35 @@ def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
         model.forward = torch.compile(model.forward, mode="reduce-overhead")
     one_frame = dataclasses.replace(wl, long_frames=1)
     _timed(lambda: seed_video(model, one_frame, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE), **extra))
-    trials = []
+    trials, per_frame = [], []
     for r in range(wl.long_repeats):
         sampling = SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed + 1 + r)
         torch.manual_seed(sampling.seed)
-        trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, **extra)))
+        per_frame.append([])
+        trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], **extra)))
+    # frame k's seconds (median over trials): HF re-reads a prompt that grows by a frame per call
+    frame_s = [round(statistics.median(t[k] for t in per_frame), 4) for k in range(wl.long_frames)]
     return _row("hf_static" if static else "hf_seed", 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
-                calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens,
+                calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens, frame_s=frame_s,
                 engine=dict(cache="static" if static else "dynamic", compile=static))
 
 
-def bench_vllm_seed(ckpt: Path, wl: Workload, name: str) -> dict:
+def bench_vllm_seed(ckpt: Path, wl: Workload, name: str, progress: Progress | None = None,
+                    steps: StepSpec | None = None) -> dict:
     """Row `vllm_seed` (the seed's engine settings, `SEED_ENGINE`) or `vllm_seed_defaults` (ours):
-    the port on the seed's video, one request per frame (576 new tokens)."""
+    the port on the seed's video, one request per frame (576 new tokens); with `steps`, its frame
+    steps profiled on one more video (`port_step_profile`: e.g. what eager mode costs per code)."""
+    progress = progress or Progress()
     settings = dict(SEED_ENGINE) if name == "vllm_seed" else {}
     llm, start = _engine(ckpt, **settings)
     try:
         seed_wl = dataclasses.replace(wl, temperature=SEED_TEMPERATURE)
         trials, _ = _rollout_trials(llm, seed_wl, 1, wl.long_frames, wl.long_repeats)
-        return _row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE, calls_per_trial=wl.long_frames,
-                    tokens_per_call=FrameLayout.from_config(llm.model_config.hf_config).image_tokens,
-                    engine_start_s=round(start, 1), engine=engine_settings(llm), engine_core=engine_core_process())
+        row = _row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE, calls_per_trial=wl.long_frames,
+                   tokens_per_call=FrameLayout.from_config(llm.model_config.hf_config).image_tokens,
+                   engine_start_s=round(start, 1), engine=engine_settings(llm), engine_core=engine_core_process())
+        _step_profile_into(progress, row, steps, lambda b, n: port_step_profile(llm, seed_wl, b, n))
+        return row
     finally:
         _shutdown(llm)
 
@@ -158,8 +172,9 @@ def engine_settings(llm) -> dict:
                 max_num_seqs=c.scheduler_config.max_num_seqs)
 
 
-def bench_seed_rows(ckpt: Path, wl: Workload, rows: list[str], progress: Progress) -> None:
-    """The seed-setting rows among `rows`; a failing `hf_static` is recorded with what stops it."""
+def bench_seed_rows(ckpt: Path, wl: Workload, rows: list[str], progress: Progress, steps: StepSpec | None = None) -> None:
+    """The seed-setting rows among `rows`; a failing `hf_static` is recorded with what stops it.
+    With `steps` naming batch 1, the port's seed rows also get a frame-step profile (`step_profile`)."""
     for name in [r for r in rows if r in SEED_ROWS]:
         if progress.out_of_time(name):
             continue
@@ -172,7 +187,7 @@ def bench_seed_rows(ckpt: Path, wl: Workload, rows: list[str], progress: Progres
         elif name == "hf_seed":
             progress.add(bench_hf_seed(ckpt, wl))
         else:
-            progress.add(bench_vllm_seed(ckpt, wl, name))
+            progress.add(bench_vllm_seed(ckpt, wl, name, progress, steps))
 
 
 def _engine(ckpt: Path, build=None, **kw):
@@ -490,7 +505,7 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | No
         ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, steps, **kw)),
         ("stock_llama", lambda: bench_stock(ckpt, wl, rows, progress, profile_spec, steps, **kw)),
         ("session", lambda: bench_session(ckpt, wl, rows, progress, steps, **kw)),
-        ("seed", lambda: bench_seed_rows(ckpt, wl, rows, progress)),
+        ("seed", lambda: bench_seed_rows(ckpt, wl, rows, progress, steps)),
     ]
     for prefix, measure in groups:
         wanted = {prefix} & engines or (prefix == "vllm" and "vllm_eager" in engines) or (

@@ -73,16 +73,25 @@ def _ms(seconds: float) -> float:
 
 
 def _summary(frames: list[dict], codes: int, batch: int) -> dict:
-    """Medians over the measured frames (round openers left out by the callers)."""
+    """Medians over the measured frames (round openers left out by the callers), and `by_frame`:
+    per frame of the round (`index`, 1 = the frame after the window's), the median wall time and
+    overhead, to see both grow with the context."""
     if not frames:
         raise ValueError("no frame step to profile: roll out at least 2 frames in one round")
-    med = {k: statistics.median(f[k] for f in frames) for k in frames[0]}
+    keys = [k for k in frames[0] if k != "index"]
+    med = {k: statistics.median(f[k] for f in frames) for k in keys}
     out = dict(batch=batch, frames=len(frames), codes_per_frame=codes,
                **{f"{k}_ms": _ms(v) for k, v in med.items() if k != "steps"})
     if "steps" in med:
         out["engine_steps"] = med["steps"]
     out["overhead_ms"] = _ms(med["wall"] - (codes - 1) * med["decode_step"])
     out["overhead_share"] = round(1 - (codes - 1) * med["decode_step"] / med["wall"], 4)
+    by_index: dict[int, list[dict]] = {}
+    for f in frames:
+        by_index.setdefault(f["index"], []).append(f)
+    out["by_frame"] = [dict(index=i, wall_ms=_ms(statistics.median(f["wall"] for f in fs)),
+                            overhead_ms=_ms(statistics.median(f["wall"] - (codes - 1) * f["decode_step"] for f in fs)))
+                       for i, fs in sorted(by_index.items())]
     return out
 
 
@@ -96,19 +105,20 @@ def frame_loop_step_profile(llm, roll: Callable[[], object], codes: int, batch: 
     with clocked_calls(llm, "generate") as calls, clocked_calls(llm.llm_engine, "step") as steps:
         roll()
     frames = []
-    for start, end in calls[1:]:
+    for index, (start, end) in enumerate(calls[1:], start=1):
         inside = [b - a for a, b in steps if start <= a and b <= end]
         if not inside:
             raise RuntimeError("no engine step inside a generate call: is this a vllm.LLM?")
-        frames.append(dict(wall=end - start, engine=sum(inside), front_end=end - start - sum(inside),
+        frames.append(dict(index=index, wall=end - start, engine=sum(inside), front_end=end - start - sum(inside),
                            steps=len(inside), decode_step=statistics.median(inside)))
     return dict(mode="frame loop", **_summary(frames, codes, batch))
 
 
 def session_frames(record: list[tuple], codes: int) -> list[dict]:
     """Split each session's stream into frames of `codes` codes; per frame after the session's
-    first: `wall` (previous frame's last code to this frame's last), `gap` (previous last code to
-    this first) and `decode_step` (time per code after the first output)."""
+    first: its `index` in the session (1, 2, ...), `wall` (previous frame's last code to this
+    frame's last), `gap` (previous last code to this first) and `decode_step` (time per code after
+    the first output)."""
     by_request: dict[str, list[tuple[float, int]]] = {}
     for request_id, t, n in record:
         if n:
@@ -125,9 +135,9 @@ def session_frames(record: list[tuple], codes: int) -> list[dict]:
                 first = None
             elif done // codes > len(bounds):
                 raise ValueError(f"an output crossed a frame boundary ({done} codes, frames of {codes})")
-        for (_, _, prev_last), (t_first, n_first, t_last) in zip(bounds, bounds[1:]):
+        for index, ((_, _, prev_last), (t_first, n_first, t_last)) in enumerate(zip(bounds, bounds[1:]), start=1):
             rest = codes - n_first
-            frames.append(dict(wall=t_last - prev_last, gap=t_first - prev_last,
+            frames.append(dict(index=index, wall=t_last - prev_last, gap=t_first - prev_last,
                                decode_step=(t_last - t_first) / rest if rest else 0.0))
     return frames
 
