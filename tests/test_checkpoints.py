@@ -130,6 +130,11 @@ def test_load_sample(preset, P):
     assert s.layout == layout
     assert torch.equal(s.context, scene_codes(layout))  # deterministic
     assert not torch.equal(s.context[0], s.context[1])  # frames differ (the lane marking moves)
+    # the sky's first codes, by hand: half the code book + 7 per cell (512 codes tiny, 262,144 terra)
+    half = layout.num_codes // 2
+    assert s.context[0, :4].tolist() == [half, half + 7, half + 14, half + 21]
+    if preset == "tiny":  # the bottom row of frame 2: road codes 1 + (13 r + 5 c + f) % 31, the marking 0
+        assert s.context[2, -8:].tolist() == [1, 6, 11, 0, 0, 26, 31, 5] and int((s.context == 0).sum()) == 12
 
 
 def test_tiny_sample_contains_code_zero():

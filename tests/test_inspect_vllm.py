@@ -227,3 +227,11 @@ def test_vllm_026_front_end_gives_the_same_answers(tiny_ckpt, run_probe, vllm026
     for key in ("ids", "rows", "kwargs", "plan", "profile_batch", "v1_api", "seed_api", "errors", "kv"):
         assert old[key] == new[key], key
     assert new["plan"]["encoder_items"] == 2048 // 6 and all(new["errors"].values())
+    # by hand, not from either release: item k covers the 6 slots after frame k's 64 codes (70 a frame)
+    assert [(r["item"], r["offset"], r["length"], r["frame"]) for r in new["rows"]] == [(k, 70 * k + 64, 6, k) for k in range(3)]
+    assert new["kwargs"] == {"actions": [3, 6, 3]} and new["profile_batch"] == [7, 6, 3]
+    said = {"wrong_action_shape": "wrong action shape", "actions_not_finite": "actions contain NaN or inf",
+            "actions_mismatch": "actions do not match the prompt", "code_out_of_range": "image code out of range",
+            "not_frame_aligned": "prompt is not frame-aligned", "wrong_action_slots": "wrong action slots",
+            "too_many_frames": "too many frames"}
+    assert {name: msg.split(":")[0].split(" (")[0] for name, msg in new["errors"].items()} == said

@@ -9,7 +9,7 @@ import onnxruntime  # noqa: F401  (declared dependency: a broken install must fa
 
 from terra_nb.port.checkpoints import preset_config_dict  # noqa: E402
 from terra_nb.port.config import LlamaActionConfig  # noqa: E402
-from terra_nb.port.layout import FrameLayout  # noqa: E402
+from terra_nb.port.layout import FrameLayout, rule_of  # noqa: E402
 from terra_nb.port.hf_model import LlamaActionForCausalLM  # noqa: E402
 from terra_nb.lessons.onnx_graph import graph_io  # noqa: E402
 from terra_nb.port.onnx_export import export_merged  # noqa: E402
@@ -127,26 +127,30 @@ def test_every_step_within_tolerance_across_frame_boundaries(ort_v1, hf_v1, inpu
 
 
 BAD = [
-    ("float context", lambda c, a: (c.float(), a, 2)),
-    ("code out of range", lambda c, a: (c.clone().fill_(513), a, 2)),
-    ("wrong context shape", lambda c, a: (c[:, :10], a, 2)),
-    ("no frames", lambda c, a: (c, a, 0)),
-    ("too few actions", lambda c, a: (c, a[:2], 2)),
-    ("wrong action shape", lambda c, a: (c, a[:, :4], 2)),
-    ("NaN actions", lambda c, a: (c, a.clone().fill_(float("nan")), 2)),
-    ("batch mismatch", lambda c, a: (c.expand(2, -1, -1), a.expand(3, -1, -1, -1), 2)),
-    ("too many context frames", lambda c, a: (c[torch.arange(25) % 3], a, 2)),
+    ("float context", "codes_not_ints", lambda c, a: (c.float(), a, 2)),
+    ("code out of range", "code_out_of_range", lambda c, a: (c.clone().fill_(513), a, 2)),
+    ("wrong context shape", "frames_shape", lambda c, a: (c[:, :10], a, 2)),
+    ("no frames", "out_of_bounds", lambda c, a: (c, a, 0)),
+    ("too few actions", "actions_missing", lambda c, a: (c, a[:2], 2)),
+    ("wrong action shape", "wrong_action_shape", lambda c, a: (c, a[:, :4], 2)),
+    ("NaN actions", "actions_not_finite", lambda c, a: (c, a.clone().fill_(float("nan")), 2)),
+    ("batch mismatch", "batch_mismatch", lambda c, a: (c.expand(2, -1, -1), a.expand(3, -1, -1, -1), 2)),
+    ("too many context frames", "too_many_frames", lambda c, a: (c[torch.arange(25) % 3], a, 2)),
 ]
 
 
 @pytest.mark.parametrize("case", BAD, ids=[b[0] for b in BAD])
 def test_bad_inputs_get_the_same_errors_as_hf(ort_v1, hf_v1, inputs, case):
+    """Both runtimes refuse by the rule the input breaks (named here, not taken from either), with
+    the same message."""
     context, actions = inputs
-    args = case[1](context, actions[0])
+    _, rule, make = case
+    args = make(context, actions[0])
     with pytest.raises(ValueError) as hf_err:
         hf_rollout(hf_v1, *args, GREEDY, progress=False)
     with pytest.raises(ValueError) as ort_err:
         onnx_rollout(ort_v1, *args, GREEDY, progress=False)
+    assert rule_of(ort_err.value) == rule, str(ort_err.value)
     assert str(ort_err.value) == str(hf_err.value)
 
 

@@ -176,5 +176,11 @@ def test_hf_rollout_on_the_tiny_checkpoint(tiny_ckpt):
                      progress=False)
     assert out.shape == (2, 64) and out.dtype == torch.int64
     assert 0 <= int(out.min()) and int(out.max()) < 512
+    # the sampled rollout follows its seed and its actions: the same seed again gives the same codes,
+    # another seed or other actions others
+    again = lambda seed=0, actions=s.actions: hf_rollout(  # noqa: E731
+        model, s.context, actions, 2, SamplingConfig(temperature=1.0, top_k=50, seed=seed), progress=False)
+    assert torch.equal(again(), out)
+    assert not torch.equal(again(seed=1), out) and not torch.equal(again(actions=s.actions + 1.0), out)
     with pytest.raises(ValueError, match="cover 47 frames but 48 are needed"):
         hf_rollout(model, s.context, s.actions, 46, progress=False)

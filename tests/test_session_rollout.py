@@ -142,6 +142,36 @@ def test_open_loop_sessions_do_not_wait_for_each_other(engine):
     assert torch.equal(out, session_rollout_sync(engine, ctx, acts, 3, GREEDY, progress=False))
 
 
+def test_a_later_session_reuses_a_sessions_cached_frames_and_gets_the_same_codes(engine):
+    """Prefix caching across sessions: a session's frames are cached under block hashes although the
+    engine drops each chunk's last code and the next chunk sends it again (vLLM 0.26 keeps the hash
+    of the block that code ends, 0.32 trims it: vllm_compat, 8). A second session whose window is
+    the first one's context plus 3 of its frames must hit those blocks and, greedy, draw the first
+    session's 4th frame again; a stale hash would serve the wrong cache and change the codes."""
+    ctx, acts = random_inputs(1, 3, 3 + 4 - 1, seed=17)
+    first = session_rollout_sync(engine, ctx, acts, 4, GREEDY, progress=False)   # [1, 4, P]
+    window = torch.cat([ctx, first[:, :3]], dim=1)                               # 6 frames
+    cached, generate = {}, engine.generate
+
+    async def record_cache_hits(prompt, params, request_id, *args, **kwargs):
+        async for out in generate(prompt, params, request_id, *args, **kwargs):
+            cached.setdefault(request_id, out.num_cached_tokens)
+            yield out
+
+    engine.generate = record_cache_hits
+    try:
+        again = session_rollout_sync(engine, window, acts[:, :6], 1, GREEDY, progress=False)
+    finally:
+        del engine.generate
+    assert torch.equal(again[:, 0], first[:, 3]), first_difference(again[:, 0], first[:, 3])
+    (hits,) = cached.values()
+    frame_len = P + A
+    block = engine.vllm_config.cache_config.block_size
+    # every full block of the window but the one holding its last token (which must be computed)
+    assert hits == (6 * frame_len - 1) // block * block > 3 * frame_len, (
+        f"{hits} of {6 * frame_len} window tokens cached (blocks of {block}): the first session's frames were not reused")
+
+
 # ---------------------------------------------------------------------------- sampling
 def test_seeded_sessions_are_reproducible_and_seeds_matter(engine, sample):
     ctx = sample.context.expand(2, -1, -1)

@@ -33,6 +33,8 @@ def test_feature_flags_describe_the_installed_release():
     if C.VLLM_VERSION >= (0, 32):
         assert C.HAS_PROCESSOR_DUMMY_INPUTS and not C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
         assert "requires_tokenizer" in vars(BaseMultiModalProcessor)
+    else:  # 0.26 (the GPU machine): profiling through the builder, prompt updates that take a tokenizer
+        assert not C.HAS_PROCESSOR_DUMMY_INPUTS and C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
     # the 0.26-only overrides exist exactly when the helpers still take a tokenizer
     mixin = vars(C.TokenizerFreeProcessorMixin)
     assert ("_apply_prompt_updates" in mixin) == C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
@@ -164,6 +166,10 @@ def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt, run_probe,
         assert old[key] == new[key], key
     assert new["seed_form"]["ranges"] == [[64, 6], [134, 6], [204, 6]]
     assert all(e is not None for e in new["errors"])
+    # by hand: the profiling prompt is a full round (25 frames of 70), actions for the 24 before the last
+    assert new["dummy"] == [1750, [[70 * k + 64, 6] for k in range(24)]]
+    assert [e.split(":")[0] for e in new["errors"]] == ["prompt is not frame-aligned", "actions do not match the prompt",
+                                                       "wrong action shape", "too many frames"]
 
 
 # ---------------------------------------------------------------------------- private hooks

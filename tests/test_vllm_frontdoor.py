@@ -184,7 +184,7 @@ for prompt, max_tokens in [(good, 64), ({"prompt_token_ids": [0, 5, 7]}, 4), ({"
         r = ip.process_inputs("r", prompt, SamplingParams(max_tokens=max_tokens), supported_tasks=("generate",))
         out["results"].append(len(r.prompt_token_ids))
     except ValueError as e:
-        out["results"].append(str(e))
+        out["results"].append({"rule": getattr(e, "rule", None), "message": str(e)})
 print("PROBE" + json.dumps(out))
 """
 
@@ -195,7 +195,11 @@ def test_vllm_026_input_processor_refuses_the_same_requests(tiny_ckpt, run_probe
     assert old["version"].startswith("0.26") and old["installed"]
     new = old if vllm026_src is None else run_probe(_PROBE, tiny_ckpt, None)
     assert old["results"] == new["results"]
-    assert old["results"][:2] == [210, 3] and all(isinstance(r, str) for r in old["results"][2:])
+    assert old["results"][:2] == [210, 3]
+    # by hand: the rule each refused request breaks, in the probe's order
+    assert [r["rule"] for r in old["results"][2:]] == ["id_out_of_vocab", "id_out_of_vocab", "id_negative",
+                                                      "slots_without_actions", "ids_not_ints", "generation_window",
+                                                      "plain_prompt_too_long"]
 
 
 def test_sampling_parameters_hold_only_vocabulary_ids():

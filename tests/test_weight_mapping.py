@@ -64,7 +64,22 @@ def ckpt(request, tiny_ckpt, tiny_ckpt_v2):
 
 
 def test_checkpoint_weights_are_the_released_names(tiny_ckpt):
-    assert W.checkpoint_weights(tiny_ckpt) == weight_shapes(preset_config("tiny"))
+    """Names and shapes derived by hand from the tiny config, not from the writer: 512 codes + 1
+    special id, hidden 128, 2 heads of 64 with 1 KV head, MLP 344, 2 layers, 64 + 6 spatial slots,
+    25 frames, (x, y, t) actions through a linear projection with bias (v1)."""
+    h, vocab, kv, mlp = 128, 513, 64, 344
+    layer = {"self_attn.q_proj.weight": (h, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
+             "self_attn.o_proj.weight": (h, h), "mlp.gate_proj.weight": (mlp, h), "mlp.up_proj.weight": (mlp, h),
+             "mlp.down_proj.weight": (h, mlp), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+    expected = {"model.embed_tokens.weight": (vocab, h),
+                **{f"model.layers.{i}.{name}": shape for i in range(2) for name, shape in layer.items()},
+                "model.norm.weight": (h,), "lm_head.weight": (vocab, h),
+                "pos_embedding_spatio_temporal.spatio_embeddings.weight": (70, h),
+                "pos_embedding_spatio_temporal.temporal_embeddings.weight": (25, h),
+                "action_projection.weight": (h, 3), "action_projection.bias": (h,)}
+    got = W.checkpoint_weights(tiny_ckpt)
+    assert {name: tuple(shape) for name, shape in got.items()} == expected
+    assert got == weight_shapes(preset_config("tiny"))  # and the writer wrote what the config asks
 
 
 def test_load_and_map_observes_every_tensor(in_process, ckpt):
