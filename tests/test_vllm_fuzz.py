@@ -374,16 +374,19 @@ def test_fuzzed_bad_requests_are_refused_by_the_rule_they_break_and_the_engine_s
 
 
 def test_each_fault_breaks_one_rule_of_a_good_request():
-    """The fuzzer's own check (no engine): a good case is well-formed (its rule is None until a
-    fault is applied), and each fault names a rule the matcher knows."""
+    """The fuzzer's own check (no engine): a good case passes the layout's own checks (prompt and
+    actions, in the form the request sends them), and each fault names a rule the matcher knows."""
     from terra_nb.port.checkpoints import preset_config
-    from terra_nb.port.layout import FrameLayout
+    from terra_nb.port.layout import FrameLayout, validate_actions, validate_prompt
 
     layout, rng = FrameLayout.from_config(preset_config("tiny")), random.Random(7)
     for fault in FAULTS:
         c = Case(rng, layout)
         c.ids = list(c.ids)
         assert c.rule is None and len(c.ids) == c.n * layout.frame_len
+        assert validate_prompt(c.ids, layout) == c.n
+        sent = c.request()["multi_modal_data"]["actions"]
+        assert validate_actions(sent, layout, n_frames=c.n).shape == (c.n, layout.action_tokens, layout.action_dim)
         assert fault(c) in {**RULES, **VLLM_RULES}, fault.__name__
 
 
