@@ -139,6 +139,13 @@ def test_tolerances():
 def test_figures(model, tmp_path):
     fig = L.plot_position_indices(TINY, 3, save=tmp_path / "pos.png")
     assert isinstance(fig, Figure) and (tmp_path / "pos.png").stat().st_size > 0
+    # what it draws, by hand: 3 frames of 70 positions, 64 codes and 6 slots each; the spatial row is
+    # p % 70, the temporal row p // 70
+    spatial, temporal = (ax.collections for ax in fig.axes)
+    slots = [70 * f + 64 + j for f in range(3) for j in range(6)]
+    assert [c.get_offsets().shape[0] for c in spatial] == [192, 18]
+    assert spatial[1].get_offsets()[:, 0].tolist() == slots and spatial[1].get_offsets()[:, 1].tolist() == [p % 70 for p in slots]
+    assert temporal[1].get_offsets()[:, 1].tolist() == [0] * 6 + [1] * 6 + [2] * 6
     codes, acts = inputs(1, seed=4)
     check = L.cached_vs_recomputed(model, codes, acts, 2)
     fig = L.plot_step_differences(check, save=tmp_path / "steps.png")

@@ -166,6 +166,9 @@ def test_plots(llm, layout, sample, tmp_path):
     mi = I.engine_input(llm, request(sample.context, sample.actions[:3]))
     fig = I.plot_placeholders(mi, layout, save=tmp_path / "p.png")
     assert isinstance(fig, Figure) and (tmp_path / "p.png").stat().st_size > 0
+    strip = fig.subfigs[0].axes[0]  # the prompt as a strip: 1 where an action slot is, 18 of 210
+    assert strip.images[0].get_array().shape == (1, 210) and int(strip.images[0].get_array().sum()) == 18
+    assert [t.get_text().split("\n")[0] for t in strip.texts] == [f"item {k}: offset {70 * k + 64}, length 6" for k in range(3)]
     cc = llm.llm_engine.vllm_config.cache_config
     cc.num_gpu_blocks, cc.block_size = 9000, 128
     fig = I.plot_kv_budget(I.kv_cache_report(llm), layout, I.profiling_plan(llm), save=tmp_path / "k.png")
