@@ -152,3 +152,26 @@ def test_committed_session_results_compare_like_with_like_and_render_their_curve
             for p in (v for k, v in profiles.items() if k != "session_vs_stock"):
                 assert p["batch"] == int(batch) and p["overhead_ms"] < p["wall_ms"], (stem, batch)
                 assert f"| {batch} | " in steps and f"| {p['wall_ms']:.1f} | " in steps and f"| {overhead_ceiling(p):.3f} |" in steps
+
+
+def test_seed_setting_lines_and_plot_read_the_seed_rows():
+    """Issue 25's explanation, computed from the seed rows (figures made up here, ratios by hand)."""
+    from terra_nb.workbook.bench_report import seed_setting_lines
+    from terra_nb.workbook.viz import seed_frames_plot
+
+    prof = lambda decode, overhead: dict(decode_step_ms=decode, overhead_ms=overhead,  # noqa: E731
+                                         by_frame=[dict(index=1, wall_ms=2000.0), dict(index=2, wall_ms=2100.0)])
+    rows = [dict(name="hf_seed", frames=22, temperature=1.0, s_per_frame=8.0, frame_s=[6.0, 7.0, 9.0]),
+            dict(name="vllm_seed", frames=22, temperature=1.0, s_per_frame=2.0, step_profile=prof(3.0, 300.0)),
+            dict(name="vllm_seed_defaults", frames=22, temperature=1.0, s_per_frame=1.0, step_profile=prof(1.5, 40.0))]
+    lines = seed_setting_lines(dict(rows=rows))
+    assert "4.00x, against the seed's 2.60x" in lines[0] and "8.00x HF" in lines[1]
+    assert "first frame took 6.00 s and its last 9.00 s (1.50x)" in lines[2]
+    assert "3.00 ms per code against 1.50 ms with CUDA graphs (2.00x)" in lines[3] and "300 ms against 40 ms" in lines[3]
+    assert seed_setting_lines(dict(rows=[rows[0]])) == [lines[2]]  # HF alone: its frames only
+    fig = seed_frames_plot(rows)
+    (ax,) = fig.axes
+    assert [ln.get_label() for ln in ax.lines] == ["hf_seed", "vllm_seed", "vllm_seed_defaults"]
+    assert ax.lines[0].get_ydata().tolist() == [6.0, 7.0, 9.0] and ax.lines[1].get_xdata().tolist() == [2, 3]
+    with pytest.raises(ValueError, match="nothing to plot"):
+        seed_frames_plot([dict(name="hf", s_per_frame=1.0)])

@@ -191,6 +191,35 @@ def steps_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def seed_setting_lines(res: dict) -> list[str]:
+    """Sentences on the seed's setting (issue 25), every figure from `res`'s seed rows: the ratio
+    against the seed's 2.6x, what HF pays per frame as its context grows (`frame_s`), and what
+    eager mode costs per code (the port's seed rows' `step_profile`). Empty without seed rows."""
+    by = {r["name"]: r for r in res["rows"]}
+    hf, eager, defaults = by.get("hf_seed"), by.get("vllm_seed"), by.get("vllm_seed_defaults")
+    seed_hf, seed_vllm = SEED_FIGURES.values()
+    lines = []
+    if hf and eager:
+        lines.append(f"In the seed's setting (batch 1, {hf['frames']} frames, one call per frame, temperature "
+                     f"{hf['temperature']}): HF {hf['s_per_frame']:.2f} s per frame, the port as the seed ran it "
+                     f"(eager, no prefix caching, max_num_seqs 5) {eager['s_per_frame']:.2f} s: "
+                     f"{hf['s_per_frame'] / eager['s_per_frame']:.2f}x, against the seed's {seed_hf / seed_vllm:.2f}x.")
+    if hf and defaults:
+        lines.append(f"With today's defaults (CUDA graphs, prefix caching) the port takes {defaults['s_per_frame']:.2f} s "
+                     f"per frame: {hf['s_per_frame'] / defaults['s_per_frame']:.2f}x HF.")
+    if hf and hf.get("frame_s"):
+        first, last = hf["frame_s"][0], hf["frame_s"][-1]
+        lines.append(f"HF's first frame took {first:.2f} s and its last {last:.2f} s ({last / first:.2f}x): every "
+                     f"call prefills the whole prompt again and decodes against a cache that grows with it.")
+    if eager and defaults and "step_profile" in eager and "step_profile" in defaults:
+        e, d = eager["step_profile"], defaults["step_profile"]
+        lines.append(f"Eager mode costs {e['decode_step_ms']:.2f} ms per code against {d['decode_step_ms']:.2f} ms with "
+                     f"CUDA graphs ({e['decode_step_ms'] / d['decode_step_ms']:.2f}x); a frame's overhead (no prefix "
+                     f"caching: the whole prompt prefilled again) is {e['overhead_ms']:.0f} ms against "
+                     f"{d['overhead_ms']:.0f} ms.")
+    return lines
+
+
 def _provenance(res: dict) -> str:
     """Which commit's code and which lease measured a results file (every row of it)."""
     commit = res.get("commit") or (res.get("env") or {}).get("git_commit") or "unknown"

@@ -354,6 +354,33 @@ def bar_chart_benchmark(rows: Sequence[Mapping[str, Any]], seed_figures=SEED_FIG
     return _save(fig, save)
 
 
+def seed_frames_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
+    """Seconds per frame along the seed's video (issue 25): HF's calls (`frame_s` of `hf_seed`,
+    `hf_static`) and the port's frame steps (`step_profile.by_frame` of `vllm_seed`,
+    `vllm_seed_defaults`; index k is the frame after the first k), as the context grows."""
+    fig = Figure(figsize=(8, 3.6), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    drawn = 0
+    for r in rows:
+        if r.get("frame_s"):
+            x, y = np.arange(1, len(r["frame_s"]) + 1), np.asarray(r["frame_s"])
+        elif r.get("step_profile", {}).get("by_frame"):
+            frames = r["step_profile"]["by_frame"]
+            x, y = np.array([f["index"] + 1 for f in frames]), np.array([f["wall_ms"] / 1000 for f in frames])
+        else:
+            continue
+        ax.plot(x, y, marker="o", markersize=3, label=r["name"])
+        drawn += 1
+    if not drawn:
+        raise ValueError("nothing to plot: no row has frame_s or a step_profile with by_frame")
+    ax.set_xlabel("generated frame of the video (after 3 context frames)")
+    ax.set_ylabel("seconds for that frame")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("What each frame costs as the context grows (the seed's setting)", fontsize=10)
+    return _save(fig, save)
+
+
 def _curve_panel(ax, curve: Sequence[Mapping[str, Any]]) -> None:
     """Frames per second (all rollouts) against rollouts at once, port and stock, log-2 x axis."""
     for key, label, color, dy in (("stock_frames_per_s", "stock vLLM Llama (same shape)", SEED_COLOR, -12),
