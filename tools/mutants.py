@@ -118,6 +118,16 @@ MUTANTS = (
                  "            while min(len(f) for f in frames) <= step:\n"
                  "                await asyncio.sleep(0.001)\n"),),
            ("tests/test_session_rollout.py::test_open_loop_sessions_do_not_wait_for_each_other",)),
+    Mutant("step_profile_counts_the_window", "the frame-step profile counts the frame loop's first call (the window's prefill) as a frame step",
+           (Site("terra_nb/workbook/step_profile.py",
+                 "enumerate(calls[1:], start=1)",
+                 "enumerate(calls, start=1)"),),
+           ("tests/test_session_rollout.py::test_step_profiles_split_a_frame_step_on_both_engines_without_changing_a_code",)),
+    Mutant("step_overhead_p_steps", "a frame's overhead subtracts P decode steps, not P - 1 (the first code comes with the prefill)",
+           (Site("terra_nb/workbook/step_profile.py",
+                 'out["overhead_ms"] = _ms(med["wall"] - (codes - 1) * med["decode_step"])',
+                 'out["overhead_ms"] = _ms(med["wall"] - codes * med["decode_step"])'),),
+           ("tests/test_step_profile.py",)),
 )
 
 
