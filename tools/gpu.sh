@@ -13,6 +13,7 @@
 #   bash tools/gpu.sh session stock's frame loop at 1 and 128 rollouts, then our port with one
 #                             engine session per rollout (issue 24) at 1                   ~9 min
 #   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
+#   bash tools/gpu.sh toy     issue 26's training sweep (TOY_RUNS='name:steps=12000 ...')   ~10 min a run
 #   bash tools/gpu.sh session_curve_stock / session_curve   issue 24's curve: stock's frame loop,
 #                             then the sessions, at 1, 8, 32, 64, 128 rollouts, each with the
 #                             frame-step profile at 1 and 128 (workbook/step_profile.py)   ~10 min each
@@ -39,7 +40,7 @@ fi
 if [ "${1:-}" = poll ]; then
   end=$((SECONDS + ${2:-540}))
   until grep -q '^finished' "$BG/bg.log" 2>/dev/null || [ $SECONDS -ge $end ]; do sleep 5; done
-  cp "$BG"/* "${OUT:-/tmp/out}/" 2>/dev/null
+  cp -r "$BG"/* "${OUT:-/tmp/out}/" 2>/dev/null
   tail -25 "$BG/bg.log"; for f in "$BG"/log_*.txt; do echo "-- $f"; grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)|^\(MainProcess" "$f" | tail -6; done
   grep -q '^finished' "$BG/bg.log"; exit $?
 fi
@@ -89,7 +90,11 @@ case "$1" in
   session_curve_stock) export VLLM_ENABLE_V1_MULTIPROCESSING=1
     args=(run --rows "$(ends stock_llama)" "${steps[@]}") ;;
   session_curve) args=(run --rows "$(ends session)" "${steps[@]}") ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|bg|poll)"; exit 2 ;;
+  # Issue 26: the toy model's training sweep (tools/toy_sweep.py; TOY_RUNS: its --run specs, space-separated).
+  toy) runs=(); for r in ${TOY_RUNS:-steps12k:steps=12000}; do runs+=(--run "$r"); done
+    python3 tools/toy_sweep.py "$OUT/toy" --device cuda --clips 16 "${runs[@]}" > "$OUT/log_toy.txt" 2>&1
+    rc=$?; tail -40 "$OUT/log_toy.txt"; exit $rc ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|toy|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?
