@@ -164,6 +164,8 @@ def test_seed_setting_lines_and_plot_read_the_seed_rows():
     rows = [dict(name="hf_seed", frames=22, temperature=1.0, s_per_frame=8.0, frame_s=[6.0, 7.0, 9.0]),
             dict(name="vllm_seed", frames=22, temperature=1.0, s_per_frame=2.0, step_profile=prof(3.0, 300.0)),
             dict(name="vllm_seed_defaults", frames=22, temperature=1.0, s_per_frame=1.0, step_profile=prof(1.5, 40.0))]
+    static = dict(name="hf_static", frames=22, temperature=1.0, s_per_frame=3.0)
+    assert "the port with today's defaults is 3.00x it" in seed_setting_lines(dict(rows=rows + [static]))[2]
     lines = seed_setting_lines(dict(rows=rows))
     assert "4.00x, against the seed's 2.60x" in lines[0] and "8.00x HF" in lines[1]
     assert "first frame took 6.00 s and its last 9.00 s (1.50x)" in lines[2]

@@ -54,8 +54,8 @@ def test_seed_rows_are_their_own_engines():
 
 def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_path):
     """HF and the port on the seed's workload (one call per frame, temperature 1.0), the port with
-    the seed's engine settings as the engine reports them; HF's static-cache path either measures
-    or is recorded with what stops it."""
+    the seed's engine settings as the engine reports them; HF's static cache + torch.compile path
+    measures (a cache of one round, passed explicitly)."""
     from terra_nb.workbook.bench_measure import HF_STATIC_NEEDS, run
 
     wl = bench.Workload(preset="tiny", long_frames=2, long_repeats=1)
@@ -69,7 +69,32 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     assert by["hf_seed"]["tokens_per_call"] == by["vllm_seed"]["tokens_per_call"] == 64
     assert by["vllm_seed"]["engine"] == {"enforce_eager": True, "enable_prefix_caching": False, "max_num_seqs": 5}
     assert all(by[r]["frames"] == 2 and by[r]["s_per_frame"] > 0 for r in ("hf_seed", "vllm_seed"))
-    static = [e for e in res["errors"] if e["group"] == "hf_static"]
-    assert ("hf_static" in by) != bool(static) and all(e["needs"] == HF_STATIC_NEEDS for e in static)
+    assert not [e for e in res["errors"] if e["group"] == "hf_static"], (res["errors"], HF_STATIC_NEEDS)
+    assert by["hf_static"]["engine"] == {"cache": "static", "compile": True, "cache_len": 25 * 70}
+    assert len(by["hf_static"]["frame_s"]) == 2 and by["hf_static"]["warmup_s"] > 0
     merged = bench.merge([res])
     assert merged["ratios"]["seed_setting_vs_hf"] == by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
+
+
+def test_a_static_cache_of_one_round_gives_the_seeds_video_token_for_token():
+    """HF `generate` on a `StaticCache` sized by `static_cache` (emptied before every call) draws the
+    same greedy video as its default dynamic cache: 3 frames of 64 codes, the last on a prompt of 5."""
+    import torch
+
+    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.port.hf_model import LlamaActionForCausalLM
+    from terra_nb.port.layout import FrameLayout
+    from terra_nb.port.rollout import SamplingConfig
+    from terra_nb.workbook.bench_measure import seed_video, static_cache
+    from terra_nb.workbook.data import load_sample
+
+    torch.manual_seed(0)
+    model = LlamaActionForCausalLM(preset_config("tiny")).eval()
+    layout, sample = FrameLayout.from_config(model.config), load_sample("tiny")
+    wl = bench.Workload(preset="tiny", long_frames=3)
+    greedy = SamplingConfig(temperature=0.0)
+    cache = static_cache(model, layout)
+    assert cache.max_cache_len == 25 * 70
+    dynamic = seed_video(model, wl, sample, layout, greedy)
+    static = seed_video(model, wl, sample, layout, greedy, cache=cache)
+    assert dynamic.shape == (1, 6 * 64) and torch.equal(static, dynamic)

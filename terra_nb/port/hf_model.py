@@ -165,7 +165,8 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
             raise ValueError("input_ids (image codes) are required")
         if position_ids is not None:
             raise ValueError("position_ids are derived from the cache length; do not pass them")
-        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        # int(): a StaticCache reports its length as a tensor, a DynamicCache as an int
+        past_len = int(past_key_values.get_seq_length()) if past_key_values is not None else 0
         if attention_mask is not None and past_len == 0 and not bool(attention_mask.all()):
             raise ValueError("padding is not supported: attention_mask must be all ones")
         if labels is not None:
@@ -215,7 +216,7 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         """
         if inputs_embeds is not None:
             raise ValueError("generate() with inputs_embeds is not supported; pass input_ids (image codes)")
-        past_len = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_len = int(past_key_values.get_seq_length()) if past_key_values is not None else 0
         if past_len > 0:
             # the codes not yet in the cache: the newest one in a decode step, more if a caller
             # continues from a cache of its own

@@ -89,19 +89,28 @@ def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
 
 
 HF_STATIC_NEEDS = (
-    "generate() sizes a static cache as len(input_ids) + max_new_tokens, but Terra's forward inserts 6 "
-    "action positions after every frame, so the cache is too short (pass a StaticCache of frames x 582 "
-    "positions instead); and the forward derives positions from past_key_values.get_seq_length(), a "
-    "Python int per step (a StaticCache gives a tensor), on which torch.compile would guard and "
-    "recompile every step: positions would have to come from generate's cache_position tensor.")
-"""What stops `hf_static` for Terra's HF model (transformers 5.17), found on the CPU (2026-11-25)."""
+    "generate(cache_implementation='static') sizes the cache as len(input_ids) + max_new_tokens, but "
+    "Terra's forward inserts 6 action positions after every frame, so that cache is too short: the row "
+    "passes a StaticCache of a whole round (static_cache: 25 frames x 582 positions) instead, and the "
+    "forward reads the cache's length with int() (a StaticCache reports a tensor).")
+"""What `hf_static` needs from Terra's HF model (transformers 5.17), found on the CPU (2026-11-25); a
+failure of the row is recorded with it."""
+
+
+def static_cache(model, layout: FrameLayout):
+    """A transformers `StaticCache` of one round (`layout.max_len` positions: codes and action slots),
+    for `generate(past_key_values=...)`: the size `cache_implementation="static"` cannot know."""
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=layout.max_len)
 
 
 def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: SamplingConfig, frame_s: list | None = None,
-               **generate_kw):
+               cache=None, **generate_kw):
     """One video as the seed made it: one `generate` call per frame (576 new tokens, its own KV
     cache), each on the whole prompt so far; returns the prompt with all frames `[1, n]`. With
-    `frame_s`, each call's seconds are appended to it (what a frame costs as the context grows)."""
+    `frame_s`, each call's seconds are appended to it (what a frame costs as the context grows).
+    With `cache` (e.g. `static_cache`), every call uses it, emptied first (`reset`)."""
     device = next(model.parameters()).device
     ids = sample.context[: wl.n_ctx].reshape(1, -1).to(device)
     actions = sample.actions[None].to(device)
@@ -109,6 +118,9 @@ def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: Sampl
     with torch.inference_mode():
         for _ in range(wl.long_frames):
             t0 = time.perf_counter()
+            if cache is not None:
+                cache.reset()
+                kw["past_key_values"] = cache
             ids = model.generate(input_ids=ids, actions=actions, max_new_tokens=layout.image_tokens, **kw)
             if frame_s is not None:
                 _sync()
@@ -126,23 +138,28 @@ def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
     model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto").to(device).eval()
     layout = FrameLayout.from_config(model.config)
     sample = load_sample(wl.preset)
-    extra = {}
+    cache = None
+    # warm-up: one frame; with torch.compile a whole video, so that every prompt length it compiles
+    # for is compiled before the trials (warmup_s says what that cost)
+    warm = dataclasses.replace(wl, long_frames=1)
     if static:
-        extra = dict(cache_implementation="static")
+        cache = static_cache(model, layout)
         model.forward = torch.compile(model.forward, mode="reduce-overhead")
-    one_frame = dataclasses.replace(wl, long_frames=1)
-    _timed(lambda: seed_video(model, one_frame, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE), **extra))
+        warm = wl
+    warmup_s = _timed(lambda: seed_video(model, warm, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE),
+                                         cache=cache))
     trials, per_frame = [], []
     for r in range(wl.long_repeats):
         sampling = SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed + 1 + r)
         torch.manual_seed(sampling.seed)
         per_frame.append([])
-        trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], **extra)))
+        trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], cache=cache)))
     # frame k's seconds (median over trials): HF re-reads a prompt that grows by a frame per call
     frame_s = [round(statistics.median(t[k] for t in per_frame), 4) for k in range(wl.long_frames)]
     return _row("hf_static" if static else "hf_seed", 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
                 calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens, frame_s=frame_s,
-                engine=dict(cache="static" if static else "dynamic", compile=static))
+                warmup_s=round(warmup_s, 2), engine=dict(cache="static" if static else "dynamic", compile=static,
+                                                         cache_len=layout.max_len if static else None))
 
 
 def bench_vllm_seed(ckpt: Path, wl: Workload, name: str, progress: Progress | None = None,

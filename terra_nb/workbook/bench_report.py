@@ -41,6 +41,9 @@ def merge(parts: list[dict]) -> dict:
             if {"hf_seed", "vllm_seed"} <= by.keys() else None,
             "seed_defaults_vs_hf": by["hf_seed"]["s_per_frame"] / by["vllm_seed_defaults"]["s_per_frame"]
             if {"hf_seed", "vllm_seed_defaults"} <= by.keys() else None,
+            # HF's fast path (static cache + torch.compile) over the port with today's defaults
+            "seed_defaults_vs_hf_static": by["hf_static"]["s_per_frame"] / by["vllm_seed_defaults"]["s_per_frame"]
+            if {"hf_static", "vllm_seed_defaults"} <= by.keys() else None,
         },
         commit=env.get("git_commit"),   # the code that ran; a results file holds one commit and one lease
         lease=None,                      # set when committing: which machine lease measured the parts
@@ -207,6 +210,10 @@ def seed_setting_lines(res: dict) -> list[str]:
     if hf and defaults:
         lines.append(f"With today's defaults (CUDA graphs, prefix caching) the port takes {defaults['s_per_frame']:.2f} s "
                      f"per frame: {hf['s_per_frame'] / defaults['s_per_frame']:.2f}x HF.")
+    static = by.get("hf_static")
+    if static and defaults:
+        lines.append(f"HF's own fast path (a static cache of a round and torch.compile) takes {static['s_per_frame']:.2f} s "
+                     f"per frame: the port with today's defaults is {static['s_per_frame'] / defaults['s_per_frame']:.2f}x it.")
     if hf and hf.get("frame_s"):
         first, last = hf["frame_s"][0], hf["frame_s"][-1]
         lines.append(f"HF's first frame took {first:.2f} s and its last {last:.2f} s ({last / first:.2f}x): every "
