@@ -154,36 +154,50 @@ async def _read_session(engine, chunks, params, request_id: str, made: asyncio.Q
         raise RuntimeError(f"session {request_id} ended inside a frame ({len(codes)} codes)")
 
 
+def _open_session(group: asyncio.TaskGroup, engine, layout, window, window_actions, b: int, first_frame: int,
+                  sampling, tag: str) -> tuple[asyncio.Queue, asyncio.Queue]:
+    """Open rollout `b`'s session of a round in `group`: its first chunk (the window) queued, its
+    reader running. Returns `(feed, made)`: put the next chunks on `feed` (`_send_next`), take each
+    frame's codes from `made`."""
+    from vllm.engine.protocol import StreamingInput
+
+    feed, made = asyncio.Queue(), asyncio.Queue()
+    params = chunk_params(sampling, layout, b, first_frame)
+    feed.put_nowait(StreamingInput(frame_request(window[b], window_actions[b], layout), params))
+    group.create_task(_read_session(engine, _chunks(feed), params, f"terra-session-{tag}-{b}", made, layout))
+    return feed, made
+
+
+def _send_next(feed: asyncio.Queue, codes, actions, b: int, frame: int, layout, sampling) -> None:
+    """After a frame of rollout `b`: the chunk that generates video frame `frame` (the frame's last
+    code, its six slots and `actions`), or, with `actions` None, the end of the session."""
+    from vllm.engine.protocol import StreamingInput
+
+    if actions is None:
+        feed.put_nowait(None)  # the round is full: close the session
+    else:
+        feed.put_nowait(StreamingInput(continuation(codes[-1], actions, layout), chunk_params(sampling, layout, b, frame)))
+
+
 async def _round(engine, layout, window, window_actions, n_new, first_frame, next_actions, sampling) -> torch.Tensor:
     """One round, all rollouts concurrent: one session each; returns the new frames `[B, n_new, P]`.
 
     `next_actions(frames)` gives, after each new frame (`frames`: `[B, P]`), the actions `[B, 6, 3]`
     of that frame, or None after the rollout's last frame.
     """
-    from vllm.engine.protocol import StreamingInput
-
     B = window.shape[0]
     tag = uuid.uuid4().hex[:12]
-    feeds = [asyncio.Queue() for _ in range(B)]
-    made = [asyncio.Queue() for _ in range(B)]
-    for b in range(B):
-        feeds[b].put_nowait(StreamingInput(frame_request(window[b], window_actions[b], layout),
-                                           chunk_params(sampling, layout, b, first_frame)))
     frames = []
     async with asyncio.TaskGroup() as group:
-        for b in range(B):
-            group.create_task(_read_session(engine, _chunks(feeds[b]), chunk_params(sampling, layout, b, first_frame),
-                                            f"terra-session-{tag}-{b}", made[b], layout))
+        sessions = [_open_session(group, engine, layout, window, window_actions, b, first_frame, sampling, tag)
+                    for b in range(B)]
         for step in range(n_new):
-            codes = torch.tensor([await made[b].get() for b in range(B)], dtype=torch.long)
+            codes = torch.tensor([await made.get() for _, made in sessions], dtype=torch.long)
             frames.append(codes)
             actions = next_actions(codes)
-            for b in range(B):
-                if step == n_new - 1:
-                    feeds[b].put_nowait(None)  # the round is full: close the session
-                else:
-                    feeds[b].put_nowait(StreamingInput(continuation(codes[b, -1], actions[b], layout),
-                                                       chunk_params(sampling, layout, b, first_frame + step + 1)))
+            for b, (feed, _) in enumerate(sessions):
+                _send_next(feed, codes[b], None if step == n_new - 1 else actions[b], b, first_frame + step + 1,
+                           layout, sampling)
     return torch.stack(frames, dim=1)
 
 
@@ -196,8 +210,6 @@ async def _open_round(engine, layout, window, window_actions, planned, n_new, fi
     policy needs, holds every rollout until the whole batch's frame is out). `tick(n)`: every
     rollout has `n` new frames.
     """
-    from vllm.engine.protocol import StreamingInput
-
     B = window.shape[0]
     tag = uuid.uuid4().hex[:12]
     frames: list[list[list[int]]] = [[] for _ in range(B)]
@@ -206,20 +218,14 @@ async def _open_round(engine, layout, window, window_actions, planned, n_new, fi
         for step in range(n_new):
             codes = await made.get()
             frames[b].append(codes)
-            if step == n_new - 1:
-                feed.put_nowait(None)  # the round is full: close the session
-            else:
-                feed.put_nowait(StreamingInput(continuation(codes[-1], planned[b, step], layout),
-                                               chunk_params(sampling, layout, b, first_frame + step + 1)))
+            _send_next(feed, codes, None if step == n_new - 1 else planned[b, step], b, first_frame + step + 1,
+                       layout, sampling)
             tick(min(len(f) for f in frames))
 
     async with asyncio.TaskGroup() as group:
         for b in range(B):
-            feed, made = asyncio.Queue(), asyncio.Queue()
-            params = chunk_params(sampling, layout, b, first_frame)
-            feed.put_nowait(StreamingInput(frame_request(window[b], window_actions[b], layout), params))
-            group.create_task(_read_session(engine, _chunks(feed), params, f"terra-session-{tag}-{b}", made, layout))
-            group.create_task(drive(b, feed, made))
+            group.create_task(drive(b, *_open_session(group, engine, layout, window, window_actions, b, first_frame,
+                                                      sampling, tag)))
     return torch.tensor(frames, dtype=torch.long)
 
 
