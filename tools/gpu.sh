@@ -29,9 +29,8 @@ set -uo pipefail
 test -d /tmp/site/vllm || { echo FRESH-MACHINE; exit 3; }
 BG=/tmp/bench_out
 if [ "${1:-}" = bg ]; then
-  shift; snap=/tmp/bench_tree; rm -rf "$snap" "$BG"; mkdir -p "$snap" "$BG"
-  git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$snap"
-  cp -r .git "$snap/"   # the parts record the commit they ran
+  shift; snap=/tmp/bench_tree; rm -rf "$BG"; mkdir -p "$BG"
+  bash tools/gpu_runner.sh snapshot "$snap" || exit 1   # the runner's copy: files git keeps, and .git
   # setsid: its own session, so that the end of this device call does not take it down
   cd "$snap" && setsid nohup bash -c 'for part in "$@"; do echo "== $part $(date -u +%T)"; OUT='"$BG"' bash tools/gpu.sh "$part"; done
     echo "finished $(date -u +%T)"' bg "$@" > "$BG/bg.log" 2>&1 < /dev/null &

@@ -125,8 +125,8 @@ MUTANTS = (
            ("tests/test_session_rollout.py::test_step_profiles_split_a_frame_step_on_both_engines_without_changing_a_code",)),
     Mutant("step_overhead_p_steps", "a frame's overhead subtracts P decode steps, not P - 1 (the first code comes with the prefill)",
            (Site("terra_nb/workbook/step_profile.py",
-                 'out["overhead_ms"] = _ms(med["wall"] - (codes - 1) * med["decode_step"])',
-                 'out["overhead_ms"] = _ms(med["wall"] - codes * med["decode_step"])'),),
+                 'overhead = lambda f: f["wall"] - (codes - 1) * f["decode_step"]',
+                 'overhead = lambda f: f["wall"] - codes * f["decode_step"]'),),
            ("tests/test_step_profile.py",)),
 )
 

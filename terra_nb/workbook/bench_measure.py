@@ -115,12 +115,13 @@ def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: Sampl
     ids = sample.context[: wl.n_ctx].reshape(1, -1).to(device)
     actions = sample.actions[None].to(device)
     kw = {**hf_generate_kwargs(sampling, layout), **generate_kw}
+    if cache is not None:
+        kw["past_key_values"] = cache
     with torch.inference_mode():
         for _ in range(wl.long_frames):
             t0 = time.perf_counter()
             if cache is not None:
                 cache.reset()
-                kw["past_key_values"] = cache
             ids = model.generate(input_ids=ids, actions=actions, max_new_tokens=layout.image_tokens, **kw)
             if frame_s is not None:
                 _sync()

@@ -84,13 +84,14 @@ def _summary(frames: list[dict], codes: int, batch: int) -> dict:
                **{f"{k}_ms": _ms(v) for k, v in med.items() if k != "steps"})
     if "steps" in med:
         out["engine_steps"] = med["steps"]
-    out["overhead_ms"] = _ms(med["wall"] - (codes - 1) * med["decode_step"])
-    out["overhead_share"] = round(1 - (codes - 1) * med["decode_step"] / med["wall"], 4)
+    overhead = lambda f: f["wall"] - (codes - 1) * f["decode_step"]  # noqa: E731  (the first code comes with the prefill)
+    out["overhead_ms"] = _ms(overhead(med))
+    out["overhead_share"] = round(overhead(med) / med["wall"], 4)
     by_index: dict[int, list[dict]] = {}
     for f in frames:
         by_index.setdefault(f["index"], []).append(f)
     out["by_frame"] = [dict(index=i, wall_ms=_ms(statistics.median(f["wall"] for f in fs)),
-                            overhead_ms=_ms(statistics.median(f["wall"] - (codes - 1) * f["decode_step"] for f in fs)))
+                            overhead_ms=_ms(statistics.median(overhead(f) for f in fs)))
                        for i, fs in sorted(by_index.items())]
     return out
 
