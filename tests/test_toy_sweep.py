@@ -101,3 +101,23 @@ def test_frames_baseline_measures_constant_velocity_like_a_model_and_checks_the_
     sweep["references"]["cf"]["constant velocity"] += 0.01
     with pytest.raises(ValueError, match="not the same clips"):
         toy_sweep.frames_baseline(N, tok, {"s.json": sweep})
+
+
+def test_merge_joins_side_by_side_runs_and_refuses_other_clips(result, tmp_path):
+    """Runs trained side by side (one process each) merge into one record only if every process
+    scored against the same references; the merged file keeps each process's command."""
+    out, res = result
+    other = json.loads(json.dumps(res))
+    other["runs"][0]["name"] = "second run"
+    other["command"] = "python3 tools/toy_sweep.py second"
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "toy_sweep.json").write_text(json.dumps(other))
+    merged = toy_sweep.main([str(tmp_path / "m"), "--merge", str(out / "toy_sweep.json"), str(tmp_path / "b" / "toy_sweep.json")])
+    assert [r["name"] for r in merged["runs"]] == ["tiny run", "second run"]
+    assert merged["commands"] == [res["command"], "python3 tools/toy_sweep.py second"] and "command" not in merged
+    assert merged["references"] == res["references"]
+    assert json.loads((tmp_path / "m" / "toy_sweep.json").read_text()) == merged
+    other["references"]["cf"]["constant velocity"] += 0.01
+    (tmp_path / "b" / "toy_sweep.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="references differ"):
+        toy_sweep.main([str(tmp_path / "m"), "--merge", str(out / "toy_sweep.json"), str(tmp_path / "b" / "toy_sweep.json")])

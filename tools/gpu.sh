@@ -14,6 +14,9 @@
 #                             engine session per rollout (issue 24) at 1                   ~9 min
 #   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
 #   bash tools/gpu.sh toy     issue 26's training sweep (TOY_RUNS='name:steps=12000 ...')   ~10 min a run
+#   bash tools/gpu.sh toy_par the same, each run in a process of its own, side by side (the toy model
+#                             leaves an H100 mostly idle: its steps are launch-bound), then merged;
+#                             $OUT/toy_par.tar.gz holds every run's checkpoint and log     ~12 min
 #   bash tools/gpu.sh session_curve_stock / session_curve   issue 24's curve: stock's frame loop,
 #                             then the sessions, at 1, 8, 32, 64, 128 rollouts, each with the
 #                             frame-step profile at 1 and 128 (workbook/step_profile.py)   ~10 min each
@@ -93,7 +96,25 @@ case "$1" in
   toy) runs=(); for r in ${TOY_RUNS:-steps12k:steps=12000}; do runs+=(--run "$r"); done
     python3 tools/toy_sweep.py "$OUT/toy" --device cuda --clips 16 "${runs[@]}" > "$OUT/log_toy.txt" 2>&1
     rc=$?; tail -40 "$OUT/log_toy.txt"; exit $rc ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|toy|bg|poll)"; exit 2 ;;
+  toy_par) work=/tmp/toy_par; rm -rf "$work"; mkdir -p "$work"
+    # Each distinct dataset is rendered once, before its runs start (a dataset cache written by two
+    # processes at once would be rendered twice); runs on the smallest dataset start first.
+    mapfile -t sizes < <(python3 -c 'import sys; sys.path.insert(0, "tools"); import toy_sweep as t
+print("\n".join(map(str, sorted({{**t.DEFAULTS, **t.parse_run(r)[1]}["n_clips"] for r in sys.argv[1:]}))))' ${TOY_RUNS})
+    for n in "${sizes[@]}"; do
+      echo "== dataset of $n clips $(date -u +%T)"
+      python3 -c "from terra_nb.toyworld.dataset import cached_dataset; from terra_nb.toyworld.tokenizer import ToyTokenizer
+cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2>&1 || { tail "$work/data_$n.log"; exit 1; }
+      for r in ${TOY_RUNS}; do
+        [ "$(python3 -c 'import sys; sys.path.insert(0, "tools"); import toy_sweep as t; print({**t.DEFAULTS, **t.parse_run(sys.argv[1])[1]}["n_clips"])' "$r")" = "$n" ] || continue
+        name=${r%%:*}; echo "== start $name $(date -u +%T)"
+        OMP_NUM_THREADS=2 python3 tools/toy_sweep.py "$work/$name" --device "${TOY_DEVICE:-cuda}" --clips "${TOY_CLIPS:-16}" --run "$r" > "$work/log_$name.txt" 2>&1 &
+      done
+    done
+    wait; echo "== all runs ended $(date -u +%T)"
+    python3 tools/toy_sweep.py "$OUT/toy" --merge "$work"/*/toy_sweep.json > "$OUT/log_toy_par.txt" 2>&1
+    rc=$?; cat "$OUT/log_toy_par.txt"; tar -czf "$OUT/toy_par.tar.gz" -C "$work" .; exit $rc ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|toy|toy_par|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?

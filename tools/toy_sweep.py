@@ -2,6 +2,8 @@
 
     python3 tools/toy_sweep.py OUT_DIR --run 'name:steps=12000,batch=16' --run 'name2:n_clips=8000' [--device cuda] [--clips 16]
     python3 tools/toy_sweep.py OUT_DIR --score-only data/toy/model     # score an existing checkpoint (a control)
+    python3 tools/toy_sweep.py OUT_DIR --merge A/toy_sweep.json B/toy_sweep.json   # runs made side by side
+        # (one process each, tools/gpu.sh toy_par) -> OUT_DIR/toy_sweep.json, if all scored the same clips
     python3 tools/toy_sweep.py OUT_DIR --frames-baseline data/toy/sweep.json results/toy_sweep_h100.json
         # no training (CPU): constant velocity rendered, tokenized and measured from its frames like a
         # model, on the same clips; the recorded runs' ADE against both baselines (frames_baseline.json)
@@ -134,6 +136,21 @@ def frames_baseline(n_clips: int, tok, recorded: dict[str, dict]) -> dict:
     return {"references": refs, "references_by_kind": by_kind, "runs": runs}
 
 
+def merge(sweeps: dict[str, dict]) -> dict:
+    """Several sweeps' runs in one record. Each sweep scored its runs against references it computed
+    itself; they must be equal (the same seeded clips, the same tokenizer, the same device), or the
+    runs are not comparable and this refuses."""
+    (first_src, first), *rest = sweeps.items()
+    for src, sw in rest:
+        for key in ("references", "references_by_kind", "clips", "device", "torch"):
+            if sw.get(key) != first.get(key):
+                raise ValueError(f"{src}: its {key} differ from {first_src}'s: these runs are not comparable")
+    out = {k: v for k, v in first.items() if k not in ("command", "runs")}
+    out["commands"] = [sw["command"] for sw in sweeps.values()]
+    out["runs"] = [run for sw in sweeps.values() for run in sw["runs"]]
+    return out
+
+
 def summary(run: dict, refs: dict) -> str:
     """One line: ade and ade / constant velocity per set, steering recovered / commanded, and the
     issue's verdict (ratio <= TARGET_RATIO on every set, every command within STEER_TOLERANCE)."""
@@ -157,7 +174,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--clips", type=int, default=16, help="clips per clip set (sweep.json: 16)")
     ap.add_argument("--frames-baseline", nargs="+", metavar="SWEEP_JSON",
                     help="only the frame-measured constant-velocity baseline, and these sweeps' runs against it")
+    ap.add_argument("--merge", nargs="+", metavar="SWEEP_JSON", help="only merge these sweeps' runs (see merge)")
     a = ap.parse_args(argv)
+    if a.merge:
+        out = merge({f: json.loads(Path(f).read_text()) for f in a.merge})
+        out_path = Path(a.out_dir) / "toy_sweep.json"
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(out, indent=1) + "\n")
+        for run in out["runs"]:
+            log(summary(run, out["references"]))
+        return out
     if a.frames_baseline:
         t0 = time.time()
         recorded = {f: json.loads(Path(f).read_text()) for f in a.frames_baseline}
