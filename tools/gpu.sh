@@ -14,9 +14,10 @@
 #                             engine session per rollout (issue 24) at 1                   ~9 min
 #   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
 #   bash tools/gpu.sh toy     issue 26's training sweep (TOY_RUNS='name:steps=12000 ...')   ~10 min a run
-#   bash tools/gpu.sh toy_par the same, each run in a process of its own, side by side (the toy model
-#                             leaves an H100 mostly idle: its steps are launch-bound), then merged;
-#                             $OUT/toy_par.tar.gz holds every run's checkpoint and log     ~12 min
+#   bash tools/gpu.sh toy_par the same, each run in a process of its own, side by side, then merged;
+#                             $OUT/toy_par.tar.gz holds every run's checkpoint and log. The steps are
+#                             GPU-bound (H100, batch 32: 34 ms alone, 68 ms beside a second run), so
+#                             this saves only the shared data and set-up, not training time
 #   bash tools/gpu.sh session_curve_stock / session_curve   issue 24's curve: stock's frame loop,
 #                             then the sessions, at 1, 8, 32, 64, 128 rollouts, each with the
 #                             frame-step profile at 1 and 128 (workbook/step_profile.py)   ~10 min each

@@ -1,0 +1,131 @@
+"""The README's toy-world standing (issue 26), rendered from the records that hold its figures.
+
+    python -m terra_nb.toyworld.readme        # rewrite the README section between the toy markers
+
+Nothing here measures: every number comes from a committed record, so the README cannot drift
+from them (a test compares the section with what this renders).
+* `data/toy/sweep.json`: the shipped model and the runs that led to it, each scored with HF greedy
+  rollouts on four clip sets (the notebook's seeds and others), with the reference rows;
+* `results/toy_sweep_h100.json`: later GPU runs with other settings (not shipped);
+* `results/toy_frames_baseline_cpu.json`: constant velocity rendered, tokenized and measured from
+  its own frames, as a model's frames are measured.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from terra_nb.workbook.paths import REPO, RESULTS
+from terra_nb.workbook.results import markdown_table, rewrite_readme_section
+
+from .standing import STEER_TOLERANCE, TARGET_RATIO, _group, sweep_record
+from .tokenizer import toy_data_dir
+
+README_START, README_END = "<!-- toy-standing:start -->", "<!-- toy-standing:end -->"
+GPU_SWEEP = RESULTS / "toy_sweep_h100.json"
+FRAMES_BASELINE = RESULTS / "toy_frames_baseline_cpu.json"
+CV, CV_FRAMES, GT, RANDOM = "constant velocity", "constant velocity (frames)", "ground truth (tokenized)", "random weights"
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "no"
+
+
+def shipped_run(sweep: dict, training: dict) -> dict:
+    """The recorded run whose settings are the shipped checkpoint's (`toy_training.json`)."""
+    runs = [r for r in sweep["runs"] if r["settings"] == training["settings"]]
+    if not runs:
+        raise ValueError("no run in data/toy/sweep.json has the shipped checkpoint's settings")
+    return runs[-1]
+
+
+def set_rows(run: dict, sweep: dict, frames: dict) -> list[dict]:
+    """Per clip set: the run's mean path error against every reference, and issue 26's verdict."""
+    rows = []
+    for key, name in sweep["clip_sets"].items():
+        refs, ade = sweep["references"][key], run["ade_m"][key]
+        cv_frames = frames["references"][key][CV_FRAMES]
+        rows.append({"clip set": f"{key}: {name}", "trained m": ade, "constant velocity m": refs[CV],
+                     "trained / cv": round(ade / refs[CV], 2), "cv from frames m": cv_frames,
+                     "trained / cv frames": round(ade / cv_frames, 2), "tokenized truth m": refs[GT],
+                     "random weights m": refs[RANDOM], f"<= {TARGET_RATIO}x cv": _yes(ade / refs[CV] <= TARGET_RATIO)})
+    return rows
+
+
+def kind_rows(run: dict, sweep: dict, sets=("reg", "cf")) -> list[dict]:
+    """Per manoeuvre kind: the run, constant velocity and the tokenized truth on each of `sets`."""
+    groups = {k: (_group(run["ade_by_kind"][k]), _group(sweep["references_by_kind"][k][CV]),
+                  _group(sweep["references_by_kind"][k][GT])) for k in sets}
+    rows = []
+    for kind in groups[sets[0]][0]:
+        row = {"kind": kind}
+        for k in sets:
+            mine, cv, gt = groups[k]
+            row.update({f"{k} trained": mine.get(kind), f"{k} cv": cv.get(kind), f"{k} truth": gt.get(kind)})
+        rows.append(row)
+    return rows
+
+
+def steering_rows(run: dict) -> list[dict]:
+    """Each command's end point vs straight: commanded, recovered, their ratio, within tolerance."""
+    out = []
+    for command, (want, got) in run["steering_vs_straight_m"].items():
+        share = got / want
+        out.append({"command": command, "commanded m": want, "recovered m": got,
+                    "recovered / commanded": round(share, 2), f"within {STEER_TOLERANCE:.0%}": _yes(abs(share - 1) <= STEER_TOLERANCE)})
+    return out
+
+
+def run_rows(sources: dict[str, dict]) -> list[dict]:
+    """Every recorded training run: its data and samples, final loss, and error / cv per set."""
+    rows = []
+    for source, sweep in sources.items():
+        for run in sweep["runs"]:
+            s = run["settings"]
+            rows.append({"run": run["name"], "record": source, "clips": s["n_clips"],
+                         "steps x batch": f"{s['steps']} x {s['batch']}", "final loss": round(run["final_loss"], 3),
+                         **{k: f"{v:.3f} ({v / sweep['references'][k][CV]:.2f}x)" for k, v in run["ade_m"].items()}})
+    return rows
+
+
+def readme_section(sweep: dict | None = None, training: dict | None = None, gpu_sweep: dict | None = None,
+                   frames: dict | None = None) -> str:
+    sweep = sweep or sweep_record()
+    training = training or json.loads((toy_data_dir() / "model" / "toy_training.json").read_text())
+    gpu_sweep = gpu_sweep or json.loads(GPU_SWEEP.read_text())
+    frames = frames or json.loads(FRAMES_BASELINE.read_text())
+    run = shipped_run(sweep, training)
+    s = run["settings"]
+    sets = set_rows(run, sweep, frames)
+    met = [r["clip set"].split(":")[0] for r in sets if r[f"<= {TARGET_RATIO}x cv"] == "yes"]
+    missed = [r["clip set"].split(":")[0] for r in sets if r[f"<= {TARGET_RATIO}x cv"] == "no"]
+    steer = steering_rows(run)
+    shares = [r["recovered / commanded"] for r in steer]
+    lines = [
+        f"The shipped model (`data/toy/model`: {s['steps']} steps of batch {s['batch']} on {s['n_clips']} clips, "
+        f"{2 * s['n_clips']} with their mirror images; rendered in {training['data_seconds']:.0f} s and trained in "
+        f"{training['train_seconds']:.0f} s on {training['device']}) scored by `data/toy/sweep.json` ({sweep['device']}; HF greedy, 3 context + 12 generated frames per clip). "
+        "Mean path error in metres; cv is constant velocity, the action-blind baseline scored on its true path; "
+        "cv from frames is the same path rendered, tokenized and measured from its frames as a model's are "
+        "(`results/toy_frames_baseline_cpu.json`); the tokenized truth is the floor of the measurement:",
+        "", markdown_table(sets), "",
+        f"Issue 26's target (at most {TARGET_RATIO}x constant velocity's error on every set) is met on "
+        f"{', '.join(met) or 'no set'}" + (f" and missed on {', '.join(missed)}." if missed else "."),
+        "", "Per manoeuvre kind, on the notebook's held-out (reg) and counterfactual (cf) clips:", "",
+        markdown_table(kind_rows(run, sweep)), "",
+        f"Steering (one context, each command's end point against straight): recovered / commanded "
+        f"{min(shares):.2f} to {max(shares):.2f}, "
+        + ("all within" if all(r[f"within {STEER_TOLERANCE:.0%}"] == "yes" for r in steer) else "not all within")
+        + f" {STEER_TOLERANCE:.0%}:", "", markdown_table(steer), "",
+        "Every recorded training run (error per clip set, and over constant velocity's):", "",
+        markdown_table(run_rows({"data/toy/sweep.json": sweep, "results/toy_sweep_h100.json": gpu_sweep})),
+    ]
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path = REPO / "README.md") -> bool:
+    return rewrite_readme_section(readme, README_START, README_END, readme_section())
+
+
+if __name__ == "__main__":
+    print("README.md", "rewritten" if update_readme() else "already up to date")

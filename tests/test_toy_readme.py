@@ -1,0 +1,59 @@
+"""README's toy-world standing is rendered from the committed records (terra_nb/toyworld/readme.py),
+and its verdicts follow issue 26's rules; checked here on hand-made records with known answers."""
+from __future__ import annotations
+
+import pytest
+
+from terra_nb.toyworld import readme
+from terra_nb.workbook.paths import REPO
+
+SETTINGS = {"n_clips": 10, "steps": 5, "batch": 2}
+
+
+def _sweep(ade: dict, cv: dict, steering=None) -> dict:
+    refs = {k: {"constant velocity": cv[k], "ground truth (tokenized)": 0.1, "random weights": 2.0} for k in cv}
+    by_kind = {"curve_left": 0.2, "curve_right": 0.4, "speed_up": 0.3}
+    return {"clip_sets": {k: f"set {k}" for k in cv}, "references": refs, "device": "test",
+            "references_by_kind": {k: {"constant velocity": by_kind, "ground truth (tokenized)": by_kind} for k in cv},
+            "runs": [{"name": "other", "settings": {**SETTINGS, "steps": 9}, "ade_m": ade, "final_loss": 1.0},
+                     {"name": "shipped", "settings": SETTINGS, "ade_m": ade, "final_loss": 0.5,
+                      "ade_by_kind": {k: {"curve_left": 0.1, "curve_right": 0.3, "speed_up": 0.05} for k in cv},
+                      "steering_vs_straight_m": steering or {"left": [2.0, 2.5]}}]}
+
+
+def test_readme_section_is_rendered_from_the_records():
+    text = (REPO / "README.md").read_text()
+    a = text.index(readme.README_START) + len(readme.README_START)
+    assert text[a:text.index(readme.README_END)].strip() == readme.readme_section().strip(), \
+        "README's toy standing is stale: run `python -m terra_nb.toyworld.readme`"
+
+
+def test_the_shipped_run_is_the_one_with_the_checkpoints_settings():
+    sweep = _sweep({"reg": 0.2}, {"reg": 0.4})
+    assert readme.shipped_run(sweep, {"settings": SETTINGS})["name"] == "shipped"
+    with pytest.raises(ValueError, match="shipped checkpoint's settings"):
+        readme.shipped_run(sweep, {"settings": {**SETTINGS, "batch": 64}})
+
+
+def test_target_verdict_is_at_most_0_8_times_constant_velocity():
+    sweep = _sweep({"reg": 0.24, "cf": 0.243}, {"reg": 0.3, "cf": 0.3})      # 0.80x and 0.81x
+    frames = {"references": {"reg": {"constant velocity (frames)": 0.48}, "cf": {"constant velocity (frames)": 0.6}}}
+    rows = readme.set_rows(sweep["runs"][1], sweep, frames)
+    assert [r["<= 0.8x cv"] for r in rows] == ["yes", "no"]
+    assert [r["trained / cv"] for r in rows] == [0.8, 0.81]
+    assert [r["trained / cv frames"] for r in rows] == [0.5, 0.41]
+
+
+def test_steering_within_30_percent_of_the_commanded_offset():
+    run = _sweep({"reg": 0.2}, {"reg": 0.4}, {"a": [2.0, 2.7], "b": [-1.0, -1.2], "c": [1.0, 0.69]})["runs"][1]
+    rows = readme.steering_rows(run)
+    assert [r["recovered / commanded"] for r in rows] == [1.35, 1.2, 0.69]
+    assert [r["within 30%"] for r in rows] == ["no", "yes", "no"]
+
+
+def test_kind_rows_average_left_and_right_into_one_manoeuvre():
+    sweep = _sweep({"reg": 0.2, "cf": 0.2}, {"reg": 0.4, "cf": 0.4})
+    rows = readme.kind_rows(sweep["runs"][1], sweep)
+    assert rows[0] == {"kind": "curve", "reg trained": 0.2, "reg cv": 0.3, "reg truth": 0.3,
+                       "cf trained": 0.2, "cf cv": 0.3, "cf truth": 0.3}
+    assert [r["kind"] for r in rows] == ["curve", "speed up"]
