@@ -63,6 +63,25 @@ def test_committed_readme_matches_committed_results():
         "README's benchmark table is stale: run `python -m terra_nb.workbook.bench readme`"
 
 
+def test_readme_profile_findings_are_read_from_the_committed_profiles():
+    from terra_nb.workbook import bench_report
+    from terra_nb.workbook.paths import REPO
+
+    text = (REPO / "README.md").read_text()
+    a = text.index(bench_report.PROFILE_START) + len(bench_report.PROFILE_START)
+    assert text[a:text.index(bench_report.PROFILE_END)].strip() == bench_report.profile_findings().strip(), \
+        "README's profile findings are stale: run `python -m terra_nb.workbook.bench readme`"
+    # on hand-made profiles: the figures are the sections' seconds (or the phase's) in ms
+    def prof(front_proc, decode1):
+        return {"env": {"git_commit": "abc"}, "sections": [
+            {"label": "front end: 32 requests, 1 token", "wall_s": 1.0, "phases": {"our_processor": front_proc}},
+            {"label": "decode: 1 x 64 tokens", "wall_s": decode1, "phases": {}}]}
+    made = dict(zip(bench_report.PROFILE_FILES, (prof(0.00123, 0.2), prof(0.0, 0.1), prof(0.0, 0.0305), prof(0.0, 0.03))))
+    body = bench_report.profile_findings(made)
+    assert "1.2 ms for 32 requests" in body and "200.0 ms vs stock's 100.0 ms" in body
+    assert "30.5 ms vs 30.0 ms" in body and "`env.git_commit`, abc," in body
+
+
 def test_committed_results_have_the_required_fields():
     results = bench.load_results()
     assert set(results) == {"benchmark_h200"}, "a results file was added or lost: say so here"
