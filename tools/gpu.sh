@@ -35,6 +35,8 @@ BG=/tmp/bench_out
 if [ "${1:-}" = bg ]; then
   shift; snap=/tmp/bench_tree; rm -rf "$BG"; mkdir -p "$BG"
   bash tools/gpu_runner.sh snapshot "$snap" || exit 1   # the runner's copy: files git keeps, and .git
+  # a toy dataset rendered elsewhere and carried (outputs/ is ignored, so the snapshot lacks it)
+  if [ -d outputs/toy ]; then mkdir -p "$snap/outputs" && cp -r outputs/toy "$snap/outputs/"; fi
   # setsid: its own session, so that the end of this device call does not take it down
   cd "$snap" && setsid nohup bash -c 'for part in "$@"; do echo "== $part $(date -u +%T)"; OUT='"$BG"' bash tools/gpu.sh "$part"; done
     echo "finished $(date -u +%T)"' bg "$@" > "$BG/bg.log" 2>&1 < /dev/null &
