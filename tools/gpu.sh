@@ -8,7 +8,7 @@
 #   bash tools/gpu.sh stock   stock vLLM Llama, same shape: profile, then the same curve ~7 min
 #   bash tools/gpu.sh port_big / stock_big   the curve at 128 and 256 rollouts          ~7 min each
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
-#   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF static+compile (or why not), HF   ~9 min
+#   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF, then HF static+compile (or why not)  ~10 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
 #   bash tools/gpu.sh session stock's frame loop at 1 and 128 rollouts, then our port with one
 #                             engine session per rollout (issue 24) at 1                   ~9 min
@@ -74,9 +74,11 @@ case "$1" in
     export VLLM_ALLREDUCE_USE_FLASHINFER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_USE_NCCL_SYMM_MEM=0
     args=(tp --ref "$OUT/part_port.json") ;;
   # The seed's video (3 context + 22 frames, batch 1, temperature 1.0, one call per frame), 2 trials.
-  seed_hf) args=(run --rows hf_static,hf_seed --long-repeats 2 --deadline-s 120) ;;
+  # hf_seed first: it is the issue's comparison, and a row that starts after the deadline is skipped
+  # (hf_static compiles and warms up on a whole video first). Both run minutes: use `bg`.
+  seed_hf) args=(run --rows hf_seed,hf_static --long-repeats 2 --deadline-s "${DEADLINE_S:-600}") ;;
   # with each engine's frame steps over a whole video (what eager mode costs per code, and as the context grows)
-  seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --step-batches 1 --step-frames 22 --deadline-s 420) ;;
+  seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --step-batches 1 --step-frames 22 --deadline-s "${DEADLINE_S:-600}") ;;
   session)
     # Two engines, one after the other, each in its own process (its GPU memory freed for the next):
     # stock's frame loop first, so that each session row has its stock row from this same call.
