@@ -46,8 +46,8 @@ def set_rows(run: dict, sweep: dict, frames: dict) -> list[dict]:
         refs, ade = sweep["references"][key], run["ade_m"][key]
         cv_frames = frames["references"][key][CV_FRAMES]
         rows.append({"clip set": f"{key}: {name}", "trained m": ade, "constant velocity m": refs[CV],
-                     "trained / cv": round(ade / refs[CV], 2), "cv from frames m": cv_frames,
-                     "trained / cv frames": round(ade / cv_frames, 2), "tokenized truth m": refs[GT],
+                     "trained / cv": round(ade / refs[CV], 3), "cv from frames m": cv_frames,
+                     "trained / cv frames": round(ade / cv_frames, 3), "tokenized truth m": refs[GT],
                      "random weights m": refs[RANDOM], f"<= {TARGET_RATIO}x cv": _yes(ade / refs[CV] <= TARGET_RATIO)})
     return rows
 
@@ -84,7 +84,7 @@ def run_rows(sources: dict[str, dict]) -> list[dict]:
             s = run["settings"]
             rows.append({"run": run["name"], "record": source, "clips": s["n_clips"],
                          "steps x batch": f"{s['steps']} x {s['batch']}", "final loss": round(run["final_loss"], 3),
-                         **{k: f"{v:.3f} ({v / sweep['references'][k][CV]:.2f}x)" for k, v in run["ade_m"].items()}})
+                         **{k: f"{v:.3f} ({v / sweep['references'][k][CV]:.3f}x)" for k, v in run["ade_m"].items()}})
     return rows
 
 
@@ -101,10 +101,14 @@ def readme_section(sweep: dict | None = None, training: dict | None = None, gpu_
     missed = [r["clip set"].split(":")[0] for r in sets if r[f"<= {TARGET_RATIO}x cv"] == "no"]
     steer = steering_rows(run)
     shares = [r["recovered / commanded"] for r in steer]
+    data = training.get("dataset")   # a dataset rendered elsewhere and carried: train() only loaded it
+    rendered = (f"rendered in {data['rendered_seconds']:.0f} s on a {data['rendered_on']['workers']}-worker CPU and carried"
+                if data else f"rendered in {training['data_seconds']:.0f} s")
     lines = [
         f"The shipped model (`data/toy/model`: {s['steps']} steps of batch {s['batch']} on {s['n_clips']} clips, "
-        f"{2 * s['n_clips']} with their mirror images; rendered in {training['data_seconds']:.0f} s and trained in "
-        f"{training['train_seconds']:.0f} s on {training['device']}) scored by `data/toy/sweep.json` ({sweep['device']}; HF greedy, 3 context + 12 generated frames per clip). "
+        f"{2 * s['n_clips']} with their mirror images; {rendered}, trained in "
+        f"{training['train_seconds']:.0f} s on {training['device']}) scored by `data/toy/sweep.json` "
+        f"({run.get('scored_on', sweep['device'])}; HF greedy, 3 context + 12 generated frames per clip). "
         "Mean path error in metres; cv is constant velocity, the action-blind baseline scored on its true path; "
         "cv from frames is the same path rendered, tokenized and measured from its frames as a model's are "
         "(`results/toy_frames_baseline_cpu.json`); the tokenized truth is the floor of the measurement:",

@@ -1,4 +1,5 @@
-"""Train the tiny LlamaAction model on toy-world clips (seeded; about 5 minutes on one H100).
+"""Train the tiny LlamaAction model on toy-world clips (seeded; about 10 minutes on one GPU host:
+rendering the clips on its CPUs, then 12000 steps on the GPU).
 
     python -m terra_nb.toyworld.train              # dataset (cached in outputs/toy/) + training -> data/toy/model/
     python -m terra_nb.toyworld.train --codebook   # refit data/toy/codebook.npy first (then retrain!)
@@ -28,9 +29,10 @@ from .dataset import cached_dataset, fit_codebook
 from .tokenizer import ToyTokenizer, toy_data_dir
 
 DEFAULTS = dict(
-    n_clips=4000,         # rendered clips (x2 with mirroring); 700 over-fitted at 6000 steps (issue 26)
+    n_clips=8000,         # rendered clips (x2 with mirroring); 700 over-fitted at 6000 steps, and 4000 at
+                          # 16000 x 32 (issue 26: data/toy/sweep.json, results/toy_sweep_h100.json)
     n_frames=25,          # a full round of the tiny preset: temporal slots 0..24 all get trained
-    steps=6000,           # 1600 x batch 4 left speed unlearnt (issue 26); ~2 min on an H100
+    steps=12000,          # 1600 x batch 4 left speed unlearnt (issue 26); ~4.5 min on an H200
     batch=16,
     lr=5e-3,
     warmup=50,
