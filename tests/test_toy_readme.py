@@ -57,3 +57,13 @@ def test_kind_rows_average_left_and_right_into_one_manoeuvre():
     assert rows[0] == {"kind": "curve", "reg trained": 0.2, "reg cv": 0.3, "reg truth": 0.3,
                        "cf trained": 0.2, "cf cv": 0.3, "cf truth": 0.3}
     assert [r["kind"] for r in rows] == ["curve", "speed up"]
+
+
+def test_seed_range_counts_follow_the_rows():
+    def row(cv_ratio, frames_ratio):
+        return {"clips": "held-out", "first seed": 1, "model": 0.1, "constant velocity": 0.2, "model / cv": cv_ratio,
+                "cv from frames": 0.3, "model / cv frames": frames_ratio, "tokenized truth": 0.1, "model / truth": 1.0}
+    ranges = {"device": "cpu", "target_ratio": 0.8, "rows": [row(0.8, 0.5), row(0.81, 0.79), row(1.2, 0.81), row(0.3, 0.2)]}
+    first = readme.seed_range_lines(ranges)[0]
+    assert first.startswith("On 4 clip sets of 2 seed ranges")
+    assert "at most 0.8x constant velocity on 2 of 4" in first and "from its frames on 3 of 4" in first

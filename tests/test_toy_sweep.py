@@ -121,3 +121,21 @@ def test_merge_joins_side_by_side_runs_and_refuses_other_clips(result, tmp_path)
     (tmp_path / "b" / "toy_sweep.json").write_text(json.dumps(other))
     with pytest.raises(ValueError, match="references differ"):
         toy_sweep.main([str(tmp_path / "m"), "--merge", str(out / "toy_sweep.json"), str(tmp_path / "b" / "toy_sweep.json")])
+
+
+def test_seed_ranges_score_both_baselines_and_flag_a_target_below_the_floor(single_thread):
+    """Each seed range gives a held-out and a counterfactual row whose references are the score
+    function's own for those clips; `target_below_floor` is set exactly where 0.8x constant
+    velocity lies under the tokenized truth (the model would have to beat the measurement)."""
+    from terra_nb.toyworld.score import CONST_VEL_FRAMES, GROUND_TRUTH, random_toy_model
+
+    tok = toy_sweep.ToyTokenizer.load()
+    rows = toy_sweep.seed_ranges(random_toy_model(0), [1000], N, tok)
+    assert [(r["clips"], r["first seed"]) for r in rows] == [("held-out", 90_001_000), ("counterfactual", 90_501_000)]
+    for r, cf in zip(rows, (False, True)):
+        ref = {x["model"]: round(x["ade_m"], 3) for x in
+               action_following_score({}, N, 3, 12, counterfactual=cf, seed0=90_001_000, frames_baseline=True)}
+        assert (r["constant velocity"], r["cv from frames"], r["tokenized truth"]) == \
+            (ref[CONST_VEL], ref[CONST_VEL_FRAMES], ref[GROUND_TRUTH])
+        assert r["target_below_floor"] == (0.8 * r["constant velocity"] < r["tokenized truth"])
+        assert r["model / cv"] == round(r["model"] / r["constant velocity"], 3) and r["model"] > r["tokenized truth"]

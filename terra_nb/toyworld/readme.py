@@ -8,7 +8,9 @@ from them (a test compares the section with what this renders).
   rollouts on four clip sets (the notebook's seeds and others), with the reference rows;
 * `results/toy_sweep_h100.json`: later GPU runs with other settings (not shipped);
 * `results/toy_frames_baseline_cpu.json`: constant velocity rendered, tokenized and measured from
-  its own frames, as a model's frames are measured.
+  its own frames, as a model's frames are measured;
+* `results/toy_seed_ranges_cpu.json`: the shipped model on more seed ranges (`tools/toy_sweep.py
+  --seed-ranges`).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from .tokenizer import toy_data_dir
 README_START, README_END = "<!-- toy-standing:start -->", "<!-- toy-standing:end -->"
 GPU_SWEEP = RESULTS / "toy_sweep_h100.json"
 FRAMES_BASELINE = RESULTS / "toy_frames_baseline_cpu.json"
+SEED_RANGES = RESULTS / "toy_seed_ranges_cpu.json"
 CV, CV_FRAMES, GT, RANDOM = "constant velocity", "constant velocity (frames)", "ground truth (tokenized)", "random weights"
 
 
@@ -88,12 +91,28 @@ def run_rows(sources: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def seed_range_lines(ranges: dict) -> list[str]:
+    """The shipped model on every recorded seed range: a sentence of counts and the table."""
+    rows, t = ranges["rows"], ranges["target_ratio"]
+    met = sum(r["model / cv"] <= t for r in rows)
+    met_frames = sum(r["model / cv frames"] <= t for r in rows)
+    table = [{"clips": r["clips"], "first seed": r["first seed"], "model m": r["model"], "cv m": r["constant velocity"],
+              "model / cv": r["model / cv"], "cv from frames m": r["cv from frames"],
+              "model / cv frames": r["model / cv frames"], "tokenized truth m": r["tokenized truth"],
+              "model / truth": r["model / truth"]} for r in rows]
+    return [f"On {len(rows)} clip sets of {len(rows) // 2} seed ranges (`results/toy_seed_ranges_cpu.json`, "
+            f"{ranges['device']}): at most {t}x constant velocity on {met} of {len(rows)}, and at most {t}x "
+            f"constant velocity measured from its frames on {met_frames} of {len(rows)}. The model / truth column "
+            "compares the model with the measurement's own floor:", "", markdown_table(table)]
+
+
 def readme_section(sweep: dict | None = None, training: dict | None = None, gpu_sweep: dict | None = None,
-                   frames: dict | None = None) -> str:
+                   frames: dict | None = None, ranges: dict | None = None) -> str:
     sweep = sweep or sweep_record()
     training = training or json.loads((toy_data_dir() / "model" / "toy_training.json").read_text())
     gpu_sweep = gpu_sweep or json.loads(GPU_SWEEP.read_text())
     frames = frames or json.loads(FRAMES_BASELINE.read_text())
+    ranges = ranges or json.loads(SEED_RANGES.read_text())
     run = shipped_run(sweep, training)
     s = run["settings"]
     sets = set_rows(run, sweep, frames)
@@ -115,6 +134,7 @@ def readme_section(sweep: dict | None = None, training: dict | None = None, gpu_
         "", markdown_table(sets), "",
         f"Issue 26's target (at most {TARGET_RATIO}x constant velocity's error on every set) is met on "
         f"{', '.join(met) or 'no set'}" + (f" and missed on {', '.join(missed)}." if missed else "."),
+        "", *seed_range_lines(ranges),
         "", "Per manoeuvre kind, on the notebook's held-out (reg) and counterfactual (cf) clips:", "",
         markdown_table(kind_rows(run, sweep)), "",
         f"Steering (one context, each command's end point against straight): recovered / commanded "
