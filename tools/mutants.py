@@ -1,5 +1,5 @@
-"""A small mutation check of the port: realistic bugs in `terra_nb/port/`, each of which some test
-of `make test` must catch.
+"""A small mutation check: realistic bugs in `terra_nb/` (mostly `port/`) and its tools, each of which
+some test of `make test` must catch.
 
     python tools/mutants.py                 # every mutant; prints mutant -> the test that caught it
     python tools/mutants.py kv_swapped ...  # only these
@@ -128,6 +128,21 @@ MUTANTS = (
                  'overhead = lambda f: f["wall"] - (codes - 1) * f["decode_step"]',
                  'overhead = lambda f: f["wall"] - codes * f["decode_step"]'),),
            ("tests/test_step_profile.py",)),
+    Mutant("toy_verdict_strict", "the README's toy verdict calls exactly 0.8x constant velocity a miss (< for <=)",
+           (Site("terra_nb/toyworld/readme.py",
+                 "_yes(ade / refs[CV] <= TARGET_RATIO)",
+                 "_yes(ade / refs[CV] < TARGET_RATIO)"),),
+           ("tests/test_toy_readme.py",)),
+    Mutant("toy_merge_unchecked", "toy_sweep --merge joins runs scored against other references",
+           (Site("tools/toy_sweep.py",
+                 'for key in ("references", "references_by_kind", "clips", "device", "torch"):',
+                 "for key in ():"),),
+           ("tests/test_toy_sweep.py::test_merge_joins_side_by_side_runs_and_refuses_other_clips",)),
+    Mutant("toy_floor_flag_inverted", "a seed range is flagged below the floor where 0.8x constant velocity lies above the truth",
+           (Site("tools/toy_sweep.py",
+                 "bool(standing.TARGET_RATIO * cv < gt)",
+                 "bool(standing.TARGET_RATIO * cv > gt)"),),
+           ("tests/test_toy_sweep.py::test_seed_ranges_score_both_baselines_and_flag_a_target_below_the_floor",)),
 )
 
 
