@@ -20,7 +20,7 @@ from pathlib import Path
 from terra_nb.workbook.paths import REPO, RESULTS
 from terra_nb.workbook.results import markdown_table, rewrite_readme_section
 
-from .standing import STEER_TOLERANCE, TARGET_RATIO, _group, sweep_record
+from .standing import STEER_TOLERANCE, TARGET_RATIO, _group, steering_ratios, sweep_record
 from .tokenizer import toy_data_dir
 
 README_START, README_END = "<!-- toy-standing:start -->", "<!-- toy-standing:end -->"
@@ -70,13 +70,12 @@ def kind_rows(run: dict, sweep: dict, sets=("reg", "cf")) -> list[dict]:
 
 
 def steering_rows(run: dict) -> list[dict]:
-    """Each command's end point vs straight: commanded, recovered, their ratio, within tolerance."""
-    out = []
-    for command, (want, got) in run["steering_vs_straight_m"].items():
-        share = got / want
-        out.append({"command": command, "commanded m": want, "recovered m": got,
-                    "recovered / commanded": round(share, 2), f"within {STEER_TOLERANCE:.0%}": _yes(abs(share - 1) <= STEER_TOLERANCE)})
-    return out
+    """Each command's end point vs straight (`standing.steering_ratios` on the recorded
+    [commanded, recovered] offsets), with the tolerance verdict as yes/no."""
+    ends = [{"command": c, "commanded vs straight m": want, "recovered vs straight m": got}
+            for c, (want, got) in run["steering_vs_straight_m"].items()]
+    return [{**{k: v for k, v in r.items() if k != "within"}, f"within {STEER_TOLERANCE:.0%}": _yes(r["within"])}
+            for r in steering_ratios(ends)]
 
 
 def run_rows(sources: dict[str, dict]) -> list[dict]:
@@ -116,8 +115,9 @@ def readme_section(sweep: dict | None = None, training: dict | None = None, gpu_
     run = shipped_run(sweep, training)
     s = run["settings"]
     sets = set_rows(run, sweep, frames)
-    met = [r["clip set"].split(":")[0] for r in sets if r[f"<= {TARGET_RATIO}x cv"] == "yes"]
-    missed = [r["clip set"].split(":")[0] for r in sets if r[f"<= {TARGET_RATIO}x cv"] == "no"]
+    verdicts = {key: r[f"<= {TARGET_RATIO}x cv"] for key, r in zip(sweep["clip_sets"], sets)}   # set_rows' order
+    met = [key for key, v in verdicts.items() if v == "yes"]
+    missed = [key for key, v in verdicts.items() if v == "no"]
     steer = steering_rows(run)
     shares = [r["recovered / commanded"] for r in steer]
     data = training.get("dataset")   # a dataset rendered elsewhere and carried: train() only loaded it
