@@ -67,3 +67,11 @@ def test_seed_range_counts_follow_the_rows():
     first = readme.seed_range_lines(ranges)[0]
     assert first.startswith("On 4 clip sets of 2 seed ranges")
     assert "at most 0.8x constant velocity on 2 of 4" in first and "from its frames on 3 of 4" in first
+
+
+def test_data_seconds_quote_the_render_of_a_carried_dataset():
+    from terra_nb.toyworld import data_seconds_text
+
+    assert data_seconds_text({"data_seconds": 133.3}) == "133 s rendering and encoding the clips"
+    carried = {"data_seconds": 0.5, "dataset": {"rendered_seconds": 796.8, "rendered_on": {"workers": 2}}}
+    assert data_seconds_text(carried) == "797 s rendering and encoding the clips on 2 CPU workers of another machine (carried)"

@@ -51,6 +51,7 @@ from .tokenizer import ToyTokenizer, psnr, toy_data_dir
 from .workbook import (
     WorkbookInputs,
     batch_actions,
+    data_seconds_text,
     decode_video,
     end_errors,
     engine_rollout_fn,
@@ -73,7 +74,7 @@ __all__ = [
     "load_toy_model", "path_error", "per_kind_table", "path_from_actions", "path_from_frames", "plot_paths", "psnr",
     "random_toy_model", "register", "relative_pose", "render_frame", "render_rollout_gif",
     "rollout_strip", "save_png", "side_by_side", "steer_clip", "toy_checkpoint_dir", "toy_data_dir",
-    "WorkbookInputs", "batch_actions", "decode_video", "end_errors", "engine_rollout_fn", "gif_figure",
+    "WorkbookInputs", "batch_actions", "data_seconds_text", "decode_video", "end_errors", "engine_rollout_fn", "gif_figure",
     "plot_score", "plot_steering", "plot_training", "png_figure", "resolve_checkpoint", "training_record",
     "workbook_inputs", "world_gallery",
 ]

@@ -22,6 +22,7 @@ from terra_nb.workbook.results import markdown_table, rewrite_readme_section
 
 from .standing import STEER_TOLERANCE, TARGET_RATIO, _group, steering_ratios, sweep_record
 from .tokenizer import toy_data_dir
+from .workbook import data_seconds_text
 
 README_START, README_END = "<!-- toy-standing:start -->", "<!-- toy-standing:end -->"
 GPU_SWEEP = RESULTS / "toy_sweep_h100.json"
@@ -120,13 +121,10 @@ def readme_section(sweep: dict | None = None, training: dict | None = None, gpu_
     missed = [key for key, v in verdicts.items() if v == "no"]
     steer = steering_rows(run)
     shares = [r["recovered / commanded"] for r in steer]
-    data = training.get("dataset")   # a dataset rendered elsewhere and carried: train() only loaded it
-    rendered = (f"rendered in {data['rendered_seconds']:.0f} s on a {data['rendered_on']['workers']}-worker CPU and carried"
-                if data else f"rendered in {training['data_seconds']:.0f} s")
     lines = [
         f"The shipped model (`data/toy/model`: {s['steps']} steps of batch {s['batch']} on {s['n_clips']} clips, "
-        f"{2 * s['n_clips']} with their mirror images; {rendered}, trained in "
-        f"{training['train_seconds']:.0f} s on {training['device']}) scored by `data/toy/sweep.json` "
+        f"{2 * s['n_clips']} with their mirror images; {data_seconds_text(training)}, "
+        f"{training['train_seconds']:.0f} s of training on {training['device']}) scored by `data/toy/sweep.json` "
         f"({run.get('scored_on', sweep['device'])}; HF greedy, 3 context + 12 generated frames per clip). "
         "Mean path error in metres; cv is constant velocity, the action-blind baseline scored on its true path; "
         "cv from frames is the same path rendered, tokenized and measured from its frames as a model's are "

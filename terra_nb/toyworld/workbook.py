@@ -253,6 +253,17 @@ def training_record(checkpoint=None) -> dict:
     return json.loads(path.read_text())
 
 
+def data_seconds_text(record: Mapping) -> str:
+    """What rendering and encoding the training clips cost, from a training record. A dataset
+    rendered on another machine and carried (`record["dataset"]`) was only loaded by the run, so
+    its `data_seconds` would read as nearly free: the render's own seconds are quoted instead."""
+    data = record.get("dataset")
+    if data:
+        return (f"{data['rendered_seconds']:.0f} s rendering and encoding the clips on "
+                f"{data['rendered_on']['workers']} CPU workers of another machine (carried)")
+    return f"{record['data_seconds']:.0f} s rendering and encoding the clips"
+
+
 def plot_training(record: Mapping | None = None, save=None, every: int = 10):
     """The training loss curve (one point per `every` steps) with a running mean."""
     import matplotlib.pyplot as plt
