@@ -103,18 +103,22 @@ case "$1" in
     rc=$?; tail -40 "$OUT/log_toy.txt"; exit $rc ;;
   toy_par) work=/tmp/toy_par; rm -rf "$work"; mkdir -p "$work"
     # Each distinct dataset is rendered once, before its runs start (a dataset cache written by two
-    # processes at once would be rendered twice); runs on the smallest dataset start first.
-    mapfile -t sizes < <(python3 -c 'import sys; sys.path.insert(0, "tools"); import toy_sweep as t
-print("\n".join(map(str, sorted({{**t.DEFAULTS, **t.parse_run(r)[1]}["n_clips"] for r in sys.argv[1:]}))))' ${TOY_RUNS})
-    for n in "${sizes[@]}"; do
-      echo "== dataset of $n clips $(date -u +%T)"
-      python3 -c "from terra_nb.toyworld.dataset import cached_dataset; from terra_nb.toyworld.tokenizer import ToyTokenizer
+    # processes at once would be rendered twice); runs on the smallest dataset start first. The plan:
+    # one line per run, "<clips> <spec>", from one Python for all runs.
+    mapfile -t plan < <(python3 -c 'import sys; sys.path.insert(0, "tools"); import toy_sweep as t
+clips = {r: {**t.DEFAULTS, **t.parse_run(r)[1]}["n_clips"] for r in sys.argv[1:]}
+print("\n".join(f"{clips[r]} {r}" for r in sorted(clips, key=clips.get)))' ${TOY_RUNS})
+    rendered=
+    for line in "${plan[@]}"; do
+      n=${line%% *}; r=${line#* }
+      if [ "$n" != "$rendered" ]; then
+        echo "== dataset of $n clips $(date -u +%T)"
+        python3 -c "from terra_nb.toyworld.dataset import cached_dataset; from terra_nb.toyworld.tokenizer import ToyTokenizer
 cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2>&1 || { tail "$work/data_$n.log"; exit 1; }
-      for r in ${TOY_RUNS}; do
-        [ "$(python3 -c 'import sys; sys.path.insert(0, "tools"); import toy_sweep as t; print({**t.DEFAULTS, **t.parse_run(sys.argv[1])[1]}["n_clips"])' "$r")" = "$n" ] || continue
-        name=${r%%:*}; echo "== start $name $(date -u +%T)"
-        OMP_NUM_THREADS=2 python3 tools/toy_sweep.py "$work/$name" --device "${TOY_DEVICE:-cuda}" --clips "${TOY_CLIPS:-16}" --run "$r" > "$work/log_$name.txt" 2>&1 &
-      done
+        rendered=$n
+      fi
+      name=${r%%:*}; echo "== start $name $(date -u +%T)"
+      OMP_NUM_THREADS=2 python3 tools/toy_sweep.py "$work/$name" --device "${TOY_DEVICE:-cuda}" --clips "${TOY_CLIPS:-16}" --run "$r" > "$work/log_$name.txt" 2>&1 &
     done
     wait; echo "== all runs ended $(date -u +%T)"
     python3 tools/toy_sweep.py "$OUT/toy" --merge "$work"/*/toy_sweep.json > "$OUT/log_toy_par.txt" 2>&1

@@ -162,6 +162,19 @@ def seed_ranges(model, offsets: list[int], n_clips: int, tok) -> list[dict]:
     return rows
 
 
+def write_json(out_dir, name: str, record: dict) -> Path:
+    """OUT_DIR/name, written whole (the folder made if need be); its path."""
+    out_path = Path(out_dir) / name
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(record, indent=1) + "\n")
+    return out_path
+
+
+def command_line(argv) -> str:
+    """The command that ran, for the record (this script's own arguments when called as main(argv))."""
+    return "python3 " + shlex.join(sys.argv if argv is None else ["tools/toy_sweep.py", *argv])
+
+
 def merge(sweeps: dict[str, dict]) -> dict:
     """Several sweeps' runs in one record. Each sweep scored its runs against references it computed
     itself; they must be equal (the same seeded clips, the same tokenizer, the same device), or the
@@ -213,18 +226,12 @@ def main(argv=None) -> dict:
                        f"seed range ({N_CTX} context + {N_FRAMES} frames, HF greedy), against constant velocity on its "
                        "true path and measured from its frames, and the tokenized truth (the measurement's floor)",
                "device": a.device, "torch": torch.__version__, "checkpoint": ckpt,
-               "command": "python3 " + shlex.join(sys.argv if argv is None else ["tools/toy_sweep.py", *argv]),
-               "target_ratio": standing.TARGET_RATIO, "rows": rows}
-        out_path = Path(a.out_dir) / "seed_ranges.json"
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(out, indent=1) + "\n")
-        log(f"wrote {out_path} in {time.time() - t0:.0f} s")
+               "command": command_line(argv), "target_ratio": standing.TARGET_RATIO, "rows": rows}
+        log(f"wrote {write_json(a.out_dir, 'seed_ranges.json', out)} in {time.time() - t0:.0f} s")
         return out
     if a.merge:
         out = merge({f: json.loads(Path(f).read_text()) for f in a.merge})
-        out_path = Path(a.out_dir) / "toy_sweep.json"
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(a.out_dir, "toy_sweep.json", out)
         for run in out["runs"]:
             log(summary(run, out["references"]))
         return out
@@ -235,11 +242,9 @@ def main(argv=None) -> dict:
                        f"({N_CTX} context + {N_FRAMES} frames), with constant velocity also rendered in each clip's "
                        "world, tokenized and measured from its frames (score.constant_velocity_frames); each "
                        "recorded run's ADE over both baselines",
-               "command": "python3 " + shlex.join(sys.argv if argv is None else ["tools/toy_sweep.py", *argv]),
+               "command": command_line(argv),
                "clips": a.clips, "clip_sets": CLIP_SET_NAMES, **frames_baseline(a.clips, ToyTokenizer.load(), recorded)}
-        out_path = Path(a.out_dir) / "frames_baseline.json"
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(out, indent=1) + "\n")
+        out_path = write_json(a.out_dir, "frames_baseline.json", out)
         for r in out["runs"]:
             log(f"[{r['name']}] vs cv {r['vs_constant_velocity']}  vs cv frames {r['vs_constant_velocity_frames']}")
         log(f"wrote {out_path} in {time.time() - t0:.0f} s")
@@ -269,14 +274,14 @@ def main(argv=None) -> dict:
                 "steering = demo.steering_rollouts' end points vs straight, [commanded, recovered] m).",
         "device": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
-        "command": "python3 " + shlex.join(sys.argv if argv is None else ["tools/toy_sweep.py", *argv]),
+        "command": command_line(argv),
         "clips": a.clips, "context_frames": N_CTX, "generated_frames": N_FRAMES,
         "clip_sets": CLIP_SET_NAMES, "references": refs, "references_by_kind": refs_by_kind, "runs": [],
     }
 
     def finish(run: dict) -> None:
         result["runs"].append(run)
-        out_path.write_text(json.dumps(result, indent=1) + "\n")        # after every run: a partial sweep still counts
+        write_json(out_dir, "toy_sweep.json", result)        # after every run: a partial sweep still counts
         log(summary(run, refs))
 
     for ckpt in a.score_only:
