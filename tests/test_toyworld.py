@@ -31,6 +31,8 @@ from terra_nb.toyworld import (
     steer_clip,
 )
 from terra_nb.toyworld.dataset import EVAL_SEED
+from terra_nb.toyworld.path import register, register_pairs
+from terra_nb.toyworld.scene import compose
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("single_thread")]
 
@@ -175,6 +177,25 @@ def test_path_recovery_rejects_a_mismatched_path(tok):
     assert good["heading_deg"] < 3.0 and good["lat_m"] < 0.15, good
     assert bad["heading_deg"] > 5 * max(good["heading_deg"], 2.0), bad
     assert bad["lat_m"] > 3 * max(good["lat_m"], 0.05), bad
+
+
+def test_register_pairs_equals_register_one_pair_at_a_time(tok):
+    """path_from_frames registers all its pairs at once (`register_pairs`, chunked); that must give
+    exactly `register`'s motions and costs pair by pair, on raw, tokenized and noise frames (what a
+    random-weight model draws), with more pairs than one chunk holds."""
+    clip = generate_clip(EVAL_SEED + 3, n_frames=11, kind="lane_change_left")
+    noise = tok.decode(np.random.default_rng(0).integers(0, 512, (4, 64)))
+    for frames in (clip.frames, tok.roundtrip(clip.frames), noise):
+        motions, costs = register_pairs(frames[:-1], frames[1:])
+        one_by_one = [register(frames[k], frames[k + 1]) for k in range(len(frames) - 1)]
+        np.testing.assert_array_equal(motions, np.stack([m for m, _ in one_by_one]))
+        np.testing.assert_array_equal(costs, np.array([c for _, c in one_by_one]))
+        chained = [np.zeros(3)]
+        for m, _ in one_by_one:
+            chained.append(compose(chained[-1], m))
+        np.testing.assert_array_equal(path_from_frames(frames), np.stack(chained))
+    poses, steps, costs = path_from_frames(clip.frames[:1], return_steps=True)
+    assert poses.shape == (1, 3) and steps.shape == (0, 3) and costs.shape == (0,)
 
 
 def test_path_from_frames_rejects_bad_shapes():
