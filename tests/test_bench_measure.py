@@ -63,6 +63,9 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     by = {r["name"]: r for r in res["rows"]}
     # what each frame of HF's video cost, and the port's frame steps over its own video
     assert len(by["hf_seed"]["frame_s"]) == 2 and sum(by["hf_seed"]["frame_s"]) <= by["hf_seed"]["trials_s"][0] + 1e-3
+    # each trial's frames too, summing to at most that trial's seconds
+    assert [len(t) for t in by["hf_seed"]["frame_s_trials"]] == [2] * len(by["hf_seed"]["trials_s"])
+    assert all(sum(t) <= s + 1e-3 for t, s in zip(by["hf_seed"]["frame_s_trials"], by["hf_seed"]["trials_s"]))
     prof = by["vllm_seed"]["step_profile"]
     assert prof["mode"] == "frame loop" and prof["batch"] == 1 and [f["index"] for f in prof["by_frame"]] == [1]
     assert by["hf_seed"]["temperature"] == 1.0 and by["hf_seed"]["calls_per_trial"] == 2

@@ -10,6 +10,7 @@
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
 #   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF, then HF static+compile (or why not)  ~10 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
+#   bash tools/gpu.sh seed_pair HF's seed row, then the port's as the seed ran it (no profile)  ~11 min
 #   bash tools/gpu.sh session stock's frame loop at 1 and 128 rollouts, then our port with one
 #                             engine session per rollout (issue 24) at 1                   ~9 min
 #   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
@@ -78,6 +79,8 @@ case "$1" in
   # (hf_static compiles and warms up on a whole video first). Both run minutes: use `bg`.
   seed_hf) args=(run --rows hf_seed,hf_static --long-repeats 2 --deadline-s "${DEADLINE_S:-600}") ;;
   # with each engine's frame steps over a whole video (what eager mode costs per code, and as the context grows)
+  # HF's seed row again beside the port's eager row, in one part (a re-run when HF's trials disagree)
+  seed_pair) args=(run --rows hf_seed,vllm_seed --long-repeats 2 --deadline-s "${DEADLINE_S:-700}") ;;
   seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --step-batches 1 --step-frames 22 --deadline-s "${DEADLINE_S:-600}") ;;
   session)
     # Two engines, one after the other, each in its own process (its GPU memory freed for the next):
@@ -123,7 +126,7 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
     wait; echo "== all runs ended $(date -u +%T)"
     python3 tools/toy_sweep.py "$OUT/toy" --merge "$work"/*/toy_sweep.json > "$OUT/log_toy_par.txt" 2>&1
     rc=$?; cat "$OUT/log_toy_par.txt"; tar -czf "$OUT/toy_par.tar.gz" -C "$work" .; exit $rc ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|toy|toy_par|bg|poll)"; exit 2 ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|toy|toy_par|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?

@@ -157,8 +157,11 @@ def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
         trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], cache=cache)))
     # frame k's seconds (median over trials): HF re-reads a prompt that grows by a frame per call
     frame_s = [round(statistics.median(t[k] for t in per_frame), 4) for k in range(wl.long_frames)]
+    # and every trial's own (a trial unlike the others shows where it lost its time)
+    frame_s_trials = [[round(s, 4) for s in t] for t in per_frame]
     return _row("hf_static" if static else "hf_seed", 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
                 calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens, frame_s=frame_s,
+                frame_s_trials=frame_s_trials,
                 warmup_s=round(warmup_s, 2), engine=dict(cache="static" if static else "dynamic", compile=static,
                                                          cache_len=layout.max_len if static else None))
 
