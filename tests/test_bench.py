@@ -190,9 +190,35 @@ def test_seed_setting_lines_and_plot_read_the_seed_rows():
     assert "first frame took 6.00 s and its last 9.00 s (1.50x)" in lines[2]
     assert "3.00 ms per code against 1.50 ms with CUDA graphs (2.00x)" in lines[3] and "300 ms against 40 ms" in lines[3]
     assert seed_setting_lines(dict(rows=[rows[0]])) == [lines[2]]  # HF alone: its frames only
+    # HF's trials 3x apart: the range of ratios, and no per-frame growth read from medians of both
+    split = [dict(rows[0], trials_s=[66.0, 22.0 * 4.0])] + rows[1:]
+    lines = seed_setting_lines(dict(rows=split))
+    assert "4.00 and 3.00 s per frame (1.33x)" not in " ".join(lines) and len(lines) == 4  # 1.33x: still agree
+    split = [dict(rows[0], trials_s=[22.0 * 9.0, 22.0 * 3.0])] + rows[1:]
+    lines = seed_setting_lines(dict(rows=split))
+    assert "9.00 and 3.00 s per frame (3.00x)" in lines[2] and "ratio is 1.50x to 4.50x (the default port: 3.00x to 9.00x)" in lines[2]
+    assert not any("first frame took" in ln for ln in lines)
     fig = seed_frames_plot(rows)
     (ax,) = fig.axes
     assert [ln.get_label() for ln in ax.lines] == ["hf_seed", "vllm_seed", "vllm_seed_defaults"]
     assert ax.lines[0].get_ydata().tolist() == [6.0, 7.0, 9.0] and ax.lines[1].get_xdata().tolist() == [2, 3]
     with pytest.raises(ValueError, match="nothing to plot"):
         seed_frames_plot([dict(name="hf", s_per_frame=1.0)])
+
+
+def test_committed_seed_results_name_their_lease_and_render_in_notebook_07():
+    """results/seed_*.json (issue 25's seed setting): one commit and one lease, both sides of the
+    ratio present, and seed_section quotes the file's own figures and notes."""
+    from terra_nb.workbook.bench_report import seed_section
+
+    committed = bench.load_results(pattern="seed_*.json")
+    assert committed
+    for stem, res in committed.items():
+        assert res["commit"] and res["lease"] and res["env"]["git_commit"] == res["commit"], stem
+        by = {r["name"]: r for r in res["rows"]}
+        assert {"hf_seed", "vllm_seed"} <= set(by), stem
+        text = seed_section(stem, res)
+        ratio = by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
+        assert f"{ratio:.2f}x, against the seed's 2.60x" in text and res["commit"] in text
+        assert all(n in text for n in res["notes"])
+    assert seed_section("x", dict(rows=[dict(name="hf", s_per_frame=1.0)])) == ""

@@ -57,3 +57,30 @@ def test_bad_input():
         roofline.bandwidth_of("NVIDIA A100")
     with pytest.raises(ValueError, match="must be >= 1"):
         roofline.rollout_floor_s(cfg, 0, 3, 22, 1e12)
+    with pytest.raises(ValueError, match="batch must be >= 1 and context_tokens >= 0"):
+        roofline.decode_step_floor_s(cfg, 1, -1, 1e12)
+
+
+def test_a_rollouts_floor_is_its_decode_steps_floors_summed():
+    """decode_step_floor_s is one term of rollout_floor_s: summed over every code of every frame, they agree."""
+    cfg = preset_config("tiny")
+    layout = FrameLayout.from_config(cfg)
+    steps = sum(roofline.decode_step_floor_s(cfg, 4, f * layout.frame_len + j, 1e12)
+                for f in range(3, 5) for j in range(layout.image_tokens))
+    assert steps == pytest.approx(roofline.rollout_floor_s(cfg, 4, 3, 2, 1e12), rel=1e-12)
+
+
+def test_decode_floor_share_reads_the_profiled_frames_context():
+    """bench_report.decode_floor_share: the floor of a step at the profiled frames' median context
+    (window + earlier frames + half a frame), against the profile's decode step."""
+    from terra_nb.workbook.bench_report import decode_floor_share
+
+    cfg = preset_config("terra")
+    layout = FrameLayout.from_config(cfg)
+    prof = dict(decode_step_ms=5.0, by_frame=[dict(index=i) for i in (1, 2, 3, 4, 5)])
+    res = dict(device="NVIDIA H200", workload=dict(preset="terra", n_ctx=3), step_profiles={"128": {"stock_llama": prof}})
+    got = decode_floor_share(res, 128)
+    context = 6 * layout.frame_len + layout.image_tokens / 2     # frame 3 follows 3 + 3 frames; half of its own codes
+    floor_ms = 1000 * roofline.decode_step_floor_s(cfg, 128, context, 4.8e12)
+    assert got["context_tokens"] == context and got["floor_ms"] == pytest.approx(floor_ms, abs=1e-3)
+    assert got["share"] == pytest.approx(floor_ms / 5.0, abs=1e-3) and 0 < got["share"] < 1

@@ -178,6 +178,27 @@ def overhead_ceiling(profile: dict) -> float:
     return profile["wall_ms"] / (profile["wall_ms"] - profile["overhead_ms"])
 
 
+def decode_floor_share(res: dict, batch: int | str, engine: str = "stock_llama") -> dict:
+    """How close an engine's profiled decode step came to its memory floor (`roofline.decode_step_floor_s`)
+    at `batch` rollouts: the floor of a step at the profiled frames' median context (the window of
+    `n_ctx` frames, plus a frame per earlier profiled step, plus half of the frame being decoded),
+    in ms, beside the measured step and their ratio (`share`: 1 = at the floor)."""
+    import statistics
+
+    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.port.layout import FrameLayout
+    from terra_nb.workbook.roofline import bandwidth_of, decode_step_floor_s
+
+    p = res["step_profiles"][str(batch)][engine]
+    config, w = preset_config(res["workload"]["preset"]), res["workload"]
+    layout = FrameLayout.from_config(config)
+    index = statistics.median(f["index"] for f in p["by_frame"])   # frame k follows n_ctx + k frames
+    context = (w["n_ctx"] + index) * layout.frame_len + layout.image_tokens / 2
+    floor_ms = 1000 * decode_step_floor_s(config, int(batch), context, bandwidth_of(res["device"]))
+    return dict(context_tokens=context, floor_ms=round(floor_ms, 3), decode_step_ms=p["decode_step_ms"],
+                share=round(floor_ms / p["decode_step_ms"], 3))
+
+
 def steps_table(res: dict) -> str:
     """Markdown: per batch with frame-step profiles (`step_profiles`), each engine's frame step split
     into decoding and overhead, and the most removing all the overhead could gain (`overhead_ceiling`)."""
@@ -194,10 +215,22 @@ def steps_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+TRIALS_DISAGREE = 1.5
+"""Slowest over fastest trial above which a row's median hides more than it says (two trials: their mean)."""
+
+
+def _trial_spread(row: dict | None) -> float:
+    """A row's slowest trial over its fastest (1.0 for one trial or no row)."""
+    trials = (row or {}).get("trials_s") or [1.0]
+    return max(trials) / min(trials)
+
+
 def seed_setting_lines(res: dict) -> list[str]:
     """Sentences on the seed's setting (issue 25), every figure from `res`'s seed rows: the ratio
-    against the seed's 2.6x, what HF pays per frame as its context grows (`frame_s`), and what
-    eager mode costs per code (the port's seed rows' `step_profile`). Empty without seed rows."""
+    against the seed's 2.6x, what HF pays per frame as its context grows (`frame_s`; when HF's trials
+    disagree by over `TRIALS_DISAGREE`, the range of ratios instead, since the per-frame medians then
+    mix a slow and a fast video), and what eager mode costs per code (the port's seed rows'
+    `step_profile`). Empty without seed rows."""
     by = {r["name"]: r for r in res["rows"]}
     hf, eager, defaults = by.get("hf_seed"), by.get("vllm_seed"), by.get("vllm_seed_defaults")
     seed_hf, seed_vllm = SEED_FIGURES.values()
@@ -214,7 +247,15 @@ def seed_setting_lines(res: dict) -> list[str]:
     if static and defaults:
         lines.append(f"HF's own fast path (a static cache of a round and torch.compile) takes {static['s_per_frame']:.2f} s "
                      f"per frame: the port with today's defaults is {static['s_per_frame'] / defaults['s_per_frame']:.2f}x it.")
-    if hf and hf.get("frame_s"):
+    spread = _trial_spread(hf)
+    if hf and eager and spread > TRIALS_DISAGREE:
+        slow, fast = max(hf["trials_s"]) / hf["frames"], min(hf["trials_s"]) / hf["frames"]
+        also = (f" (the default port: {fast / defaults['s_per_frame']:.2f}x to {slow / defaults['s_per_frame']:.2f}x)"
+                if defaults else "")
+        lines.append(f"HF's trials disagree: {slow:.2f} and {fast:.2f} s per frame ({spread:.2f}x), so against the "
+                     f"eager port the ratio is {fast / eager['s_per_frame']:.2f}x to {slow / eager['s_per_frame']:.2f}x{also}, "
+                     f"and the median's lies between; the file's notes say what is known of why.")
+    if hf and hf.get("frame_s") and spread <= TRIALS_DISAGREE:
         first, last = hf["frame_s"][0], hf["frame_s"][-1]
         lines.append(f"HF's first frame took {first:.2f} s and its last {last:.2f} s ({last / first:.2f}x): every "
                      f"call prefills the whole prompt again and decodes against a cache that grows with it.")
@@ -231,6 +272,18 @@ def _provenance(res: dict) -> str:
     """Which commit's code and which lease measured a results file (every row of it)."""
     commit = res.get("commit") or (res.get("env") or {}).get("git_commit") or "unknown"
     return f"Commit {commit}; {res.get('lease') or 'lease not recorded'}."
+
+
+def seed_section(stem: str, res: dict) -> str:
+    """Markdown for one results file's seed-setting rows: where and what measured them, the
+    `seed_setting_lines`, and the file's notes (what its figures leave out). Empty without seed rows."""
+    lines = seed_setting_lines(res)
+    if not lines:
+        return ""
+    v = res["versions"]
+    head = (f"**results/{stem}.json**: {res['device']}, vLLM {v['vllm']}, torch {v['torch']}, "
+            f"transformers {v['transformers']}. {_provenance(res)}")
+    return "\n\n".join([head, " ".join(lines)] + ["\n".join(f"- {n}" for n in res.get("notes", []))])
 
 
 def results_table(res: dict) -> str:

@@ -40,6 +40,14 @@ def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim(config) * dtype_bytes
 
 
+def decode_step_floor_s(config, batch: int, context_tokens: float, bandwidth: float, dtype_bytes: int = 2) -> float:
+    """The least time one decode step of `batch` rollouts can take, each with `context_tokens` tokens
+    in its KV cache: the weights once and every rollout's cache, over `bandwidth` (bytes/s)."""
+    if batch < 1 or context_tokens < 0:
+        raise ValueError(f"batch must be >= 1 and context_tokens >= 0, got {batch}, {context_tokens}")
+    return (streamed_weight_bytes(config, dtype_bytes) + batch * context_tokens * kv_bytes_per_token(config, dtype_bytes)) / bandwidth
+
+
 def rollout_floor_s(config, batch: int, n_ctx: int, n_frames: int, bandwidth: float, dtype_bytes: int = 2) -> float:
     """The least time `batch` rollouts of `n_frames` generated frames after `n_ctx` context frames
     can take: the sum, over every code of every generated frame, of one decode step's bytes
