@@ -66,6 +66,12 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     # each trial's frames too, summing to at most that trial's seconds
     assert [len(t) for t in by["hf_seed"]["frame_s_trials"]] == [2] * len(by["hf_seed"]["trials_s"])
     assert all(sum(t) <= s + 1e-3 for t, s in zip(by["hf_seed"]["frame_s_trials"], by["hf_seed"]["trials_s"]))
+    # the allocator's driver calls per trial: counted on a GPU, None here
+    import torch
+
+    allocs = by["hf_seed"]["device_allocs"]
+    assert len(allocs) == len(by["hf_seed"]["trials_s"])
+    assert all(isinstance(a, int) and a >= 0 for a in allocs) if torch.cuda.is_available() else allocs == [None] * len(allocs)
     prof = by["vllm_seed"]["step_profile"]
     assert prof["mode"] == "frame loop" and prof["batch"] == 1 and [f["index"] for f in prof["by_frame"]] == [1]
     assert by["hf_seed"]["temperature"] == 1.0 and by["hf_seed"]["calls_per_trial"] == 2

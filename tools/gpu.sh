@@ -10,7 +10,7 @@
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
 #   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF, then HF static+compile (or why not)  ~10 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
-#   bash tools/gpu.sh seed_pair HF's seed row, then the port's as the seed ran it (no profile)  ~11 min
+#   bash tools/gpu.sh seed_pair HF's seed row, then the port's as the seed ran it, 3 trials each  ~23 min
 #   bash tools/gpu.sh session stock's frame loop at 1 and 128 rollouts, then our port with one
 #                             engine session per rollout (issue 24) at 1                   ~9 min
 #   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
@@ -80,7 +80,9 @@ case "$1" in
   seed_hf) args=(run --rows hf_seed,hf_static --long-repeats 2 --deadline-s "${DEADLINE_S:-600}") ;;
   # with each engine's frame steps over a whole video (what eager mode costs per code, and as the context grows)
   # HF's seed row again beside the port's eager row, in one part (a re-run when HF's trials disagree)
-  seed_pair) args=(run --rows hf_seed,vllm_seed --long-repeats 2 --deadline-s "${DEADLINE_S:-700}") ;;
+  # 3 trials: the median of HF's seed row when one trial is slow (2026-11-25: 601 vs 173 s); each HF
+  # trial records the allocator's driver calls (device_allocs). ~23 min: use `bg`.
+  seed_pair) args=(run --rows hf_seed,vllm_seed --long-repeats 3 --deadline-s "${DEADLINE_S:-1000}") ;;
   seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --step-batches 1 --step-frames 22 --deadline-s "${DEADLINE_S:-600}") ;;
   session)
     # Two engines, one after the other, each in its own process (its GPU memory freed for the next):

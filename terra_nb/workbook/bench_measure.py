@@ -105,6 +105,15 @@ def static_cache(model, layout: FrameLayout):
     return StaticCache(config=model.config, max_cache_len=layout.max_len)
 
 
+def _device_allocs() -> int | None:
+    """How many times torch's CUDA caching allocator has asked the driver for memory so far (None
+    on the CPU). Per HF trial (`device_allocs`): a dynamic KV cache that grows past every size the
+    allocator has cached makes it call the driver, a CPU-side cost in a CPU-bound decode loop."""
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
+
+
 def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: SamplingConfig, frame_s: list | None = None,
                cache=None, **generate_kw):
     """One video as the seed made it: one `generate` call per frame (576 new tokens, its own KV
@@ -149,19 +158,21 @@ def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
         warm = wl
     warmup_s = _timed(lambda: seed_video(model, warm, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE),
                                          cache=cache))
-    trials, per_frame = [], []
+    trials, per_frame, allocs = [], [], []
     for r in range(wl.long_repeats):
         sampling = SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed + 1 + r)
         torch.manual_seed(sampling.seed)
         per_frame.append([])
+        before = _device_allocs()
         trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], cache=cache)))
+        allocs.append(None if before is None else _device_allocs() - before)
     # frame k's seconds (median over trials): HF re-reads a prompt that grows by a frame per call
     frame_s = [round(statistics.median(t[k] for t in per_frame), 4) for k in range(wl.long_frames)]
     # and every trial's own (a trial unlike the others shows where it lost its time)
     frame_s_trials = [[round(s, 4) for s in t] for t in per_frame]
     return _row("hf_static" if static else "hf_seed", 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
                 calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens, frame_s=frame_s,
-                frame_s_trials=frame_s_trials,
+                frame_s_trials=frame_s_trials, device_allocs=allocs,
                 warmup_s=round(warmup_s, 2), engine=dict(cache="static" if static else "dynamic", compile=static,
                                                          cache_len=layout.max_len if static else None))
 
