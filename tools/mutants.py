@@ -143,6 +143,16 @@ MUTANTS = (
                  "bool(standing.TARGET_RATIO * cv < gt)",
                  "bool(standing.TARGET_RATIO * cv > gt)"),),
            ("tests/test_toy_sweep.py::test_seed_ranges_score_both_baselines_and_flag_a_target_below_the_floor",)),
+    Mutant("seed_trials_spread_ignored", "HF's disagreeing seed trials are read as one median (the range sentence never shows)",
+           (Site("terra_nb/workbook/bench_report.py",
+                 "    if hf and eager and spread > TRIALS_DISAGREE:",
+                 "    if hf and eager and spread > 10 * TRIALS_DISAGREE:"),),
+           ("tests/test_bench.py::test_seed_setting_lines_and_plot_read_the_seed_rows",)),
+    Mutant("floor_context_one_frame_short", "a profiled decode step's floor is taken a frame early (the window without the frames before it)",
+           (Site("terra_nb/workbook/bench_report.py",
+                 '    context = (w["n_ctx"] + index) * layout.frame_len + layout.image_tokens / 2',
+                 '    context = (w["n_ctx"] + index - 1) * layout.frame_len + layout.image_tokens / 2'),),
+           ("tests/test_roofline.py::test_decode_floor_share_reads_the_profiled_frames_context",)),
 )
 
 
