@@ -67,6 +67,13 @@ def test_seed_range_counts_follow_the_rows():
     first = readme.seed_range_lines(ranges)[0]
     assert first.startswith("On 4 clip sets of 2 seed ranges")
     assert "at most 0.8x constant velocity on 2 of 4" in first and "from its frames on 3 of 4" in first
+    # the misses beside the floor: rows 2 and 3 miss 0.8x; their model / truth 1.0 and 1.3
+    ranges["rows"][2]["model / truth"] = 1.3
+    line = readme.seed_range_floor_line(ranges)
+    assert line.startswith("Where the model misses 0.8x (2 sets), its error over the tokenized truth's is 1.00x, 1.30x: on 1 of them")
+    assert line.endswith("the largest ratio is 0.81x.")
+    ranges["rows"] = [ranges["rows"][0], ranges["rows"][3]]
+    assert readme.seed_range_floor_line(ranges).startswith("The model is at most 0.8x constant velocity on every set")
 
 
 def test_data_seconds_quote_the_render_of_a_carried_dataset():
