@@ -59,8 +59,9 @@ def rollout_floor_s(config, batch: int, n_ctx: int, n_frames: int, bandwidth: fl
     # code j of frame f attends to the f full frames before it (codes + actions) and j codes of its own
     kv_tokens = sum(P * f * L + P * (P - 1) // 2 for f in range(n_ctx, n_ctx + n_frames))
     steps = P * n_frames
-    total = steps * streamed_weight_bytes(config, dtype_bytes) + batch * kv_tokens * kv_bytes_per_token(config, dtype_bytes)
-    return total / bandwidth
+    # a step's floor is linear in its context, so the sum over the steps is their count times the
+    # floor of a step at their mean context
+    return steps * decode_step_floor_s(config, batch, kv_tokens / steps, bandwidth, dtype_bytes)
 
 
 def floor_frames_per_s(config, batch: int, n_ctx: int, n_frames: int, device: str, dtype_bytes: int = 2) -> float:
