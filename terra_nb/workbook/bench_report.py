@@ -274,15 +274,19 @@ def _provenance(res: dict) -> str:
     return f"Commit {commit}; {res.get('lease') or 'lease not recorded'}."
 
 
+def _software(res: dict) -> str:
+    """The device and the versions that measured a results file."""
+    v = res["versions"]
+    return f"{res['device']}, vLLM {v['vllm']}, torch {v['torch']}, transformers {v['transformers']}"
+
+
 def seed_section(stem: str, res: dict) -> str:
     """Markdown for one results file's seed-setting rows: where and what measured them, the
     `seed_setting_lines`, and the file's notes (what its figures leave out). Empty without seed rows."""
     lines = seed_setting_lines(res)
     if not lines:
         return ""
-    v = res["versions"]
-    head = (f"**results/{stem}.json**: {res['device']}, vLLM {v['vllm']}, torch {v['torch']}, "
-            f"transformers {v['transformers']}. {_provenance(res)}")
+    head = f"**results/{stem}.json**: {_software(res)}. {_provenance(res)}"
     return "\n\n".join([head, " ".join(lines)] + ["\n".join(f"- {n}" for n in res.get("notes", []))])
 
 
@@ -298,9 +302,7 @@ def results_table(res: dict) -> str:
                      f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} | {ratio} |")
     lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x (÷ seed HF) |")
     lines.append(f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | | 2.6x (÷ seed HF) |")
-    v = res["versions"]
-    foot = (f"\n{_provenance(res)} {res['device']}, vLLM {v['vllm']}, torch {v['torch']}, "
-            f"transformers {v['transformers']}, {res['dtype']}, {res['date']}. Medians of repeated trials, "
+    foot = (f"\n{_provenance(res)} {_software(res)}, {res['dtype']}, {res['date']}. Medians of repeated trials, "
             f"warm-up excluded; temperature {res['workload']['temperature']}, {res['workload']['n_ctx']} context frames.")
     if res.get("speedup_vs_hf"):
         by = {r["name"]: r for r in res["rows"]}
