@@ -12,6 +12,8 @@
 #   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF, then HF static+compile (or why not)  ~10 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
 #   bash tools/gpu.sh seed_pair HF's seed row, then the port's as the seed ran it, 3 trials each  ~23 min
+#   bash tools/gpu.sh hf_probe  HF's decode step at KV lengths new to the process vs the same lengths
+#                               again, per SDPA backend (workbook/hf_probe.py; issue 25)   ~1.5 min
 #   bash tools/gpu.sh session stock's frame loop at 1 and 128 rollouts, then our port with one
 #                             engine session per rollout (issue 24) at 1                   ~9 min
 #   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
@@ -88,6 +90,10 @@ case "$1" in
   # 3 trials: the median of HF's seed row when one trial is slow (2026-11-25: 601 vs 173 s); each HF
   # trial records the allocator's driver calls (device_allocs). ~23 min: use `bg`.
   seed_pair) args=(run --rows hf_seed,vllm_seed --long-repeats 3 --deadline-s "${DEADLINE_S:-1000}") ;;
+  # Issue 25: is hf_seed's slow first trial a one-time cost per new KV length? (load + probe < 90 s)
+  hf_probe) python3 -m terra_nb.workbook.hf_probe --preset terra --ckpt-root /tmp/ckpt --out "$OUT/part_hf_probe.json" \
+      > "$OUT/log_hf_probe.txt" 2>&1
+    rc=$?; grep -v -E "^USDT|it/s\]$" "$OUT/log_hf_probe.txt" | tail -40; exit $rc ;;
   seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --step-batches 1 --step-frames 22 --deadline-s "${DEADLINE_S:-600}") ;;
   session)
     # Two engines, one after the other, each in its own process (its GPU memory freed for the next):
@@ -133,7 +139,7 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
     wait; echo "== all runs ended $(date -u +%T)"
     python3 tools/toy_sweep.py "$OUT/toy" --merge "$work"/*/toy_sweep.json > "$OUT/log_toy_par.txt" 2>&1
     rc=$?; cat "$OUT/log_toy_par.txt"; tar -czf "$OUT/toy_par.tar.gz" -C "$work" .; exit $rc ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|toy|toy_par|bg|poll)"; exit 2 ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?

@@ -114,6 +114,29 @@ def _device_allocs() -> int | None:
     return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
 
 
+def load_hf(ckpt: Path):
+    """The HF Terra model of a checkpoint as the HF rows load it (its own dtype, on the GPU when there
+    is one, eval mode), and the seconds that took."""
+    from transformers import AutoModelForCausalLM
+
+    import terra_nb  # noqa: F401  (registers the Auto classes)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto").to(device).eval()
+    return model, time.perf_counter() - t0
+
+
+def cpu_usage() -> tuple[float, int]:
+    """This process's CPU seconds (user + system) and involuntary context switches so far. Their
+    deltas over a phase tell a CPU-bound phase (CPU seconds near its wall seconds) from one that
+    waits (on the GPU, or preempted: involuntary switches)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_nivcsw
+
+
 def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: SamplingConfig, frame_s: list | None = None,
                cache=None, **generate_kw):
     """One video as the seed made it: one `generate` call per frame (576 new tokens, its own KV
@@ -140,12 +163,7 @@ def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: Sampl
 
 def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
     """Row `hf_seed` (or `hf_static`: static cache + `torch.compile`): HF in the seed's setting."""
-    from transformers import AutoModelForCausalLM
-
-    import terra_nb  # noqa: F401  (registers the Auto classes)
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto").to(device).eval()
+    model, _ = load_hf(ckpt)
     layout = FrameLayout.from_config(model.config)
     sample = load_sample(wl.preset)
     cache = None
@@ -158,21 +176,25 @@ def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
         warm = wl
     warmup_s = _timed(lambda: seed_video(model, warm, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE),
                                          cache=cache))
-    trials, per_frame, allocs = [], [], []
+    trials, per_frame, allocs, cpu_s, nivcsw = [], [], [], [], []
     for r in range(wl.long_repeats):
         sampling = SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed + 1 + r)
         torch.manual_seed(sampling.seed)
         per_frame.append([])
-        before = _device_allocs()
+        before, (cpu0, sw0) = _device_allocs(), cpu_usage()
         trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], cache=cache)))
         allocs.append(None if before is None else _device_allocs() - before)
+        # CPU seconds near the trial's seconds: the decode loop is CPU-bound (issue 25: 100% of a core)
+        cpu1, sw1 = cpu_usage()
+        cpu_s.append(round(cpu1 - cpu0, 3))
+        nivcsw.append(sw1 - sw0)
     # frame k's seconds (median over trials): HF re-reads a prompt that grows by a frame per call
     frame_s = [round(statistics.median(t[k] for t in per_frame), 4) for k in range(wl.long_frames)]
     # and every trial's own (a trial unlike the others shows where it lost its time)
     frame_s_trials = [[round(s, 4) for s in t] for t in per_frame]
     return _row("hf_static" if static else "hf_seed", 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
                 calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens, frame_s=frame_s,
-                frame_s_trials=frame_s_trials, device_allocs=allocs,
+                frame_s_trials=frame_s_trials, device_allocs=allocs, cpu_s_trials=cpu_s, nivcsw_trials=nivcsw,
                 warmup_s=round(warmup_s, 2), engine=dict(cache="static" if static else "dynamic", compile=static,
                                                          cache_len=layout.max_len if static else None))
 
