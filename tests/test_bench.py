@@ -86,12 +86,15 @@ def test_committed_results_have_the_required_fields():
     results = bench.load_results()
     assert set(results) == {"benchmark_h200"}, "a results file was added or lost: say so here"
     for stem, res in results.items():
-        for key in ("device", "versions", "dtype", "workload", "command", "date", "rows", "speedup_vs_hf",
-                    "prefix_cache_hit_rate"):
-            assert key in res, f"{stem}: missing {key}"
-        assert {"vllm", "torch", "transformers"} <= res["versions"].keys()
+        assert {"device", "leases", "rows", "ratios"} <= res.keys(), stem
+        for lid, meta in res["leases"].items():   # what each lease's file said about itself
+            for key in ("versions", "dtype", "workload", "command", "date", "commit", "lease", "curve", "file"):
+                assert key in meta, f"{stem}, lease {lid}: missing {key}"
+            assert {"vllm", "torch", "transformers"} <= meta["versions"].keys()
         for r in res["rows"]:
-            assert {"name", "batch", "s_per_frame", "frames_per_s"} <= r.keys()
+            assert {"name", "batch", "s_per_frame", "frames_per_s", "lease", "commit"} <= r.keys()
+        for e in res["ratios"]:
+            assert {"name", "value", "numerator", "denominator", "quantity", "divides", "lease"} <= e.keys()
         json.dumps(res, allow_nan=False)
 
 
@@ -207,18 +210,24 @@ def test_seed_setting_lines_and_plot_read_the_seed_rows():
 
 
 def test_committed_seed_results_name_their_lease_and_render_in_notebook_07():
-    """results/seed_*.json (issue 25's seed setting): one commit and one lease, both sides of the
-    ratio present, and seed_section quotes the file's own figures and notes."""
-    from terra_nb.workbook.bench_report import seed_section
+    """The seed setting's leases (issue 25) in results/benchmark_*.json: one commit and one lease each,
+    both sides of the ratio in that lease, and seed_section quotes the lease's own figures and notes
+    under its id and commit."""
+    from terra_nb.workbook.bench_report import by_lease, seed_section
 
-    committed = bench.load_results(pattern="seed_*.json")
-    assert committed
-    for stem, res in committed.items():
-        assert res["commit"] and res["lease"] and res["env"]["git_commit"] == res["commit"], stem
-        by = {r["name"]: r for r in res["rows"]}
-        assert {"hf_seed", "vllm_seed"} <= set(by), stem
+    seen = 0
+    for stem, res in bench.load_results().items():
         text = seed_section(stem, res)
-        ratio = by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
-        assert f"{ratio:.2f}x, against the seed's 2.60x" in text and res["commit"] in text
-        assert all(n in text for n in res["notes"])
+        for lid, lease in by_lease(res):
+            by = {r["name"]: r for r in lease["rows"]}
+            if not {"hf_seed", "vllm_seed"} & set(by):
+                continue
+            seen += 1
+            assert lease["commit"] and lease["lease"] and lease["env"]["git_commit"] == lease["commit"], lid
+            assert {"hf_seed", "vllm_seed"} <= set(by), (lid, "both sides of the seed ratio come from one lease")
+            ratio = by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
+            block = text[text.index(f"**results/{stem}.json, lease `{lid}`**"):]
+            assert f"{ratio:.2f}x, against the seed's 2.60x" in block and lease["commit"] in block
+            assert all(n in block for n in lease["notes"])
+    assert seen
     assert seed_section("x", dict(rows=[dict(name="hf", s_per_frame=1.0)])) == ""

@@ -148,6 +148,12 @@ MUTANTS = (
                  "    if hf and eager and spread > TRIALS_DISAGREE:",
                  "    if hf and eager and spread > 10 * TRIALS_DISAGREE:"),),
            ("tests/test_bench.py::test_seed_setting_lines_and_plot_read_the_seed_rows",)),
+    Mutant("ratio_across_leases", "a combined results file divides a row of one lease by a row of another",
+           (Site("terra_nb/workbook/bench_report.py",
+                 "        ratios += [dict(ratio_entry(r, by), lease=lid, commit=commit) for r in lease_ratios(own)]",
+                 "        by = {r['name']: r for r in rows}\n"
+                 "        ratios += [dict(ratio_entry(r, by), lease=lid, commit=commit) for r in lease_ratios(rows)]"),),
+           ("tests/test_bench_combine.py",)),
     Mutant("floor_context_one_frame_short", "a profiled decode step's floor is taken a frame early (the window without the frames before it)",
            (Site("terra_nb/workbook/bench_report.py",
                  '    context = (w["n_ctx"] + index) * layout.frame_len + layout.image_tokens / 2',

@@ -1,12 +1,14 @@
 """The benchmark: HF `generate` vs our vLLM port vs stock vLLM Llama, seconds per generated frame.
 
 Each engine runs in its own process (a vLLM engine does not hand its GPU memory back reliably),
-so a run is a few invocations that each write a *part*, merged into one results file:
+so a lease is a few invocations that each write a *part*, merged into one lease's file; the
+leases' files are combined into the one results file (each ratio between two rows of one lease):
 
     python -m terra_nb.workbook.bench run --rows hf,vllm_eager --out part_a.json
     python -m terra_nb.workbook.bench run --rows vllm,vllm_b8,vllm_b32 --out part_b.json
     python -m terra_nb.workbook.bench run --rows stock_llama --out part_c.json
-    python -m terra_nb.workbook.bench merge part_a.json part_b.json part_c.json --out results/benchmark_h200.json
+    python -m terra_nb.workbook.bench merge part_a.json part_b.json part_c.json --out results/leases/h200_<date>_<what>.json
+    python -m terra_nb.workbook.bench combine results/leases/*.json --out results/benchmark_h200.json
 
 Workload (`Workload`): 3 context frames from the sample, then frames generated with the sample
 trajectory's actions, temperature 0.9 (the public generator's default), warm-up excluded, the
@@ -28,7 +30,7 @@ from terra_nb.workbook.bench_measure import *  # noqa: F401,F403
 from terra_nb.workbook.bench_measure import _row, _timed  # noqa: F401
 from terra_nb.workbook.bench_measure import StepSpec, profile, run, tensor_parallel
 from terra_nb.workbook.bench_report import *  # noqa: F401,F403
-from terra_nb.workbook.bench_report import merge, update_readme
+from terra_nb.workbook.bench_report import combine_files, merge, update_readme
 from terra_nb.workbook.bench_workload import *  # noqa: F401,F403
 from terra_nb.workbook.bench_workload import ROW_NAMES, SEED_FIGURES, Workload
 
@@ -74,9 +76,17 @@ def main(argv=None):
     t.add_argument("--ckpt-root", default="checkpoints")
     t.add_argument("--out", required=True)
     sub.add_parser("readme", help="rewrite the README's benchmark table from results/benchmark_*.json")
-    m = sub.add_parser("merge", help="merge parts into results/benchmark_<gpu>.json (+ PNG chart)")
+    m = sub.add_parser("merge", help="merge one lease's parts into one lease's file, e.g. results/leases/h200_<date>_<what>.json")
     m.add_argument("parts", nargs="+")
     m.add_argument("--out", required=True)
+    m.add_argument("--lease", help="which machine lease measured the parts (the file's `lease`), e.g. 'H200 lease 1 of "
+                   "2026-11-27: bash tools/gpu.sh bg curve_port curve_stock'")
+    m.add_argument("--note", action="append", default=[], help="a note on what the file's figures leave out (repeatable)")
+    m.add_argument("--chart", action="store_true", help="also write a PNG chart beside --out (not committed)")
+    c = sub.add_parser("combine", help="combine lease files (merge's) into results/benchmark_<gpu>.json; "
+                       "each lease's id is its file's stem")
+    c.add_argument("leases", nargs="+")
+    c.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "run":
         wl = Workload(preset=a.preset, **{f.name: getattr(a, f.name) for f in dataclasses.fields(Workload) if f.name != "preset"})
@@ -113,21 +123,33 @@ def main(argv=None):
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print(json.dumps({k: v for k, v in res["rows"][0].items() if k != "greedy_tokens"}, indent=2))
+    elif a.cmd == "combine":
+        res = combine_files([Path(f) for f in a.leases])
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(res, indent=2) + "\n")
+        for e in res["ratios"]:
+            print(f"{e['lease']}: {e['name']} = {e['value']:.3f} ({e['divides']}; {e['numerator']} / {e['denominator']})")
     else:
         parts = [json.loads(Path(p).read_text()) for p in a.parts]
         res = merge(parts)
+        if a.lease:
+            res["lease"] = a.lease
+        if a.note:
+            res["notes"] = a.note
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(res, indent=2))
+        out.write_text(json.dumps(res, indent=2) + "\n")
         for part in parts:  # the full profiles, beside the results: results/profile_<gpu>_<engine>.json
             if "profile" in part:
                 prof = dict(part["profile"], env=part["env"], command=part["command"], dtype=part["dtype"])
-                out.with_name(out.stem.replace("benchmark", "profile") + f"_{prof['engine']}.json").write_text(
-                    json.dumps(prof, indent=2))
-        from terra_nb.workbook.viz import bar_chart_benchmark
+                stem = out.stem.replace("benchmark", "profile") if "benchmark" in out.stem else f"profile_{out.stem}"
+                out.with_name(f"{stem}_{prof['engine']}.json").write_text(json.dumps(prof, indent=2))
+        if a.chart:
+            from terra_nb.workbook.viz import bar_chart_benchmark
 
-        bar_chart_benchmark(res["rows"], SEED_FIGURES, note=f"{res['device']}, vLLM {res['versions']['vllm']}",
-                            save=out.with_suffix(".png"), curve=res["curve"])
+            bar_chart_benchmark(res["rows"], SEED_FIGURES, note=f"{res['device']}, vLLM {res['versions']['vllm']}",
+                                save=out.with_suffix(".png"), curve=res["curve"])
         print(json.dumps({k: res[k] for k in ("device", "speedup_vs_hf", "prefix_cache_hit_rate", "ratios")}, indent=2))
 
 

@@ -2,6 +2,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -31,26 +32,207 @@ def merge(parts: list[dict]) -> dict:
         errors=errors,
         speedup_vs_hf=speedup,
         prefix_cache_hit_rate=hit,
-        ratios={
-            "vllm_vs_stock": by["vllm"]["s_per_frame"] / by["stock_llama"]["s_per_frame"]
-            if {"vllm", "stock_llama"} <= by.keys() else None,
-            "eager_vs_hf": by["hf"]["s_per_frame"] / by["vllm_eager"]["s_per_frame"]
-            if {"hf", "vllm_eager"} <= by.keys() else None,
-            # the seed's setting (issue 25): HF's s/frame over the port's, as the seed's 11.03 / 4.25
-            "seed_setting_vs_hf": by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
-            if {"hf_seed", "vllm_seed"} <= by.keys() else None,
-            "seed_defaults_vs_hf": by["hf_seed"]["s_per_frame"] / by["vllm_seed_defaults"]["s_per_frame"]
-            if {"hf_seed", "vllm_seed_defaults"} <= by.keys() else None,
-            # HF's fast path (static cache + torch.compile) over the port with today's defaults
-            "seed_defaults_vs_hf_static": by["hf_static"]["s_per_frame"] / by["vllm_seed_defaults"]["s_per_frame"]
-            if {"hf_static", "vllm_seed_defaults"} <= by.keys() else None,
-        },
+        # what each divides: RATIOS (the first, speedup_vs_hf, is the key above)
+        ratios={r.name: r.value(by) for r in RATIOS[1:]},
         commit=env.get("git_commit"),   # the code that ran; a results file holds one commit and one lease
         lease=None,                      # set when committing: which machine lease measured the parts
         curve=with_floor(throughput_curve(rows), parts[0]["workload"], env["device"]),
         profile=profile_digest({p["profile"]["engine"]: p["profile"] for p in parts if "profile" in p}),
         step_profiles=step_digest(rows),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratio:
+    """One ratio of two rows of one lease: `numerator`'s `quantity` over `denominator`'s."""
+    name: str
+    numerator: str     # row names
+    denominator: str
+    quantity: str      # the row key divided: "s_per_frame" or "frames_per_s"
+
+    def value(self, by: dict[str, dict]) -> float | None:
+        """The ratio among `by` (one lease's rows by name), or None unless both rows are there."""
+        if {self.numerator, self.denominator} <= by.keys():
+            return by[self.numerator][self.quantity] / by[self.denominator][self.quantity]
+        return None
+
+    def divides(self) -> str:
+        """What is divided, in words: 's/frame of HF ÷ s/frame of the port (defaults)', or for two
+        curve rows of one batch 'frames/s (all rollouts) of the port ÷ frames/s of stock vLLM Llama,
+        8 rollouts at once each'."""
+        unit, short = QUANTITY_WORDS[self.quantity], {"s_per_frame": "s/frame", "frames_per_s": "frames/s"}[self.quantity]
+        a, b = self.numerator, self.denominator
+        if _curve_engine(a) in CURVE_WHO and _curve_engine(b) in CURVE_WHO and row_batch(a) == row_batch(b) > 1:
+            return (f"{unit} of {CURVE_WHO[_curve_engine(a)]} ÷ {short} of {CURVE_WHO[_curve_engine(b)]}, "
+                    f"{row_batch(a)} rollouts at once each")
+        return f"{unit} of {_who(a)} ÷ {short} of {_who(b)}"
+
+
+QUANTITY_WORDS = {"s_per_frame": "s/frame", "frames_per_s": "frames/s (all rollouts)"}
+CURVE_WHO = {"vllm": "the port", "session": "the port's sessions", "stock_llama": "stock vLLM Llama"}
+WHO = {"hf": "HF", "hf_seed": "HF", "hf_static": "HF (static cache + torch.compile)", "vllm": "the port (defaults)",
+       "vllm_eager": "the port (eager)", "vllm_seed": "the port as the seed ran it (eager, no prefix caching)",
+       "vllm_seed_defaults": "the port (today's defaults)", "stock_llama": "stock vLLM Llama"}
+
+
+def _who(name: str) -> str:
+    """A row in a ratio's words: `WHO`, or 'the port, 8 rollouts at once' for curve rows."""
+    if name in WHO:
+        return WHO[name]
+    n = row_batch(name)
+    return f"{CURVE_WHO[row_engine(name)]}, {n} rollout{'s' if n > 1 else ''} at once"
+
+
+RATIOS = (
+    Ratio("speedup_vs_hf", "hf", "vllm", "s_per_frame"),
+    Ratio("vllm_vs_stock", "vllm", "stock_llama", "s_per_frame"),      # above 1: the port is slower
+    Ratio("eager_vs_hf", "hf", "vllm_eager", "s_per_frame"),
+    # the seed's setting (issue 25): HF's s/frame over the port's, as the seed's 11.03 / 4.25
+    Ratio("seed_setting_vs_hf", "hf_seed", "vllm_seed", "s_per_frame"),
+    Ratio("seed_defaults_vs_hf", "hf_seed", "vllm_seed_defaults", "s_per_frame"),
+    # HF's fast path (static cache + torch.compile) over the port with today's defaults
+    Ratio("seed_defaults_vs_hf_static", "hf_static", "vllm_seed_defaults", "s_per_frame"),
+)
+"""The fixed ratios a lease's rows can give; `lease_ratios` adds the curve's, batch by batch."""
+
+
+def lease_ratios(rows: list[dict]) -> list[Ratio]:
+    """The ratios one lease's rows give: each of `RATIOS` whose two rows are there, then per batch
+    of the curve the port's and the sessions' frames/s over stock's (`port_vs_stock_b<N>`,
+    `session_vs_stock_b<N>`), except where a fixed ratio already divides the same two rows."""
+    names = {r["name"] for r in rows}
+    out = [r for r in RATIOS if {r.numerator, r.denominator} <= names]
+    pairs = {frozenset((r.numerator, r.denominator)) for r in out}
+    batches = sorted({row_batch(n) for n in names if _curve_engine(n) == "stock_llama"})
+    for who, label in (("vllm", "port"), ("session", "session")):
+        for b in batches:
+            num, den = (e if b == 1 else f"{e}_b{b}" for e in (who, "stock_llama"))
+            if num in names and frozenset((num, den)) not in pairs:
+                out.append(Ratio(f"{label}_vs_stock_b{b}", num, den, "frames_per_s"))
+    return out
+
+
+def _curve_engine(name: str) -> str | None:
+    try:
+        return row_engine(name)
+    except ValueError:   # rows off the curve (e.g. `vllm_tp2`)
+        return None
+
+
+def _per_trial(row: dict, quantity: str) -> list[float] | None:
+    """A row's `quantity` trial by trial (from `trials_s`), or None without trials."""
+    trials = row.get("trials_s")
+    if not trials:
+        return None
+    if quantity == "s_per_frame":
+        return [t / row["frames"] for t in trials]
+    return [row["batch"] * row["frames"] / t for t in trials]
+
+
+def ratio_entry(ratio: Ratio, by: dict[str, dict]) -> dict:
+    """A ratio as a combined results file keeps it: its value, the two rows and what is divided, and
+    (both rows with trials) `trials_spread`, the larger of the two rows' slowest over fastest trial,
+    with `trials_range`, the lowest and highest ratio of one of that row's (`trials_of`) trials to
+    the other row's median (as `seed_setting_lines` quotes HF's trials against the port's median)."""
+    num, den = by[ratio.numerator], by[ratio.denominator]
+    entry = dict(name=ratio.name, value=ratio.value(by), numerator=ratio.numerator, denominator=ratio.denominator,
+                 quantity=ratio.quantity, divides=ratio.divides(),
+                 frames=[num.get("frames"), den.get("frames")])
+    a, b = _per_trial(num, ratio.quantity), _per_trial(den, ratio.quantity)
+    if a and b:
+        if _trial_spread(num) >= _trial_spread(den):
+            ends, of = [t / den[ratio.quantity] for t in (min(a), max(a))], ratio.numerator
+        else:
+            ends, of = [num[ratio.quantity] / t for t in (max(b), min(b))], ratio.denominator
+        entry.update(trials_range=ends, trials_of=of, trials_spread=max(_trial_spread(num), _trial_spread(den)))
+    return entry
+
+
+LEASE_OWN = ("commit", "lease", "date", "versions", "dtype", "workload", "command", "notes", "errors", "env",
+             "speedup_vs_hf", "prefix_cache_hit_rate", "profile", "step_profiles")
+"""What a combined file keeps of each lease file besides its rows (its `ratios` and `curve` are recomputed)."""
+
+
+def combine(leases: dict[str, dict], files: dict[str, str] | None = None) -> dict:
+    """One results file from several leases' (each as `merge` wrote it, keyed by lease id, e.g. the
+    file's stem): `device` (the same for all, else ValueError), `leases` (id -> what the lease file
+    said about itself, with its `curve` and memory floors), `rows` (every row, with its `lease` id
+    and `commit`; a row name may recur in several leases) and `ratios` (`ratio_entry`s, each computed
+    between two rows of one lease, which it names: a ratio whose rows are in different leases is not
+    computed). `files`: lease id -> the file it came from, kept as the lease's `file`."""
+    files = files or {}
+    if not leases:
+        raise ValueError("no leases to combine")
+    devices = {lid: res["device"] for lid, res in leases.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError("leases measured on different devices cannot share one results file: "
+                         + "; ".join(f"{files.get(lid, lid)}: {d}" for lid, d in devices.items()))
+    device = next(iter(devices.values()))
+    out_leases, rows, ratios = {}, [], []
+    for lid, res in leases.items():
+        commit = res.get("commit") or (res.get("env") or {}).get("git_commit")
+        own = [dict(r, lease=lid, commit=commit) for r in res["rows"]]
+        meta = {k: res[k] for k in LEASE_OWN if k in res}
+        meta.update(commit=commit, curve=with_floor(throughput_curve(own), res["workload"], device))
+        if lid in files:
+            meta["file"] = str(files[lid])
+        out_leases[lid] = meta
+        by = {r["name"]: r for r in own}
+        if len(by) < len(own):
+            raise ValueError(f"lease {lid} ({files.get(lid, lid)}) has a row name twice: one lease, one row per name")
+        rows += own
+        ratios += [dict(ratio_entry(r, by), lease=lid, commit=commit) for r in lease_ratios(own)]
+    return dict(device=device, leases=out_leases, rows=rows, ratios=ratios)
+
+
+def lease_id(path: Path | str) -> str:
+    """A lease file's id in a combined file: its stem (results/leases/h200_2026-11-25_seed.json ->
+    h200_2026-11-25_seed), short and stable as long as the file keeps its name."""
+    return Path(path).stem
+
+
+def combine_files(paths: list[Path]) -> dict:
+    """`combine` of lease files (as `merge` wrote them), each under its `lease_id`, recording its path
+    relative to the repository (so `recombine` can rebuild the combined file from it)."""
+    from terra_nb.workbook.paths import REPO
+
+    def rel(p: Path) -> str:
+        p = Path(p).resolve()
+        return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+
+    ids = [lease_id(p) for p in paths]
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"two lease files share a stem (a lease id): {[str(p) for p in paths]}")
+    leases = {lid: json.loads(Path(p).read_text()) for lid, p in zip(ids, paths)}
+    files = {lid: rel(p) for lid, p in zip(ids, paths)}
+    return dict(combine(leases, files), combined_by="python -m terra_nb.workbook.bench combine " + " ".join(files.values()))
+
+
+def recombine(res: dict) -> dict:
+    """A combined file rebuilt from the lease files it names (each lease's `file`)."""
+    from terra_nb.workbook.paths import REPO
+
+    return combine_files([REPO / meta["file"] for meta in res["leases"].values()])
+
+
+def is_combined(res: dict) -> bool:
+    """True for a file of several leases (`combine`), False for one lease's (`merge`)."""
+    return "leases" in res
+
+
+def lease_results(res: dict, lid: str) -> dict:
+    """One lease of a combined file in `merge`'s layout (so every one-lease renderer reads it): the
+    lease's own keys, the device, its rows, and `ratios` {name: value} of its ratio entries."""
+    rows = [r for r in res["rows"] if r["lease"] == lid]
+    ratios = {e["name"]: e["value"] for e in res["ratios"] if e["lease"] == lid}
+    return dict(res["leases"][lid], device=res["device"], rows=rows, ratios=ratios, lease_id=lid)
+
+
+def by_lease(res: dict) -> list[tuple[str | None, dict]]:
+    """[(lease id, that lease in `merge`'s layout)] for a combined file; [(None, res)] for one lease's."""
+    if not is_combined(res):
+        return [(None, res)]
+    return [(lid, lease_results(res, lid)) for lid in res["leases"]]
 
 
 def step_digest(rows: list[dict]) -> dict | None:
@@ -88,14 +270,8 @@ def throughput_curve(rows: list[dict]) -> list[dict]:
     """Frames per second of the port and of stock at each batch both measured, and their ratio;
     with session rows (`session_b<N>`), also the sessions' frames per second and their ratio to
     stock's frame loop."""
-    def engine(name: str) -> str | None:
-        try:
-            return row_engine(name)
-        except ValueError:   # rows off the curve (e.g. `vllm_tp2`)
-            return None
-
     def fps(kind: str) -> dict:
-        return {r["batch"]: r["frames_per_s"] for r in rows if engine(r["name"]) == kind and "tp" not in r}
+        return {r["batch"]: r["frames_per_s"] for r in rows if _curve_engine(r["name"]) == kind and "tp" not in r}
 
     port, stock, session = fps("vllm"), fps("stock_llama"), fps("session")
     ratio = lambda a, b: round(a / b, 3) if a is not None and b else None  # noqa: E731
@@ -230,7 +406,10 @@ def seed_setting_lines(res: dict) -> list[str]:
     against the seed's 2.6x, what HF pays per frame as its context grows (`frame_s`; when HF's trials
     disagree by over `TRIALS_DISAGREE`, the range of ratios instead, since the per-frame medians then
     mix a slow and a fast video), and what eager mode costs per code (the port's seed rows'
-    `step_profile`). Empty without seed rows."""
+    `step_profile`). Empty without seed rows. One lease at a time: a combined file's leases through
+    `by_lease` (its rows of one name may come from several leases)."""
+    if is_combined(res):
+        raise ValueError("seed_setting_lines reads one lease: pass lease_results(res, lid), see by_lease")
     by = {r["name"]: r for r in res["rows"]}
     hf, eager, defaults = by.get("hf_seed"), by.get("vllm_seed"), by.get("vllm_seed_defaults")
     seed_hf, seed_vllm = SEED_FIGURES.values()
@@ -281,39 +460,105 @@ def _software(res: dict) -> str:
 
 
 def seed_section(stem: str, res: dict) -> str:
-    """Markdown for one results file's seed-setting rows: where and what measured them, the
-    `seed_setting_lines`, and the file's notes (what its figures leave out). Empty without seed rows."""
-    lines = seed_setting_lines(res)
-    if not lines:
-        return ""
-    head = f"**results/{stem}.json**: {_software(res)}. {_provenance(res)}"
-    return "\n\n".join([head, " ".join(lines)] + ["\n".join(f"- {n}" for n in res.get("notes", []))])
+    """Markdown for a results file's seed-setting rows, lease by lease (`by_lease`; or one lease,
+    `lease_results`): where and what measured them (each lease headed by its id, commit and lease),
+    the `seed_setting_lines` of that lease's rows, and the lease's notes (what its figures leave
+    out). Empty without seed rows."""
+    blocks = []
+    for lid, view in by_lease(res):
+        lines = seed_setting_lines(view)
+        lid = lid or view.get("lease_id")   # `lease_results`' view of one lease names it too
+        if lines:
+            where = f"results/{stem}.json" + (f", lease `{lid}`" if lid else "")
+            head = f"**{where}**: {_software(view)}. {_provenance(view)}"
+            blocks.append("\n\n".join([head, " ".join(lines)] + ["\n".join(f"- {n}" for n in view.get("notes", []))]))
+    return "\n\n".join(blocks)
+
+
+def ratio_entries(res: dict, lid: str | None = None) -> list[dict]:
+    """A lease's ratio entries (`ratio_entry`): a combined file's own, those of lease `lid`; for one
+    lease's file (`merge`), computed from its rows."""
+    if is_combined(res):
+        return [e for e in res["ratios"] if e["lease"] == lid]
+    by = {r["name"]: r for r in res["rows"]}
+    return [ratio_entry(r, by) for r in lease_ratios(res["rows"])]
+
+
+def ratio_line(entry: dict) -> str:
+    """One ratio in words: its name and value, what it divides, which rows (and their frames per
+    trial); where the rows' trials disagree by over `TRIALS_DISAGREE`, the trial-by-trial range."""
+    frames = entry.get("frames") or [None, None]
+    per = "" if None in frames else (f", {frames[0]} frames per trial each" if frames[0] == frames[1]
+                                     else f", {frames[0]} and {frames[1]} frames per trial")
+    line = (f"`{entry['name']}` = **{entry['value']:.3f}x**: {entry['divides']} "
+            f"(rows `{entry['numerator']}` ÷ `{entry['denominator']}`{per})")
+    if entry.get("trials_spread", 1.0) > TRIALS_DISAGREE:
+        lo, hi = entry["trials_range"]
+        other = entry["denominator"] if entry["trials_of"] == entry["numerator"] else entry["numerator"]
+        line += (f"; `{entry['trials_of']}`'s trials disagree ({entry['trials_spread']:.2f}x slowest ÷ fastest): "
+                 f"{lo:.3f}x to {hi:.3f}x from each of its trials against `{other}`'s median")
+    return line
+
+
+def seed_figures_table() -> str:
+    """The seed's two figures as a table (context, not measured here)."""
+    return "\n".join([
+        "| the seed's figures (not measured here) | batch | frames per trial | s / frame | s/frame of seed HF ÷ this row's |",
+        "|---|---:|---:|---:|---:|",
+        f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | 1.0x |",
+        f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | 2.6x |"])
+
+
+def _rows_table(res: dict, seed: bool) -> list[str]:
+    """The lines of one lease's table; `seed`: the seed's two figures as its last rows."""
+    hf = next((r["frames_per_s"] for r in res["rows"] if r["name"] == "hf"), None)
+    ratio_col = seed or hf is not None   # a lease without an `hf` row: its ratios are listed under the table
+    lines = [f"| row | batch | frames per trial | s / frame (per rollout) | frames / s (all rollouts) |"
+             + (f" {RATIO_LABEL} ({_hf_basis(res)}) |" if ratio_col else ""),
+             "|---|---:|---:|---:|---:|" + ("---:|" if ratio_col else "")]
+    for r in res["rows"]:
+        ratio = (f" {r['frames_per_s'] / hf:.1f}x |" if hf else " |") if ratio_col else ""
+        lines.append(f"| {row_label(r['name'])} | {r['batch']} | {r['frames']} | "
+                     f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} |{ratio}")
+    if seed:
+        lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x (÷ seed HF) |")
+        lines.append(f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | | 2.6x (÷ seed HF) |")
+    return lines
+
+
+def _temperatures(res: dict) -> str:
+    """'temperature 0.9', or each row's own where rows name theirs (the seed's rows: 1.0)."""
+    temps = sorted({r.get("temperature", res["workload"]["temperature"]) for r in res["rows"]})
+    return f"temperature {temps[0]}" if len(temps) == 1 else "temperatures " + ", ".join(map(str, temps)) + " (per row)"
+
+
+def _lease_foot(res: dict, entries: list[dict], provenance: bool) -> str:
+    """Under a lease's table: what measured it (`provenance`: commit and lease too), the workload,
+    the prefix-cache hits, the lease's ratios, each with what it divides, and its notes."""
+    where = f"{_provenance(res)} " if provenance else ""
+    foot = (f"{where}{_software(res)}, {res['dtype']}, {res['date']}. Medians of repeated trials, "
+            f"warm-up excluded; {_temperatures(res)}, {res['workload']['n_ctx']} context frames.")
+    if res.get("prefix_cache_hit_rate") is not None:
+        foot += f" Prefix-cache hits after the first frame: {100 * res['prefix_cache_hit_rate']:.1f}% of prompt tokens."
+    if entries:
+        foot += "\n\nRatios, each between two rows of this lease:\n" + "\n".join(f"- {ratio_line(e)}" for e in entries)
+    if res.get("notes"):
+        foot += "\n\nNotes:\n" + "\n".join(f"- {n}" for n in res["notes"])
+    return foot
 
 
 def results_table(res: dict) -> str:
-    """A Markdown table of one results file (one commit, one lease), with the seed's figures beside ours."""
-    hf = next((r["frames_per_s"] for r in res["rows"] if r["name"] == "hf"), None)
-    lines = [f"| row | batch | frames per trial | s / frame (per rollout) | frames / s (all rollouts) | "
-             f"{RATIO_LABEL} ({_hf_basis(res)}) |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in res["rows"]:
-        ratio = f"{r['frames_per_s'] / hf:.1f}x" if hf else ""
-        lines.append(f"| {row_label(r['name'])} | {r['batch']} | {r['frames']} | "
-                     f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} | {ratio} |")
-    lines.append(f"| seed: HF (GPU not stated) | 1 | 22 | {SEED_FIGURES['seed HF (11.03 s)']:.2f} | | 1.0x (÷ seed HF) |")
-    lines.append(f"| seed: vLLM 0.6, eager | 1 | 22 | {SEED_FIGURES['seed vLLM 0.6 eager (4.25 s)']:.2f} | | 2.6x (÷ seed HF) |")
-    foot = (f"\n{_provenance(res)} {_software(res)}, {res['dtype']}, {res['date']}. Medians of repeated trials, "
-            f"warm-up excluded; temperature {res['workload']['temperature']}, {res['workload']['n_ctx']} context frames.")
-    if res.get("speedup_vs_hf"):
-        by = {r["name"]: r for r in res["rows"]}
-        foot += (f" Speed-up of our default over HF (HF's s/frame ÷ the default's, both batch 1; HF timed on "
-                 f"{by['hf']['frames']} frames per trial, the default on {by['vllm']['frames']}): "
-                 f"{res['speedup_vs_hf']:.1f}x.")
-    if res.get("prefix_cache_hit_rate") is not None:
-        foot += f" Prefix-cache hits after the first frame: {100 * res['prefix_cache_hit_rate']:.1f}% of prompt tokens."
-    for note in res.get("notes", []):
-        foot += f"\n- {note}"
-    return "\n".join(lines) + "\n" + foot
+    """Markdown tables of a results file. One lease's (`merge`): its rows with the seed's figures
+    beside them, what measured them, its ratios (each saying what it divides) and notes. A combined
+    file (`combine`): the seed's figures, then lease by lease, each headed by its id, commit and
+    lease, the same."""
+    if not is_combined(res):
+        return "\n".join(_rows_table(res, seed=True)) + "\n\n" + _lease_foot(res, ratio_entries(res), True)
+    blocks = [seed_figures_table()]
+    for lid, view in by_lease(res):
+        blocks.append(f"**Lease `{lid}`**: {_provenance(view)}\n\n" + "\n".join(_rows_table(view, seed=False))
+                      + "\n\n" + _lease_foot(view, ratio_entries(res, lid), False))
+    return "\n\n".join(blocks)
 
 
 README_START, README_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
@@ -322,7 +567,13 @@ README_START, README_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
 def readme_section(results: dict[str, dict]) -> str:
     if not results:
         return "No GPU results are committed yet (`results/benchmark_<gpu>.json`)."
-    return "\n\n".join(f"`results/{stem}.json`:\n\n{results_table(res)}" for stem, res in results.items())
+
+    def head(stem: str, res: dict) -> str:
+        if not is_combined(res):
+            return f"`results/{stem}.json`:"
+        return (f"`results/{stem}.json` ({res['device']}; {len(res['leases'])} leases, each ratio between two rows "
+                f"of one lease; `python -m terra_nb.workbook.bench combine` builds it from the lease files):")
+    return "\n\n".join(f"{head(stem, res)}\n\n{results_table(res)}" for stem, res in results.items())
 
 
 PROFILE_START, PROFILE_END = "<!-- profile-findings:start -->", "<!-- profile-findings:end -->"
@@ -381,15 +632,18 @@ def update_readme(readme: Path | None = None, results: dict[str, dict] | None = 
 def report_rows(res: dict) -> list[dict]:
     """The seed's two figures followed by a results file's rows, as plain dicts for
     `results.record_result` (the report renders them as one table). `x_hf` is `RATIO_LABEL`: a
-    row's frames/s ÷ its HF's (the seed's rows: ÷ the seed's HF)."""
+    row's frames/s ÷ its lease's HF row's (the seed's rows: ÷ the seed's HF). A combined file's rows
+    also say their `lease`."""
     s_hf = SEED_FIGURES["seed HF (11.03 s)"]
     out = [{"row": name, "batch": 1, "frames": 22, "s_per_frame": s, "frames_per_s": round(1 / s, 4),
             "x_hf": round(s_hf / s, 2)} for name, s in SEED_FIGURES.items()]
-    hf = next((r for r in res.get("rows", []) if r["name"] == "hf"), None)
-    for r in res.get("rows", []):
-        out.append({"row": r["name"], "batch": r.get("batch", 1), "frames": r.get("frames"),
-                    "s_per_frame": round(r["s_per_frame"], 4), "frames_per_s": round(r["frames_per_s"], 3),
-                    "x_hf": round(r["frames_per_s"] / hf["frames_per_s"], 2) if hf else None})
+    for lid, view in by_lease(dict(res, rows=res.get("rows", []))):
+        hf = next((r for r in view["rows"] if r["name"] == "hf"), None)
+        for r in view["rows"]:
+            out.append({"row": r["name"], "batch": r.get("batch", 1), "frames": r.get("frames"),
+                        "s_per_frame": round(r["s_per_frame"], 4), "frames_per_s": round(r["frames_per_s"], 3),
+                        "x_hf": round(r["frames_per_s"] / hf["frames_per_s"], 2) if hf else None,
+                        **({"lease": lid} if lid else {})})
     return out
 
 
