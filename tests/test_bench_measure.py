@@ -107,3 +107,36 @@ def test_a_static_cache_of_one_round_gives_the_seeds_video_token_for_token():
     dynamic = seed_video(model, wl, sample, layout, greedy)
     static = seed_video(model, wl, sample, layout, greedy, cache=cache)
     assert dynamic.shape == (1, 6 * 64) and torch.equal(static, dynamic)
+
+
+def test_hf_seed_flash_keeps_cudnn_out_and_draws_hf_seeds_tokens(tmp_path):
+    """`hf_seed_flash` is HF's seed row with SDPA limited to `HF_FLASH_BACKENDS` (cuDNN's plans per
+    key length out): the limit changes which kernel runs, not the video (greedy, token for token),
+    and the row says which kernels it allowed."""
+    import torch
+
+    from terra_nb.port.layout import FrameLayout
+    from terra_nb.port.rollout import SamplingConfig
+    from terra_nb.workbook.bench_measure import HF_FLASH_BACKENDS, _sdpa_backends, load_hf, run, seed_video
+    from terra_nb.workbook.bench_workload import checkpoint
+    from terra_nb.workbook.data import load_sample
+
+    wl = bench.Workload(preset="tiny", long_frames=1, long_repeats=1)
+    model, _ = load_hf(checkpoint(tmp_path / "ckpt", wl))
+    layout, sample = FrameLayout.from_config(model.config), load_sample(wl.preset)
+    greedy = SamplingConfig(temperature=0.0)
+    plain = seed_video(model, wl, sample, layout, greedy)
+    with _sdpa_backends(HF_FLASH_BACKENDS):
+        limited = seed_video(model, wl, sample, layout, greedy)
+    assert torch.equal(plain, limited) and plain.shape[1] == 4 * layout.image_tokens
+    # the limit is real: cuDNN alone has no kernel on the CPU; after it, torch chooses again
+    assert "CUDNN_ATTENTION" not in HF_FLASH_BACKENDS
+    if not torch.cuda.is_available():
+        with _sdpa_backends(("CUDNN_ATTENTION",)), pytest.raises(RuntimeError):
+            seed_video(model, wl, sample, layout, greedy)
+    assert torch.equal(seed_video(model, wl, sample, layout, greedy), plain)
+
+    res = run(["hf_seed_flash"], wl, tmp_path / "ckpt")
+    (row,) = res["rows"]
+    assert row["name"] == "hf_seed_flash" and row["engine"]["sdpa"] == list(HF_FLASH_BACKENDS)
+    assert row["engine"]["cache"] == "dynamic" and row["frames"] == 1 and row["s_per_frame"] > 0

@@ -11,6 +11,8 @@
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
 #   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF, then HF static+compile (or why not)  ~10 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
+#   bash tools/gpu.sh seed_static / seed_defaults / seed_flash / seed_eager   one seed row each: hf_static,
+#                             vllm_seed_defaults, hf_seed_flash, vllm_seed                ~3-12 min each
 #   bash tools/gpu.sh seed_pair HF's seed row, then the port's as the seed ran it, 3 trials each  ~23 min
 #   bash tools/gpu.sh hf_probe  HF's decode step at KV lengths new to the process vs the same lengths
 #                               again, per SDPA backend (workbook/hf_probe.py; issue 25)   ~1.5 min
@@ -94,6 +96,13 @@ case "$1" in
   hf_probe) python3 -m terra_nb.workbook.hf_probe --preset terra --ckpt-root /tmp/ckpt --out "$OUT/part_hf_probe.json" \
       > "$OUT/log_hf_probe.txt" 2>&1
     rc=$?; grep -v -E "^USDT|it/s\]$" "$OUT/log_hf_probe.txt" | tail -40; exit $rc ;;
+  # Lease 2 of 2026-11-26, one row per part (each its own process, so HF's cuDNN plans start cold):
+  # `bg seed_static seed_defaults seed_flash seed_eager`. seed_flash: HF with cuDNN attention off
+  # (bench_measure.HF_FLASH_BACKENDS), since hf_probe found cuDNN's per-key-length plans behind HF's slow first video.
+  seed_static) args=(run --rows hf_static --long-repeats 2 --deadline-s 60) ;;
+  seed_defaults) args=(run --rows vllm_seed_defaults --long-repeats 2 --deadline-s 60) ;;
+  seed_flash) args=(run --rows hf_seed_flash --long-repeats 2 --deadline-s 60) ;;
+  seed_eager) args=(run --rows vllm_seed --long-repeats 2 --deadline-s 60) ;;
   seed_port) args=(run --rows vllm_seed,vllm_seed_defaults --long-repeats 2 --step-batches 1 --step-frames 22 --deadline-s "${DEADLINE_S:-600}") ;;
   session)
     # Two engines, one after the other, each in its own process (its GPU memory freed for the next):
@@ -139,7 +148,7 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
     wait; echo "== all runs ended $(date -u +%T)"
     python3 tools/toy_sweep.py "$OUT/toy" --merge "$work"/*/toy_sweep.json > "$OUT/log_toy_par.txt" 2>&1
     rc=$?; cat "$OUT/log_toy_par.txt"; tar -czf "$OUT/toy_par.tar.gz" -C "$work" .; exit $rc ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|seed_static|seed_defaults|seed_flash|seed_eager|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?

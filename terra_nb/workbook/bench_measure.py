@@ -161,8 +161,36 @@ def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: Sampl
     return ids
 
 
-def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False) -> dict:
-    """Row `hf_seed` (or `hf_static`: static cache + `torch.compile`): HF in the seed's setting."""
+HF_FLASH_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+"""SDPA kernels row `hf_seed_flash` lets torch choose from: all but cuDNN's. On the H200 (torch 2.11,
+cuDNN 9.19) SDPA picks cuDNN for HF's decode step, and cuDNN builds an execution plan for every key
+length it has not seen in the process: `hf_probe` measured a decode step at a new length 5.7x one
+at a length seen before, the time on the CPU in `aten::_cudnn_attention_forward`. A video's decode
+steps are all new lengths, so HF's first video pays it at every step; flash attention does not."""
+
+
+def _sdpa_backends(names: tuple[str, ...] | None):
+    """A context where SDPA may only use `names` (None: torch's own choice, unrestricted)."""
+    import contextlib
+
+    if names is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, n) for n in names])
+
+
+def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False, sdpa: tuple[str, ...] | None = None) -> dict:
+    """Row `hf_seed` (or `hf_static`: static cache + `torch.compile`; `hf_seed_flash`: `sdpa` =
+    `HF_FLASH_BACKENDS`): HF in the seed's setting."""
+    with _sdpa_backends(sdpa):
+        row = _bench_hf_seed(ckpt, wl, static)
+    if sdpa is not None:
+        row.update(name="hf_seed_flash", engine=dict(row["engine"], sdpa=list(sdpa)))
+    return row
+
+
+def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool) -> dict:
     model, _ = load_hf(ckpt)
     layout = FrameLayout.from_config(model.config)
     sample = load_sample(wl.preset)
@@ -240,6 +268,8 @@ def bench_seed_rows(ckpt: Path, wl: Workload, rows: list[str], progress: Progres
                 progress.flush()
         elif name == "hf_seed":
             progress.add(bench_hf_seed(ckpt, wl))
+        elif name == "hf_seed_flash":
+            progress.add(bench_hf_seed(ckpt, wl, sdpa=HF_FLASH_BACKENDS))
         else:
             progress.add(bench_vllm_seed(ckpt, wl, name, progress, steps))
 

@@ -70,7 +70,8 @@ class Ratio:
 
 QUANTITY_WORDS = {"s_per_frame": "s/frame", "frames_per_s": "frames/s (all rollouts)"}
 CURVE_WHO = {"vllm": "the port", "session": "the port's sessions", "stock_llama": "stock vLLM Llama"}
-WHO = {"hf": "HF", "hf_seed": "HF", "hf_static": "HF (static cache + torch.compile)", "vllm": "the port (defaults)",
+WHO = {"hf": "HF", "hf_seed": "HF", "hf_seed_flash": "HF (cuDNN attention off)",
+       "hf_static": "HF (static cache + torch.compile)", "vllm": "the port (defaults)",
        "vllm_eager": "the port (eager)", "vllm_seed": "the port as the seed ran it (eager, no prefix caching)",
        "vllm_seed_defaults": "the port (today's defaults)", "stock_llama": "stock vLLM Llama"}
 
@@ -90,6 +91,9 @@ RATIOS = (
     # the seed's setting (issue 25): HF's s/frame over the port's, as the seed's 11.03 / 4.25
     Ratio("seed_setting_vs_hf", "hf_seed", "vllm_seed", "s_per_frame"),
     Ratio("seed_defaults_vs_hf", "hf_seed", "vllm_seed_defaults", "s_per_frame"),
+    # the same with HF's attention kept off cuDNN (no plan built per new key length)
+    Ratio("seed_setting_vs_hf_flash", "hf_seed_flash", "vllm_seed", "s_per_frame"),
+    Ratio("seed_defaults_vs_hf_flash", "hf_seed_flash", "vllm_seed_defaults", "s_per_frame"),
     # HF's fast path (static cache + torch.compile) over the port with today's defaults
     Ratio("seed_defaults_vs_hf_static", "hf_static", "vllm_seed_defaults", "s_per_frame"),
 )
@@ -313,6 +317,7 @@ ROW_LABELS = {
     "stock_llama": "stock vLLM Llama, same shape (ceiling)",
     "session": "our port, one engine session per rollout",
     "hf_seed": "HF `generate`, the seed's setting (one call per frame, temperature 1.0)",
+    "hf_seed_flash": "HF `generate`, the seed's setting, SDPA kept off cuDNN (`HF_FLASH_BACKENDS`)",
     "hf_static": "HF `generate`, static cache + `torch.compile`, the seed's setting",
     "vllm_seed": "our port as the seed ran vLLM (eager, no prefix caching, max_num_seqs 5)",
     "vllm_seed_defaults": "our port with today's defaults, the seed's setting",

@@ -27,10 +27,11 @@ CURVE_BATCHES = (1, 8, 32, 64, 128)
 
 _ROW_RE = re.compile(r"^(hf|vllm_eager|vllm|stock_llama|session)(?:_b([1-9][0-9]*))?$")
 
-SEED_ROWS = ("hf_seed", "hf_static", "vllm_seed", "vllm_seed_defaults")
+SEED_ROWS = ("hf_seed", "hf_seed_flash", "hf_static", "vllm_seed", "vllm_seed_defaults")
 """Rows in the seed's setting (issue 25): one video of `long_frames` (22) after `n_ctx` (3) context
 frames, batch 1, temperature `SEED_TEMPERATURE`, one call per frame (576 new tokens). `hf_seed`: HF
-`generate` with its dynamic KV cache; `hf_static`: the same with a static cache and
+`generate` with its dynamic KV cache; `hf_seed_flash`: the same with cuDNN's attention kernel
+ruled out (`HF_FLASH_BACKENDS`); `hf_static`: the same with a static cache and
 `torch.compile` (HF's documented fast path); `vllm_seed`: our port as the seed ran vLLM 0.6
 (`SEED_ENGINE`); `vllm_seed_defaults`: our port with today's defaults."""
 
