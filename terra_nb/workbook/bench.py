@@ -7,8 +7,13 @@ leases' files are combined into the one results file (each ratio between two row
     python -m terra_nb.workbook.bench run --rows hf,vllm_eager --out part_a.json
     python -m terra_nb.workbook.bench run --rows vllm,vllm_b8,vllm_b32 --out part_b.json
     python -m terra_nb.workbook.bench run --rows stock_llama --out part_c.json
-    python -m terra_nb.workbook.bench merge part_a.json part_b.json part_c.json --out results/leases/h200_<date>_<what>.json
+    python -m terra_nb.workbook.bench merge part_a.json part_b.json part_c.json --lease TEXT --out results/leases/h200_<date>_<what>.json
     python -m terra_nb.workbook.bench combine results/leases/*.json --out results/benchmark_h200.json
+
+`combine results/leases/*.json` is the one command that builds the results file: results/leases/
+holds exactly the leases it combines (a test checks the committed file against them), and a lease
+that is replaced moves to results/raw/. `merge --curve-notes` appends the notes a curve lease needs,
+computed from its parts and rows (`parts_workload_line`, `curve_target_lines`).
 
 Workload (`Workload`): 3 context frames from the sample, then frames generated with the sample
 trajectory's actions, temperature 0.9 (the public generator's default), warm-up excluded, the
@@ -30,7 +35,7 @@ from terra_nb.workbook.bench_measure import *  # noqa: F401,F403
 from terra_nb.workbook.bench_measure import _row, _timed  # noqa: F401
 from terra_nb.workbook.bench_measure import StepSpec, profile, run, tensor_parallel
 from terra_nb.workbook.bench_report import *  # noqa: F401,F403
-from terra_nb.workbook.bench_report import combine_files, merge, update_readme
+from terra_nb.workbook.bench_report import combine_files, curve_target_lines, merge, parts_workload_line, update_readme
 from terra_nb.workbook.bench_workload import *  # noqa: F401,F403
 from terra_nb.workbook.bench_workload import ROW_NAMES, SEED_FIGURES, Workload
 
@@ -82,6 +87,11 @@ def main(argv=None):
     m.add_argument("--lease", help="which machine lease measured the parts (the file's `lease`), e.g. 'H200 lease 1 of "
                    "2026-11-27: bash tools/gpu.sh bg curve_port curve_stock'")
     m.add_argument("--note", action="append", default=[], help="a note on what the file's figures leave out (repeatable)")
+    m.add_argument("--curve-notes", action="store_true", help="append notes computed from the parts and rows: the "
+                   "workload every part shared (parts_workload_line; refused where the parts differ) and the curve "
+                   "against issue 25's targets (curve_target_lines)")
+    m.add_argument("--commit", help="the commit whose code ran, where the device's git named another (a stale .git): "
+                   "sets `commit` and `env.git_commit`, keeping the device's in `env.device_git_commit`")
     m.add_argument("--chart", action="store_true", help="also write a PNG chart beside --out (not committed)")
     c = sub.add_parser("combine", help="combine lease files (merge's) into results/benchmark_<gpu>.json; "
                        "each lease's id is its file's stem")
@@ -135,8 +145,14 @@ def main(argv=None):
         res = merge(parts)
         if a.lease:
             res["lease"] = a.lease
-        if a.note:
-            res["notes"] = a.note
+        if a.commit:
+            res["env"] = dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit)
+            res["commit"] = a.commit
+        notes = list(a.note)
+        if a.curve_notes:
+            notes += [parts_workload_line(parts)] + curve_target_lines(res)
+        if notes:
+            res["notes"] = notes
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(res, indent=2) + "\n")

@@ -505,6 +505,145 @@ def ratio_line(entry: dict) -> str:
     return line
 
 
+CURVE_TARGETS = {1: 1.03, 32: 0.95, 128: 0.95}
+"""Issue 25's targets for the port against stock vLLM Llama (H200, both rows of one lease), by batch:
+the bound on the port's ÷ stock's `curve_quantity`. At 1 rollout s/frame, so at most 1.03x; at 32
+and 128 rollouts frames/s, so at least 0.95x."""
+
+TRIALS_NOTE = 1.05
+"""Slowest over fastest trial above which `curve_target_lines` gives the ratio trial by trial."""
+
+
+def curve_quantity(batch: int) -> str:
+    """What a curve ratio divides at `batch` (as `lease_ratios` and `RATIOS` do): s/frame at 1
+    rollout (`vllm_vs_stock`), frames/s above (`port_vs_stock_b<N>`)."""
+    return "s_per_frame" if batch == 1 else "frames_per_s"
+
+
+def _curve_pairs(rows: list[dict]) -> list[tuple[int, dict, dict]]:
+    """[(batch, the port's row, stock's row)] for every batch where one lease measured both."""
+    by = {r["name"]: r for r in rows if "tp" not in r}
+    stock = {row_batch(n): r for n, r in by.items() if _curve_engine(n) == "stock_llama"}
+    port = {row_batch(n): r for n, r in by.items() if _curve_engine(n) == "vllm"}
+    return [(b, port[b], stock[b]) for b in sorted(stock.keys() & port.keys())]
+
+
+def _verdict(ratio: float, batch: int) -> bool | None:
+    """Whether `ratio` (the port's ÷ stock's `curve_quantity`) meets `CURVE_TARGETS` at `batch`."""
+    bound = CURVE_TARGETS.get(batch)
+    if bound is None:
+        return None
+    return ratio <= bound if curve_quantity(batch) == "s_per_frame" else ratio >= bound
+
+
+def _target_words(ratio: float, batch: int) -> str:
+    """'target at most 1.03x: met, 0.159 under', 'target at least 0.95x: missed, 0.007 short', or
+    'no target at this batch'."""
+    bound, ok = CURVE_TARGETS.get(batch), _verdict(ratio, batch)
+    if ok is None:
+        return "no target at this batch"
+    if curve_quantity(batch) == "s_per_frame":
+        return f"target at most {bound:.2f}x: " + (f"met, {bound - ratio:.3f} under" if ok else f"missed, {ratio - bound:.3f} over")
+    return f"target at least {bound:.2f}x: " + (f"met, {ratio - bound:.3f} over" if ok else f"missed, {bound - ratio:.3f} short")
+
+
+def _trial_ratios(port: dict, stock: dict, quantity: str, vary) -> list[float]:
+    """The port's ÷ stock's `quantity` trial by trial: each trial of a side named in `vary` ('the
+    port', 'stock'), the median of the other; both named: every pair of trials."""
+    a = (_per_trial(port, quantity) or [port[quantity]]) if "the port" in vary else [port[quantity]]
+    d = (_per_trial(stock, quantity) or [stock[quantity]]) if "stock" in vary else [stock[quantity]]
+    return [x / y for x in a for y in d]
+
+
+def _range_words(ratios: list[float], batch: int) -> str:
+    """'0.805x to 0.950x, met with each' (or 'missed with each', 'met with some and missed with
+    others'; no verdict where `batch` has no target)."""
+    ok = {_verdict(r, batch) for r in ratios}
+    verdict = ("" if None in ok else ", met with each" if ok == {True} else ", missed with each" if ok == {False}
+               else ", met with some and missed with others")
+    return f"{min(ratios):.3f}x to {max(ratios):.3f}x{verdict}"
+
+
+def curve_target_lines(res: dict) -> list[str]:
+    """Sentences on one lease's batch curve, every figure from its rows (issue 25): which of
+    `CURVE_TARGETS` the port ÷ stock ratio meets; per batch both rows' figures, their ratio against
+    the target (met or missed, by how much), each side's trials in seconds, and where a side's
+    slowest trial is over `TRIALS_NOTE` times its fastest, the ratio from each of its trials (against
+    the other side's median; both sides: every pair) and whether each meets the target; each
+    engine's batch of most frames/s; the batch-1 rows' decode probes. Empty without a curve pair.
+    One lease at a time (a combined file's leases through `by_lease`)."""
+    if is_combined(res):
+        raise ValueError("curve_target_lines reads one lease: pass lease_results(res, lid), see by_lease")
+    pairs = _curve_pairs(res["rows"])
+    if not pairs:
+        return []
+    ratios = {b: port[curve_quantity(b)] / stock[curve_quantity(b)] for b, port, stock in pairs}
+    rollouts = lambda b: f"{b} rollout{'s' if b > 1 else ''}"  # noqa: E731
+    verdicts = [f"{rollouts(b)} " + ("not measured" if b not in ratios else "met" if _verdict(ratios[b], b) else "missed")
+                for b in CURVE_TARGETS]
+    met = sum(b in ratios and _verdict(ratios[b], b) for b in CURVE_TARGETS)
+    lines = [f"Issue 25's targets, the port ÷ stock vLLM Llama in this lease: {met} of {len(CURVE_TARGETS)} met ("
+             + ", ".join(verdicts) + ")."]
+    for b, port, stock in pairs:
+        q, ratio = curve_quantity(b), ratios[b]
+        fig = (lambda r: f"{r[q]:.3f} s/frame") if q == "s_per_frame" else (lambda r: f"{r[q]:.2f} frames/s")  # noqa: E731
+        trials = lambda r: ", ".join(f"{t:.2f}" for t in r["trials_s"])  # noqa: E731
+        line = (f"{rollouts(b)}: the port {fig(port)}, stock {fig(stock)}: {ratio:.3f}x "
+                f"({QUANTITY_WORDS[q].split(' (')[0]} of the port ÷ stock's; {_target_words(ratio, b)}). "
+                + ("One trial each, in" if len(port["trials_s"]) == len(stock["trials_s"]) == 1 else "Trials in")
+                + f" seconds (a trial: {rollouts(b)} x {port['frames']} frames): the port {trials(port)}; stock {trials(stock)}")
+        sides = (("the port", port), ("stock", stock))
+        wide = [who for who, r in sides if _trial_spread(r) > TRIALS_NOTE]
+        if wide:   # a side's trials disagree: the ratio from each of them against the other side's median
+            each = _trial_ratios(port, stock, q, vary=wide)
+            spread = "; ".join(f"{who}'s slowest {_trial_spread(r) - 1:.1%} over its fastest" for who, r in sides if who in wide)
+            whose = " and ".join(f"{w}'s" for w in wide)
+            against = "against the other's median" if len(wide) == 1 else "against each other"
+            line += f" ({spread}: from each of {whose} trials {against} the ratio is {_range_words(each, b)})"
+        elif b in CURVE_TARGETS and len({_verdict(r, b) for r in _trial_ratios(port, stock, q, ("the port", "stock"))}) > 1:
+            # trials that agree within TRIALS_NOTE, but the verdict still turns on which trial is taken
+            line += (" (trial by trial, every trial of the port's against every one of stock's, the ratio is "
+                     f"{_range_words(_trial_ratios(port, stock, q, ('the port', 'stock')), b)})")
+        lines.append(line + ".")
+    best = {who: max((r for r in res["rows"] if _curve_engine(r["name"]) == engine and "tp" not in r),
+                     key=lambda r: r["frames_per_s"]) for who, engine in (("the port", "vllm"), ("stock", "stock_llama"))}
+    lines.append("Most frames/s of each engine: " + ", ".join(
+        f"{who} {r['frames_per_s']:.2f} at {rollouts(r['batch'])}" for who, r in best.items())
+        + f" (batches measured: {', '.join(str(b) for b, _, _ in pairs)}).")
+    probes = [r.get("probe") for b, port, stock in pairs[:1] if b == 1 for r in (port, stock)]
+    if len(probes) == 2 and all(probes):
+        p, s = probes
+        lines.append(f"Decode probe of the 1-rollout rows (`bench_measure.decode_probe`: one frame on a cached prompt, "
+                     f"medians): the port {p['decode_ms_per_token']:.3f} ms per code, stock {s['decode_ms_per_token']:.3f} "
+                     f"({p['decode_ms_per_token'] / s['decode_ms_per_token']:.2f}x); a frame {p['frame_s']:.3f} s vs "
+                     f"{s['frame_s']:.3f} s ({p['frame_s'] / s['frame_s']:.2f}x), where the rollouts' s/frame gave "
+                     f"{ratios[1]:.3f}x.")
+    return lines
+
+
+PARTS_SHARE = ("preset", "n_ctx", "long_frames", "temperature", "seed")
+"""The workload keys every part of a curve lease must share (repeats may differ: each row keeps its trials)."""
+
+
+def parts_workload_line(parts: list[dict]) -> str:
+    """One sentence on the workload the parts of a lease share, read from the parts; ValueError where
+    they differ in device, vLLM, dtype, `engine_kwargs` or any of `PARTS_SHARE` (so a lease's rows
+    compare like with like)."""
+    def key(p: dict) -> tuple:
+        return (p["env"]["device"], p["env"]["vllm"], p["dtype"], json.dumps(p.get("engine_kwargs"), sort_keys=True),
+                tuple(p["workload"].get(k) for k in PARTS_SHARE))
+
+    if len({key(p) for p in parts}) > 1:
+        raise ValueError("the parts ran different settings: " + "; ".join(
+            f"{p['command']}: {key(p)}" for p in parts))
+    p, w = parts[0], parts[0]["workload"]
+    cores = sorted({str(r.get("engine_core")) for q in parts for r in q["rows"]})
+    return (f"Every part ran one workload: {w['preset']} shape, {p['dtype']}, {w['n_ctx']} context + "
+            f"{w['long_frames']} frames, temperature {w['temperature']}, seed {w['seed']}, vLLM {p['env']['vllm']} with "
+            f"engine_kwargs {json.dumps(p.get('engine_kwargs'))} (the benchmark's engine settings, vLLM's defaults "
+            f"otherwise); engine core: {', '.join(cores)} (every row).")
+
+
 def seed_figures_table() -> str:
     """The seed's two figures as a table (context, not measured here)."""
     return "\n".join([

@@ -1,0 +1,99 @@
+"""Issue 25's curve targets: `bench_report.curve_target_lines` on hand-made rows, the notes `merge
+--curve-notes` writes from them, and the committed curve lease's notes against its rows."""
+import json
+
+import pytest
+
+from terra_nb.workbook import bench, bench_report
+from terra_nb.workbook.bench_report import curve_target_lines, parts_workload_line
+
+
+def _part(rows, command="run", **env):
+    env = dict(dict(device="NVIDIA H200", vllm="0.26.0", torch="2.11.0", transformers="5.17.0", python="3.12",
+                    date="2026-11-26 01:40 UTC", git_commit="9436d8d-dirty"), **env)
+    workload = dict(preset="terra", n_ctx=3, long_frames=22, temperature=0.9, seed=0, long_repeats=2)
+    return dict(env=env, workload=workload, dtype="torch.bfloat16", engine_kwargs={}, command=command,
+                rows=rows, errors=[])
+
+
+def _row(name, batch, trials, **extra):
+    return dict(bench._row(name, batch, 22, trials), engine_core="this process", **extra)
+
+
+def _curve():
+    """Hand-made: at 1 rollout the port 22 s per video against stock's 20 and 30 (median 25: 0.880x,
+    from stock's trials 1.100x and 0.733x); at 8 a batch without a target; at 32 the port 0.94x stock's
+    frames/s with agreeing trials; at 128 1.000x; stock's best batch 128, the port's 32."""
+    port = [_row("vllm", 1, [22.0, 22.0], probe=dict(call_s=0.01, frame_s=1.5, decode_ms_per_token=2.5)),
+            _row("vllm_b8", 8, [44.0]), _row("vllm_b32", 32, [94.0, 94.0]), _row("vllm_b128", 128, [500.0])]
+    stock = [_row("stock_llama", 1, [20.0, 30.0], probe=dict(call_s=0.01, frame_s=1.0, decode_ms_per_token=2.0)),
+             _row("stock_llama_b8", 8, [40.0]), _row("stock_llama_b32", 32, [88.36, 88.36]),
+             _row("stock_llama_b128", 128, [250.0])]
+    return _part(port, "run port"), _part(stock, "run stock")
+
+
+def test_curve_target_lines_compute_each_batch_against_the_targets():
+    res = bench.merge(list(_curve()))
+    lines = curve_target_lines(res)
+    assert lines[0] == ("Issue 25's targets, the port ÷ stock vLLM Llama in this lease: 1 of 3 met "
+                        "(1 rollout met, 32 rollouts missed, 128 rollouts missed).")
+    one, eight, b32, b128, best, probe = lines[1:]
+    # 1 rollout: s/frame, port 1.000 vs stock's median 25/22; stock's trials 1.5x apart: each against the port's median
+    assert one.startswith("1 rollout: the port 1.000 s/frame, stock 1.136 s/frame: 0.880x (s/frame of the port ÷ "
+                          "stock's; target at most 1.03x: met, 0.150 under).")
+    assert "the port 22.00, 22.00; stock 20.00, 30.00" in one
+    assert "stock's slowest 50.0% over its fastest: from each of stock's trials against the other's median the " \
+           "ratio is 0.733x to 1.100x, met with some and missed with others" in one
+    assert eight.startswith("8 rollouts: the port 4.00 frames/s, stock 4.40 frames/s: 0.909x") and "no target" in eight
+    assert "One trial each, in seconds (a trial: 8 rollouts x 22 frames): the port 44.00; stock 40.00." in eight
+    assert "0.940x (frames/s of the port ÷ stock's; target at least 0.95x: missed, 0.010 short)" in b32
+    assert "trial by trial" not in b32 and "slowest" not in b32   # agreeing trials, one verdict
+    assert "0.500x" in b128 and "missed, 0.450 short" in b128
+    assert best == ("Most frames/s of each engine: the port 7.49 at 32 rollouts, stock 11.26 at 128 rollouts "
+                    "(batches measured: 1, 8, 32, 128).")
+    assert "the port 2.500 ms per code, stock 2.000 (1.25x); a frame 1.500 s vs 1.000 s (1.50x), where the " \
+           "rollouts' s/frame gave 0.880x" in probe
+    # every ratio is the lease's own ratio entry (the same quantity divided)
+    entries = {e["name"]: e["value"] for e in bench_report.ratio_entries(res)}
+    assert f"{entries['vllm_vs_stock']:.3f}x" in one and f"{entries['port_vs_stock_b32']:.3f}x" in b32
+
+
+def test_curve_target_lines_say_when_the_verdict_turns_on_a_trial_and_skip_leases_without_a_curve():
+    port, stock = _curve()
+    # at 32: the port's trials 4% apart (within TRIALS_NOTE), yet one of them meets 0.95x and the other not
+    port["rows"][2] = _row("vllm_b32", 32, [92.0, 95.8])
+    line = curve_target_lines(bench.merge([port, stock]))[3]
+    assert "(trial by trial, every trial of the port's against every one of stock's, the ratio is 0.922x to " \
+           "0.960x, met with some and missed with others)" in line
+    assert curve_target_lines(bench.merge([_part([_row("hf_seed", 1, [88.0])])])) == []
+    with pytest.raises(ValueError, match="one lease"):
+        curve_target_lines(bench_report.combine({"a": bench.merge([port, stock])}))
+
+
+def test_parts_workload_line_states_the_shared_workload_and_refuses_parts_that_differ():
+    port, stock = _curve()
+    assert parts_workload_line([port, stock]) == (
+        "Every part ran one workload: terra shape, torch.bfloat16, 3 context + 22 frames, temperature 0.9, seed 0, "
+        "vLLM 0.26.0 with engine_kwargs {} (the benchmark's engine settings, vLLM's defaults otherwise); "
+        "engine core: this process (every row).")
+    stock["workload"] = dict(stock["workload"], long_repeats=1)   # repeats may differ
+    parts_workload_line([port, stock])
+    for change in (dict(workload=dict(stock["workload"], temperature=1.0)), dict(engine_kwargs={"max_num_seqs": 5}),
+                   dict(dtype="torch.float32")):
+        with pytest.raises(ValueError, match="different settings"):
+            parts_workload_line([port, dict(stock, **change)])
+
+
+def test_merge_curve_notes_and_commit(tmp_path):
+    paths = []
+    for i, part in enumerate(_curve()):
+        paths.append(tmp_path / f"part_{i}.json")
+        paths[-1].write_text(json.dumps(part))
+    out = tmp_path / "leases" / "h200_x_curve.json"
+    bench.main(["merge", *map(str, paths), "--lease", "a lease", "--note", "typed", "--curve-notes",
+                "--commit", "cc1a759", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["commit"] == res["env"]["git_commit"] == "cc1a759" and res["env"]["device_git_commit"] == "9436d8d-dirty"
+    assert res["notes"] == ["typed", parts_workload_line(list(_curve()))] + curve_target_lines(res)
+    assert not list(tmp_path.glob("leases/*.png"))
+
