@@ -197,5 +197,13 @@ def test_the_committed_results_file_combines_its_lease_files():
         assert e["commit"] == res["leases"][e["lease"]]["commit"]
     assert res == json.loads(json.dumps(bench_report.recombine(res))), \
         "results/benchmark_h200.json is stale: rerun its `combined_by` command"
+    # results/leases/ lists the leases (a replaced lease moves to results/raw/): the file combines
+    # exactly those, in the order `combine results/leases/*.json` gives
+    from terra_nb.workbook.paths import RESULTS
+
+    in_folder = [str(p.relative_to(RESULTS.parent)) for p in sorted((RESULTS / "leases").glob("*.json"))]
+    assert [meta["file"] for meta in res["leases"].values()] == in_folder, \
+        "results/leases/ and results/benchmark_h200.json disagree: bench combine results/leases/*.json --out results/benchmark_h200.json"
+    assert res["combined_by"] == "python -m terra_nb.workbook.bench combine " + " ".join(in_folder)
     names = {r["name"] for r in res["rows"]}
     assert {"hf_seed", "vllm_seed", "vllm_seed_defaults", "vllm", "stock_llama"} <= names

@@ -97,3 +97,20 @@ def test_merge_curve_notes_and_commit(tmp_path):
     assert res["notes"] == ["typed", parts_workload_line(list(_curve()))] + curve_target_lines(res)
     assert not list(tmp_path.glob("leases/*.png"))
 
+
+def test_the_committed_curve_leases_notes_are_their_rows_target_lines():
+    """Every lease of results/benchmark_h200.json with a port and a stock row of one batch carries
+    `curve_target_lines` of its rows, in order, among its notes (so they cannot drift from its rows)."""
+    (res,) = bench.load_results().values()
+    seen = 0
+    for lid, lease in bench_report.by_lease(res):
+        lines = curve_target_lines(lease)
+        if not lines:
+            continue
+        seen += 1
+        notes = lease.get("notes", [])
+        assert lines[0] in notes, (lid, "rerun `bench merge --curve-notes` for this lease")
+        at = notes.index(lines[0])
+        assert notes[at:at + len(lines)] == lines, lid
+        assert lease["env"]["git_commit"] == lease["commit"], lid
+    assert seen == 1, "one curve lease in the results file"

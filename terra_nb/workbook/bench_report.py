@@ -744,11 +744,11 @@ def profile_findings(profiles: dict[str, dict] | None = None) -> str:
         "  input from the frame layout (O(frames): slot ranges computed, items identified by a hash of their",
         f"  floats) instead of vLLM's generic path: {ms(_section_s(port, front, 'our_processor'))} for 32 requests "
         "on the H200 host",
-        "  (`results/profile_h200_port.json`, phase `our_processor`: commit 12aaa6e, the benchmark's lease);",
+        "  (`results/profile_h200_port.json`, phase `our_processor`: commit 12aaa6e, the 2026-11-23 curve lease);",
         "- vLLM calls `embed_input_ids` eagerly on every decode step of a multimodal model; a `torch.where`",
         f"  there made the port's decode step wait on the GPU (64 tokens on 1 request: {ms(_section_s(port, decode1))} "
         f"vs stock's {ms(_section_s(stock, decode1))},",
-        "  with the same CPU work under cProfile; commit 12aaa6e, the benchmark's lease). It is one",
+        "  with the same CPU work under cProfile; commit 12aaa6e, the 2026-11-23 curve lease). It is one",
         "  embedding gather now (commit b829047, measured on a second H200 lease of the same day against",
         f"  stock on that machine: {ms(_section_s(lean, decode1))} vs {ms(_section_s(lean_stock, decode1))}, "
         "`results/profile_h200_lean_*.json`), since the front",
