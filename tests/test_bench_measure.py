@@ -79,7 +79,7 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     assert by["vllm_seed"]["engine"] == {"enforce_eager": True, "enable_prefix_caching": False, "max_num_seqs": 5}
     assert all(by[r]["frames"] == 2 and by[r]["s_per_frame"] > 0 for r in ("hf_seed", "vllm_seed"))
     assert not [e for e in res["errors"] if e["group"] == "hf_static"], (res["errors"], HF_STATIC_NEEDS)
-    assert by["hf_static"]["engine"] == {"cache": "static", "compile": True, "cache_len": 25 * 70}
+    assert by["hf_static"]["engine"] == {"cache": "static", "compile": True, "compile_mode": "reduce-overhead", "cache_len": 25 * 70}
     assert len(by["hf_static"]["frame_s"]) == 2 and by["hf_static"]["warmup_s"] > 0
     merged = bench.merge([res])
     assert merged["ratios"]["seed_setting_vs_hf"] == by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]

@@ -55,7 +55,7 @@ if [ "${1:-}" = poll ]; then
   tail -25 "$BG/bg.log"; for f in "$BG"/log_*.txt; do echo "-- $f"; grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)|^\(MainProcess" "$f" | tail -6; done
   grep -q '^finished' "$BG/bg.log"; exit $?
 fi
-export PYTHONPATH=/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
+export PYTHONFAULTHANDLER=1 PYTHONPATH=/tmp/site VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1
 # No top-k/top-p here: skip FlashInfer's sampler and its minute of JIT on a fresh machine (all rows alike).
 export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip.log 2>&1 || cat /tmp/pip.log
@@ -99,7 +99,7 @@ case "$1" in
   # Lease 2 of 2026-11-26, one row per part (each its own process, so HF's cuDNN plans start cold):
   # `bg seed_static seed_defaults seed_flash seed_eager`. seed_flash: HF with cuDNN attention off
   # (bench_measure.HF_FLASH_BACKENDS), since hf_probe found cuDNN's per-key-length plans behind HF's slow first video.
-  seed_static) args=(run --rows hf_static --long-repeats 2 --deadline-s 60) ;;
+  seed_static) args=(run --rows hf_static --long-repeats "${REPEATS:-2}" --deadline-s 60) ;;
   seed_defaults) args=(run --rows vllm_seed_defaults --long-repeats 2 --deadline-s 60) ;;
   seed_flash) args=(run --rows hf_seed_flash --long-repeats 2 --deadline-s 60) ;;
   seed_eager) args=(run --rows vllm_seed --long-repeats 2 --deadline-s 60) ;;

@@ -8,6 +8,7 @@ parts (`bench_report.merge`); `run` is what such a process does. Lengths are for
 from __future__ import annotations
 
 import dataclasses
+import os
 import json
 import shlex
 import statistics
@@ -200,7 +201,9 @@ def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool) -> dict:
     warm = dataclasses.replace(wl, long_frames=1)
     if static:
         cache = static_cache(model, layout)
-        model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        # HF's documented mode is "reduce-overhead" (CUDA graphs); $HF_COMPILE_MODE picks another
+        # (2026-11-26, H200: that mode's process died with SIGSEGV in the warm-up video)
+        model.forward = torch.compile(model.forward, mode=os.environ.get("HF_COMPILE_MODE", "reduce-overhead"))
         warm = wl
     warmup_s = _timed(lambda: seed_video(model, warm, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE),
                                          cache=cache))
@@ -224,6 +227,8 @@ def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool) -> dict:
                 calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens, frame_s=frame_s,
                 frame_s_trials=frame_s_trials, device_allocs=allocs, cpu_s_trials=cpu_s, nivcsw_trials=nivcsw,
                 warmup_s=round(warmup_s, 2), engine=dict(cache="static" if static else "dynamic", compile=static,
+                                                         compile_mode=os.environ.get("HF_COMPILE_MODE", "reduce-overhead")
+                                                         if static else None,
                                                          cache_len=layout.max_len if static else None))
 
 
