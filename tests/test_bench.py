@@ -187,7 +187,7 @@ def test_seed_setting_lines_and_plot_read_the_seed_rows():
             dict(name="vllm_seed", frames=22, temperature=1.0, s_per_frame=2.0, step_profile=prof(3.0, 300.0)),
             dict(name="vllm_seed_defaults", frames=22, temperature=1.0, s_per_frame=1.0, step_profile=prof(1.5, 40.0))]
     static = dict(name="hf_static", frames=22, temperature=1.0, s_per_frame=3.0)
-    assert "the port with today's defaults is 3.00x it" in seed_setting_lines(dict(rows=rows + [static]))[2]
+    assert "the port with today's defaults is 3.00x it" in seed_setting_lines(dict(rows=rows + [static]))[3]
     lines = seed_setting_lines(dict(rows=rows))
     assert "4.00x, against the seed's 2.60x" in lines[0] and "8.00x HF" in lines[1]
     assert "first frame took 6.00 s and its last 9.00 s (1.50x)" in lines[2]
@@ -196,11 +196,22 @@ def test_seed_setting_lines_and_plot_read_the_seed_rows():
     # HF's trials 3x apart: the range of ratios, and no per-frame growth read from medians of both
     split = [dict(rows[0], trials_s=[66.0, 22.0 * 4.0])] + rows[1:]
     lines = seed_setting_lines(dict(rows=split))
-    assert "4.00 and 3.00 s per frame (1.33x)" not in " ".join(lines) and len(lines) == 4  # 1.33x: still agree
+    assert "4.00 and 3.00 s per frame (1.33x)" not in " ".join(lines) and len(lines) == 5  # 1.33x: still agree
+    assert "HF's trials agree within 1.33x (66.0 and 88.0 s)." in lines[2]
     split = [dict(rows[0], trials_s=[22.0 * 9.0, 22.0 * 3.0])] + rows[1:]
     lines = seed_setting_lines(dict(rows=split))
     assert "9.00 and 3.00 s per frame (3.00x)" in lines[2] and "ratio is 1.50x to 4.50x (the default port: 3.00x to 9.00x)" in lines[2]
     assert not any("first frame took" in ln for ln in lines)
+    # HF with cuDNN attention off: its own lines, in its own words, beside the default's
+    flash = dict(rows[0], name="hf_seed_flash", s_per_frame=4.0, trials_s=[90.0, 86.0], frame_s=[3.0, 5.0])
+    lines = seed_setting_lines(dict(rows=rows + [flash]))
+    assert "HF with cuDNN attention off 4.00 s per frame" in lines[3] and "2.00x, against" in lines[3]
+    assert "4.00x HF with cuDNN attention off" in lines[4] and "agree within 1.05x (90.0 and 86.0 s)" in lines[5]
+    # HF's static path failed: why, from the lease's errors (a row, when there is one, wins)
+    failed = dict(rows=rows, errors=[dict(group="hf_static", error="exit 139 (SIGSEGV)"), dict(group="x", error="other")])
+    assert "static cache + torch.compile gave no row: exit 139 (SIGSEGV)." in " ".join(seed_setting_lines(failed))
+    assert "other" not in " ".join(seed_setting_lines(failed))
+    assert "gave no row" not in " ".join(seed_setting_lines(dict(failed, rows=rows + [static])))
     fig = seed_frames_plot(rows)
     (ax,) = fig.axes
     assert [ln.get_label() for ln in ax.lines] == ["hf_seed", "vllm_seed", "vllm_seed_defaults"]

@@ -406,49 +406,71 @@ def _trial_spread(row: dict | None) -> float:
     return max(trials) / min(trials)
 
 
+HF_SEED_ROWS = {"hf_seed": "HF", "hf_seed_flash": "HF with cuDNN attention off"}
+"""HF's rows in the seed's setting and their words: `hf_seed` as torch chooses its attention kernel,
+`hf_seed_flash` with cuDNN's left out (`bench_measure.HF_FLASH_BACKENDS`)."""
+
+
 def seed_setting_lines(res: dict) -> list[str]:
     """Sentences on the seed's setting (issue 25), every figure from `res`'s seed rows: the ratio
     against the seed's 2.6x, what HF pays per frame as its context grows (`frame_s`; when HF's trials
     disagree by over `TRIALS_DISAGREE`, the range of ratios instead, since the per-frame medians then
-    mix a slow and a fast video), and what eager mode costs per code (the port's seed rows'
-    `step_profile`). Empty without seed rows. One lease at a time: a combined file's leases through
-    `by_lease` (its rows of one name may come from several leases)."""
+    mix a slow and a fast video), what eager mode costs per code (the port's seed rows'
+    `step_profile`), and why HF's static path has no row where it failed. Empty without seed rows.
+    One lease at a time: a combined file's leases through `by_lease` (its rows of one name may come
+    from several leases)."""
     if is_combined(res):
         raise ValueError("seed_setting_lines reads one lease: pass lease_results(res, lid), see by_lease")
     by = {r["name"]: r for r in res["rows"]}
-    hf, eager, defaults = by.get("hf_seed"), by.get("vllm_seed"), by.get("vllm_seed_defaults")
-    seed_hf, seed_vllm = SEED_FIGURES.values()
+    eager, defaults = by.get("vllm_seed"), by.get("vllm_seed_defaults")
     lines = []
-    if hf and eager:
-        lines.append(f"In the seed's setting (batch 1, {hf['frames']} frames, one call per frame, temperature "
-                     f"{hf['temperature']}): HF {hf['s_per_frame']:.2f} s per frame, the port as the seed ran it "
-                     f"(eager, no prefix caching, max_num_seqs 5) {eager['s_per_frame']:.2f} s: "
-                     f"{hf['s_per_frame'] / eager['s_per_frame']:.2f}x, against the seed's {seed_hf / seed_vllm:.2f}x.")
-    if hf and defaults:
-        lines.append(f"With today's defaults (CUDA graphs, prefix caching) the port takes {defaults['s_per_frame']:.2f} s "
-                     f"per frame: {hf['s_per_frame'] / defaults['s_per_frame']:.2f}x HF.")
+    for name, who in HF_SEED_ROWS.items():
+        if name in by:
+            lines += _hf_seed_lines(by[name], who, eager, defaults)
     static = by.get("hf_static")
     if static and defaults:
         lines.append(f"HF's own fast path (a static cache of a round and torch.compile) takes {static['s_per_frame']:.2f} s "
                      f"per frame: the port with today's defaults is {static['s_per_frame'] / defaults['s_per_frame']:.2f}x it.")
-    spread = _trial_spread(hf)
-    if hf and eager and spread > TRIALS_DISAGREE:
-        slow, fast = max(hf["trials_s"]) / hf["frames"], min(hf["trials_s"]) / hf["frames"]
-        also = (f" (the default port: {fast / defaults['s_per_frame']:.2f}x to {slow / defaults['s_per_frame']:.2f}x)"
-                if defaults else "")
-        lines.append(f"HF's trials disagree: {slow:.2f} and {fast:.2f} s per frame ({spread:.2f}x), so against the "
-                     f"eager port the ratio is {fast / eager['s_per_frame']:.2f}x to {slow / eager['s_per_frame']:.2f}x{also}, "
-                     f"and the median's lies between; the file's notes say what is known of why.")
-    if hf and hf.get("frame_s") and spread <= TRIALS_DISAGREE:
-        first, last = hf["frame_s"][0], hf["frame_s"][-1]
-        lines.append(f"HF's first frame took {first:.2f} s and its last {last:.2f} s ({last / first:.2f}x): every "
-                     f"call prefills the whole prompt again and decodes against a cache that grows with it.")
+    failed = [e for e in res.get("errors", []) if e.get("group") == "hf_static"]
+    if failed and not static:
+        lines.append("HF's static cache + torch.compile gave no row: "
+                     + "; ".join(e["error"] for e in failed) + ".")
     if eager and defaults and "step_profile" in eager and "step_profile" in defaults:
         e, d = eager["step_profile"], defaults["step_profile"]
         lines.append(f"Eager mode costs {e['decode_step_ms']:.2f} ms per code against {d['decode_step_ms']:.2f} ms with "
                      f"CUDA graphs ({e['decode_step_ms'] / d['decode_step_ms']:.2f}x); a frame's overhead (no prefix "
                      f"caching: the whole prompt prefilled again) is {e['overhead_ms']:.0f} ms against "
                      f"{d['overhead_ms']:.0f} ms.")
+    return lines
+
+
+def _hf_seed_lines(hf: dict, who: str, eager: dict | None, defaults: dict | None) -> list[str]:
+    """`seed_setting_lines` for one of HF's seed rows (`HF_SEED_ROWS`), against the port's rows of its lease."""
+    seed_hf, seed_vllm = SEED_FIGURES.values()
+    lines = []
+    if eager:
+        lines.append(f"In the seed's setting (batch 1, {hf['frames']} frames, one call per frame, temperature "
+                     f"{hf['temperature']}): {who} {hf['s_per_frame']:.2f} s per frame, the port as the seed ran it "
+                     f"(eager, no prefix caching, max_num_seqs 5) {eager['s_per_frame']:.2f} s: "
+                     f"{hf['s_per_frame'] / eager['s_per_frame']:.2f}x, against the seed's {seed_hf / seed_vllm:.2f}x.")
+    if defaults:
+        lines.append(f"With today's defaults (CUDA graphs, prefix caching) the port takes {defaults['s_per_frame']:.2f} s "
+                     f"per frame: {hf['s_per_frame'] / defaults['s_per_frame']:.2f}x {who}.")
+    spread = _trial_spread(hf)
+    if eager and spread > TRIALS_DISAGREE:
+        slow, fast = max(hf["trials_s"]) / hf["frames"], min(hf["trials_s"]) / hf["frames"]
+        also = (f" (the default port: {fast / defaults['s_per_frame']:.2f}x to {slow / defaults['s_per_frame']:.2f}x)"
+                if defaults else "")
+        lines.append(f"{who}'s trials disagree: {slow:.2f} and {fast:.2f} s per frame ({spread:.2f}x), so against the "
+                     f"eager port the ratio is {fast / eager['s_per_frame']:.2f}x to {slow / eager['s_per_frame']:.2f}x{also}, "
+                     f"and the median's lies between; the file's notes say what is known of why.")
+    elif len(hf.get("trials_s", [])) > 1:
+        lines.append(f"{who}'s trials agree within {spread:.2f}x ("
+                     + " and ".join(f"{t:.1f}" for t in hf["trials_s"]) + " s).")
+    if hf.get("frame_s") and spread <= TRIALS_DISAGREE:
+        first, last = hf["frame_s"][0], hf["frame_s"][-1]
+        lines.append(f"{who}'s first frame took {first:.2f} s and its last {last:.2f} s ({last / first:.2f}x): every "
+                     f"call prefills the whole prompt again and decodes against a cache that grows with it.")
     return lines
 
 
