@@ -231,14 +231,16 @@ def test_committed_seed_results_name_their_lease_and_render_in_notebook_07():
         text = seed_section(stem, res)
         for lid, lease in by_lease(res):
             by = {r["name"]: r for r in lease["rows"]}
-            if not {"hf_seed", "vllm_seed"} & set(by):
+            hf = [n for n in ("hf_seed", "hf_seed_flash") if n in by]
+            if not ({"vllm_seed"} | set(hf)) & set(by):
                 continue
             seen += 1
             assert lease["commit"] and lease["lease"] and lease["env"]["git_commit"] == lease["commit"], lid
-            assert {"hf_seed", "vllm_seed"} <= set(by), (lid, "both sides of the seed ratio come from one lease")
-            ratio = by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
+            assert hf and "vllm_seed" in by, (lid, "both sides of the seed ratio come from one lease")
             block = text[text.index(f"**results/{stem}.json, lease `{lid}`**"):]
-            assert f"{ratio:.2f}x, against the seed's 2.60x" in block and lease["commit"] in block
+            for name in hf:
+                ratio = by[name]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
+                assert f"{ratio:.2f}x, against the seed's 2.60x" in block and lease["commit"] in block
             assert all(n in block for n in lease["notes"])
     assert seen
     assert seed_section("x", dict(rows=[dict(name="hf", s_per_frame=1.0)])) == ""

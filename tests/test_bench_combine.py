@@ -208,3 +208,52 @@ def test_the_committed_results_file_combines_its_lease_files():
     assert res["combined_by"] == "python -m terra_nb.workbook.bench combine " + " ".join(in_folder)
     names = {r["name"] for r in res["rows"]}
     assert {"hf_seed", "vllm_seed", "vllm_seed_defaults", "vllm", "stock_llama"} <= names
+
+
+def test_seed_lease_notes_are_computed_from_rows_earlier_lease_and_probe():
+    """`seed_lease_notes` (bench merge --seed-notes) on hand-made rows, and the committed 2026-11-26
+    seed lease's notes are exactly what it computes from that lease, the earlier one and the probe."""
+    import json
+    from pathlib import Path
+
+    from terra_nb.workbook.bench_report import seed_lease_notes
+
+    now = dict(rows=[dict(name="hf_seed_flash", temperature=1.0, trials_s=[100.0, 110.0], device_allocs=[7, 0]),
+                     dict(name="vllm_seed", temperature=1.0, s_per_frame=3.0)])
+    then = dict(lease_id="h200_old", rows=[dict(name="hf_seed", temperature=1.0, trials_s=[300.0, 100.0]),
+                                           dict(name="vllm_seed", temperature=1.0, s_per_frame=2.0)])
+    lines = seed_lease_notes(now, then)
+    assert lines[0].startswith("The seed rows sample at temperature 1.0")
+    assert "HF (lease h200_old): trials 300.0 and 100.0 s, slowest ÷ fastest 3.00x." in lines
+    assert ("HF with cuDNN attention off (this lease): trials 100.0 and 110.0 s, slowest ÷ fastest 1.10x; the CUDA "
+            "allocator asked the driver for memory 7, 0 times per trial.") in lines
+    assert any("3.00 s per frame here, 2.00 in lease h200_old (1.50x)" in ln for ln in lines)
+    assert len(seed_lease_notes(now)) == 2  # no earlier lease: its own rows only
+
+    root = Path(__file__).resolve().parents[1]
+    lease = json.loads((root / "results/leases/h200_2026-11-26_seed.json").read_text())
+    earlier = dict(json.loads((root / "results/leases/h200_2026-11-25_seed.json").read_text()),
+                   lease_id="h200_2026-11-25_seed")
+    probe = json.loads((root / "results/hf_probe_h200.json").read_text())
+    assert lease["notes"][1:] == seed_lease_notes(lease, earlier, probe)
+    assert {e["group"] for e in lease["errors"]} == {"hf_static"} and not any(r["name"] == "hf_static" for r in lease["rows"])
+
+
+def test_probe_findings_read_the_probe_result():
+    """`hf_probe.finding_lines` on a hand-made probe result: the kernel named from the profiled CPU
+    ops, cold over warm with the pass's CPU seconds, and each backend alone (errors left out)."""
+    from terra_nb.workbook.hf_probe import finding_lines
+
+    setting = lambda cold, warm, err=None: dict(cold_ms_median=cold, warm_ms_median=warm,  # noqa: E731
+                                                cold_over_warm=cold / warm, cpu_s_cold=2.0, cold_s=2.1, error=err)
+    res = dict(device="GPU X", torch="t", cudnn=9, steps=10, settings=dict(
+        default=setting(50.0, 10.0), FLASH_ATTENTION=setting(10.0, 10.0), EFFICIENT_ATTENTION=setting(1, 1, "no kernel"),
+        CUDNN_ATTENTION=setting(40.0, 10.0)),
+        profile=dict(cold=dict(cpu_ops=[["cudaLaunchKernel", 9.0], ["aten::_cudnn_attention_forward", 30.0]])))
+    lines = finding_lines(res)
+    assert "chose cuDNN's attention kernel" in lines[0] and "30.0 ms of CPU in `aten::_cudnn_attention_forward`" in lines[0]
+    assert "took 50.0 ms, the same length again 10.0 ms (5.00x, medians of 10 steps)" in lines[1]
+    assert "2.00 s of CPU in that pass's 2.10 s" in lines[1]
+    assert lines[2] == "New length over seen length, one backend at a time: flash 1.00x, cudnn 4.00x."
+    res["profile"]["cold"]["cpu_ops"] = [["aten::_flash_attention_forward", 1.0]]
+    assert not any("cuDNN's attention kernel" in ln for ln in finding_lines(res))

@@ -35,7 +35,8 @@ from terra_nb.workbook.bench_measure import *  # noqa: F401,F403
 from terra_nb.workbook.bench_measure import _row, _timed  # noqa: F401
 from terra_nb.workbook.bench_measure import StepSpec, profile, run, tensor_parallel
 from terra_nb.workbook.bench_report import *  # noqa: F401,F403
-from terra_nb.workbook.bench_report import combine_files, curve_target_lines, merge, parts_workload_line, update_readme
+from terra_nb.workbook.bench_report import (combine_files, curve_target_lines, lease_id, merge, parts_workload_line,
+                                            seed_lease_notes, update_readme)
 from terra_nb.workbook.bench_workload import *  # noqa: F401,F403
 from terra_nb.workbook.bench_workload import ROW_NAMES, SEED_FIGURES, Workload
 
@@ -90,6 +91,13 @@ def main(argv=None):
     m.add_argument("--curve-notes", action="store_true", help="append notes computed from the parts and rows: the "
                    "workload every part shared (parts_workload_line; refused where the parts differ) and the curve "
                    "against issue 25's targets (curve_target_lines)")
+    m.add_argument("--seed-notes", action="store_true", help="append notes computed from the parts and rows of a "
+                   "seed lease (issue 25): the workload the parts shared and seed_lease_notes (with --earlier, an "
+                   "earlier seed lease's file; with --probe, an hf_probe result)")
+    m.add_argument("--earlier", help="an earlier seed lease's file, for --seed-notes")
+    m.add_argument("--probe", help="an hf_probe result file (results/hf_probe_<gpu>.json), for --seed-notes")
+    m.add_argument("--error", action="append", default=[], metavar="GROUP=TEXT",
+                   help="a failure the parts could not record (e.g. a process that died): adds {group, error} to `errors`")
     m.add_argument("--commit", help="the commit whose code ran, where the device's git named another (a stale .git): "
                    "sets `commit` and `env.git_commit`, keeping the device's in `env.device_git_commit`")
     m.add_argument("--chart", action="store_true", help="also write a PNG chart beside --out (not committed)")
@@ -151,6 +159,15 @@ def main(argv=None):
         notes = list(a.note)
         if a.curve_notes:
             notes += [parts_workload_line(parts)] + curve_target_lines(res)
+        if a.seed_notes:
+            earlier = json.loads(Path(a.earlier).read_text()) if a.earlier else None
+            if earlier:
+                earlier.setdefault("lease_id", lease_id(a.earlier))
+            probe = json.loads(Path(a.probe).read_text()) if a.probe else None
+            notes += [parts_workload_line(parts)] + seed_lease_notes(res, earlier, probe)
+        for e in a.error:
+            group, _, text = e.partition("=")
+            res["errors"].append(dict(group=group, error=text))
         if notes:
             res["notes"] = notes
         out = Path(a.out)

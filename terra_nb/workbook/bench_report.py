@@ -6,7 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from terra_nb.workbook.bench_workload import SEED_FIGURES, row_batch, row_engine
+from terra_nb.workbook.bench_workload import SEED_FIGURES, SEED_ROWS, row_batch, row_engine
 
 
 def merge(parts: list[dict]) -> dict:
@@ -472,6 +472,41 @@ def _hf_seed_lines(hf: dict, who: str, eager: dict | None, defaults: dict | None
         lines.append(f"{who}'s first frame took {first:.2f} s and its last {last:.2f} s ({last / first:.2f}x): every "
                      f"call prefills the whole prompt again and decodes against a cache that grows with it.")
     return lines
+
+
+def seed_lease_notes(res: dict, earlier: dict | None = None, probe: dict | None = None) -> list[str]:
+    """Notes for a seed lease's file, computed (`bench merge --seed-notes`): each HF seed row's trials,
+    their spread and the allocator's driver calls; against an `earlier` seed lease, its HF row's
+    trials and how the port's rows of both leases compare (a slower host shows in both sides, so
+    ratios hold only within a lease); and a `probe` result's findings (`hf_probe.finding_lines`)."""
+    from terra_nb.workbook.hf_probe import finding_lines
+
+    by = {r["name"]: r for r in res["rows"]}
+    old = {r["name"]: r for r in (earlier or {}).get("rows", [])}
+    temps = sorted({r["temperature"] for r in res["rows"] if r["name"] in SEED_ROWS})
+    lines = [f"The seed rows sample at temperature {' and '.join(map(str, temps))}, as each row records "
+             "(the workload's own temperature is the curve rows')."] if temps else []
+    for name, who in HF_SEED_ROWS.items():
+        for where, rows in (("this lease", by), (_lease_name(earlier), old)):
+            r = rows.get(name)
+            if r:
+                allocs = r.get("device_allocs")
+                lines.append(f"{who} ({where}): trials " + " and ".join(f"{t:.1f}" for t in r["trials_s"])
+                             + f" s, slowest ÷ fastest {_trial_spread(r):.2f}x"
+                             + (f"; the CUDA allocator asked the driver for memory {', '.join(map(str, allocs))} "
+                                "times per trial" if allocs and None not in allocs else "") + ".")
+    for name in ("vllm_seed", "vllm_seed_defaults"):
+        if name in by and name in old:
+            now, then = by[name]["s_per_frame"], old[name]["s_per_frame"]
+            lines.append(f"{WHO[name][0].upper() + WHO[name][1:]}: {now:.2f} s per frame here, {then:.2f} in "
+                         f"{_lease_name(earlier)} ({now / then:.2f}x); hosts differ, so ratios hold within a lease only.")
+    return lines + (finding_lines(probe["probe"]) if probe else [])
+
+
+def _lease_name(res: dict | None) -> str:
+    """A lease in a sentence: its id where it has one, else its date."""
+    res = res or {}
+    return f"lease {res.get('lease_id') or res.get('date', 'earlier')}"
 
 
 def _provenance(res: dict) -> str:

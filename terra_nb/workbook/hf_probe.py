@@ -283,6 +283,31 @@ def summary_lines(res: dict) -> list[str]:
     return lines
 
 
+def finding_lines(res: dict) -> list[str]:
+    """What a probe found, in sentences computed from its result (`new_length_probe`'s dict): which
+    attention kernel the default setting ran (the profiled cold step's CPU ops), what a step at a new
+    key length costs against the same length again and where that time went (CPU seconds of the
+    pass), and the same ratio for each backend on its own."""
+    st = res["settings"]
+    lines = []
+    cudnn = [(op, ms) for op, ms in res.get("profile", {}).get("cold", {}).get("cpu_ops", []) if "cudnn" in op]
+    if cudnn:
+        op, ms = cudnn[0]
+        lines.append(f"On the {res['device']} (torch {res['torch']}, cuDNN {res['cudnn']}) SDPA chose cuDNN's attention "
+                     f"kernel for HF's decode step: the profiled step at a new length spent {ms:.1f} ms of CPU in `{op}`.")
+    d = st.get("default", {})
+    if d and not d.get("error"):
+        lines.append(f"A decode step at a key length new to the process took {d['cold_ms_median']:.1f} ms, the same "
+                     f"length again {d['warm_ms_median']:.1f} ms ({d['cold_over_warm']:.2f}x, medians of "
+                     f"{res['steps']} steps); the process used {d['cpu_s_cold']:.2f} s of CPU in that pass's "
+                     f"{d['cold_s']:.2f} s, so the cost is CPU work, not GPU time.")
+    alone = [f"{name.split('_')[0].lower()} {s['cold_over_warm']:.2f}x" for name, s in st.items()
+             if name != "default" and not s.get("error")]
+    if alone:
+        lines.append("New length over seen length, one backend at a time: " + ", ".join(alone) + ".")
+    return lines
+
+
 def main(argv=None) -> dict:
     from terra_nb.workbook.bench_workload import Workload, checkpoint
     from terra_nb.workbook.data import load_sample
