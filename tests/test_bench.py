@@ -190,14 +190,23 @@ def test_seed_setting_lines_and_plot_read_the_seed_rows():
     assert "the port with today's defaults is 3.00x it" in seed_setting_lines(dict(rows=rows + [static]))[3]
     lines = seed_setting_lines(dict(rows=rows))
     assert "4.00x, against the seed's 2.60x" in lines[0] and "8.00x HF" in lines[1]
-    assert "first frame took 6.00 s and its last 9.00 s (1.50x)" in lines[2]
+    assert "first frame took 6.00 s and its last 9.00 s (1.50x): every call prefills" in lines[2]
+    flat = [dict(rows[0], frame_s=[6.0, 6.3])] + rows[1:]
+    assert "(1.05x): the context's growth barely shows" in seed_setting_lines(dict(rows=flat))[2]
+    # per code: HF 8 s / 576 codes against the port with CUDA graphs' 1 s: at least 1 - 1/8 is the CPU's
+    coded = [dict(r, tokens_per_call=576) for r in rows]
+    per_code = [ln for ln in seed_setting_lines(dict(rows=coded)) if ln.startswith("Per code")]
+    assert per_code and "HF 13.9 ms, the eager port 3.5 ms, the port with CUDA graphs 1.74 ms" in per_code[0]
+    assert "at least 88% of HF's time per code and 50% of the eager port's" in per_code[0]
+    split3 = [dict(coded[0], trials_s=[22.0 * 9.0, 22.0 * 3.0])] + coded[1:]
+    assert not any(ln.startswith("Per code") for ln in seed_setting_lines(dict(rows=split3)))  # no median to trust
     assert "3.00 ms per code against 1.50 ms with CUDA graphs (2.00x)" in lines[3] and "300 ms against 40 ms" in lines[3]
     assert seed_setting_lines(dict(rows=[rows[0]])) == [lines[2]]  # HF alone: its frames only
     # HF's trials 3x apart: the range of ratios, and no per-frame growth read from medians of both
     split = [dict(rows[0], trials_s=[66.0, 22.0 * 4.0])] + rows[1:]
     lines = seed_setting_lines(dict(rows=split))
     assert "4.00 and 3.00 s per frame (1.33x)" not in " ".join(lines) and len(lines) == 5  # 1.33x: still agree
-    assert "HF's trials agree within 1.33x (66.0 and 88.0 s)." in lines[2]
+    assert "HF: its trials agree within 1.33x (66.0 and 88.0 s)." in lines[2]
     split = [dict(rows[0], trials_s=[22.0 * 9.0, 22.0 * 3.0])] + rows[1:]
     lines = seed_setting_lines(dict(rows=split))
     assert "9.00 and 3.00 s per frame (3.00x)" in lines[2] and "ratio is 1.50x to 4.50x (the default port: 3.00x to 9.00x)" in lines[2]

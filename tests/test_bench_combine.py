@@ -156,8 +156,8 @@ def test_seed_sentences_are_per_lease_and_keep_the_trials_spread_rule():
     assert "ratio is 1.50x to 4.50x (the default port: 3.00x to 9.00x)" in " ".join(seed_lines)
     # the curve lease: HF alone, agreeing trials: its frames' growth, read from its own row
     assert seed_setting_lines(views["h200_curve"]) == [
-        "HF's trials agree within 1.00x (88.0 and 88.0 s).",
-        "HF's first frame took 3.00 s and its last 5.00 s (1.67x): every call prefills the whole prompt again "
+        "HF: its trials agree within 1.00x (88.0 and 88.0 s).",
+        "HF: its first frame took 3.00 s and its last 5.00 s (1.67x): every call prefills the whole prompt again "
         "and decodes against a cache that grows with it."]
     text = seed_section("benchmark_h200", res)
     a, b = text.index("**results/benchmark_h200.json, lease `h200_curve`**"), text.index(

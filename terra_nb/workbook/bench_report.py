@@ -435,6 +435,9 @@ def seed_setting_lines(res: dict) -> list[str]:
     if failed and not static:
         lines.append("HF's static cache + torch.compile gave no row: "
                      + "; ".join(e["error"] for e in failed) + ".")
+    hf = next((by[n] for n in HF_SEED_ROWS if n in by and _trial_spread(by[n]) <= TRIALS_DISAGREE), None)
+    if hf and eager and defaults and all("tokens_per_call" in r for r in (hf, eager, defaults)):
+        lines.append(_per_code_line(hf, eager, defaults))
     if eager and defaults and "step_profile" in eager and "step_profile" in defaults:
         e, d = eager["step_profile"], defaults["step_profile"]
         lines.append(f"Eager mode costs {e['decode_step_ms']:.2f} ms per code against {d['decode_step_ms']:.2f} ms with "
@@ -442,6 +445,25 @@ def seed_setting_lines(res: dict) -> list[str]:
                      f"caching: the whole prompt prefilled again) is {e['overhead_ms']:.0f} ms against "
                      f"{d['overhead_ms']:.0f} ms.")
     return lines
+
+
+CONTEXT_SHOWS = 1.1
+"""Last frame over first above which HF's growing prompt and cache are what a frame's time shows."""
+
+
+def _per_code_line(hf: dict, eager: dict, defaults: dict) -> str:
+    """Why the seed's ratio is not today's: per code, HF and the eager port against the port with CUDA
+    graphs, whose time per code bounds the GPU work a code needs (the same model, batch 1); the rest
+    of a code's time in the other two is the CPU launching its kernels one by one."""
+    ms = {n: r["s_per_frame"] / r["tokens_per_call"] * 1e3 for n, r in
+          ((hf["name"], hf), ("vllm_seed", eager), ("vllm_seed_defaults", defaults))}
+    gpu = ms["vllm_seed_defaults"]
+    return (f"Per code, prefill included: {WHO[hf['name']]} {ms[hf['name']]:.1f} ms, the eager port "
+            f"{ms['vllm_seed']:.1f} ms, the port with CUDA graphs {gpu:.2f} ms. The GPU work of a code is at most "
+            f"the last, so at least {1 - gpu / ms[hf['name']]:.0%} of HF's time per code and "
+            f"{1 - gpu / ms['vllm_seed']:.0%} of the eager port's is the CPU issuing kernels one at a time: "
+            "the seed's ratio divides two CPU-bound loops, and it moves with the host's CPU and each "
+            "framework's work per step, not with the GPU.")
 
 
 def _hf_seed_lines(hf: dict, who: str, eager: dict | None, defaults: dict | None) -> list[str]:
@@ -461,16 +483,17 @@ def _hf_seed_lines(hf: dict, who: str, eager: dict | None, defaults: dict | None
         slow, fast = max(hf["trials_s"]) / hf["frames"], min(hf["trials_s"]) / hf["frames"]
         also = (f" (the default port: {fast / defaults['s_per_frame']:.2f}x to {slow / defaults['s_per_frame']:.2f}x)"
                 if defaults else "")
-        lines.append(f"{who}'s trials disagree: {slow:.2f} and {fast:.2f} s per frame ({spread:.2f}x), so against the "
+        lines.append(f"{who}: its trials disagree, {slow:.2f} and {fast:.2f} s per frame ({spread:.2f}x), so against the "
                      f"eager port the ratio is {fast / eager['s_per_frame']:.2f}x to {slow / eager['s_per_frame']:.2f}x{also}, "
                      f"and the median's lies between; the file's notes say what is known of why.")
     elif len(hf.get("trials_s", [])) > 1:
-        lines.append(f"{who}'s trials agree within {spread:.2f}x ("
+        lines.append(f"{who}: its trials agree within {spread:.2f}x ("
                      + " and ".join(f"{t:.1f}" for t in hf["trials_s"]) + " s).")
     if hf.get("frame_s") and spread <= TRIALS_DISAGREE:
         first, last = hf["frame_s"][0], hf["frame_s"][-1]
-        lines.append(f"{who}'s first frame took {first:.2f} s and its last {last:.2f} s ({last / first:.2f}x): every "
-                     f"call prefills the whole prompt again and decodes against a cache that grows with it.")
+        why = ("every call prefills the whole prompt again and decodes against a cache that grows with it"
+               if last / first > CONTEXT_SHOWS else "the context's growth barely shows: the cost of a step is its own")
+        lines.append(f"{who}: its first frame took {first:.2f} s and its last {last:.2f} s ({last / first:.2f}x): {why}.")
     return lines
 
 
@@ -735,7 +758,8 @@ def _temperatures(res: dict) -> str:
 
 def _lease_foot(res: dict, entries: list[dict], provenance: bool) -> str:
     """Under a lease's table: what measured it (`provenance`: commit and lease too), the workload,
-    the prefix-cache hits, the lease's ratios, each with what it divides, and its notes."""
+    the prefix-cache hits, the lease's ratios, each with what it divides, its notes and what it
+    failed to measure (its `errors`)."""
     where = f"{_provenance(res)} " if provenance else ""
     foot = (f"{where}{_software(res)}, {res['dtype']}, {res['date']}. Medians of repeated trials, "
             f"warm-up excluded; {_temperatures(res)}, {res['workload']['n_ctx']} context frames.")
@@ -745,6 +769,8 @@ def _lease_foot(res: dict, entries: list[dict], provenance: bool) -> str:
         foot += "\n\nRatios, each between two rows of this lease:\n" + "\n".join(f"- {ratio_line(e)}" for e in entries)
     if res.get("notes"):
         foot += "\n\nNotes:\n" + "\n".join(f"- {n}" for n in res["notes"])
+    if res.get("errors"):
+        foot += "\n\nNot measured (the lease's errors):\n" + "\n".join(f"- `{e['group']}`: {e['error']}" for e in res["errors"])
     return foot
 
 
