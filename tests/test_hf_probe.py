@@ -113,7 +113,8 @@ def test_cli_writes_the_part(tiny_ckpt, tmp_path, single_thread):
     part = json.loads(out.read_text())
     assert part["env"]["torch"] == torch.__version__ and "transformers" in part["env"] and "git_commit" in part["env"]
     assert part["probe"]["steps"] == 31  # what fits in a frame of 64 codes for 2 settings and the profiled step
-    assert list(part["probe"]["settings"]) == ["default", "MATH"] and "hf_probe" in part["command"]
+    assert list(part["probe"]["settings"]) == ["default", "MATH"]
+    assert part["command"].startswith("python -m terra_nb.workbook.hf_probe --preset tiny --ckpt ")
 
 
 def test_hf_seed_records_cpu_seconds_and_context_switches_per_trial(tmp_path):

@@ -331,7 +331,9 @@ def main(argv=None) -> dict:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = dict(env=environment_info(), ckpt=str(ckpt), load_s=round(load_s, 2),
-                  command=" ".join(shlex.quote(x) for x in sys.argv))
+                  # the command that made it: this module's own, with the arguments it was given
+                  command=" ".join(["python -m terra_nb.workbook.hf_probe"]
+                                   + [shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv)]))
     write = lambda res: out.write_text(json.dumps(dict(header, probe=res), indent=1))  # noqa: E731
     res = new_length_probe(model, sample.context[: a.n_ctx], sample.actions, steps, settings, flush=write)
     print("\n".join(summary_lines(res)))
