@@ -136,6 +136,12 @@ def test_hf_seed_flash_keeps_cudnn_out_and_draws_hf_seeds_tokens(tmp_path):
             seed_video(model, wl, sample, layout, greedy)
     assert torch.equal(seed_video(model, wl, sample, layout, greedy), plain)
 
+    # the row's trials run under its limit: limited to cuDNN alone, the CPU has no kernel to run
+    if not torch.cuda.is_available():
+        from terra_nb.workbook.bench_measure import bench_hf_seed
+
+        with pytest.raises(RuntimeError):
+            bench_hf_seed(checkpoint(tmp_path / "ckpt", wl), wl, sdpa=("CUDNN_ATTENTION",))
     res = run(["hf_seed_flash"], wl, tmp_path / "ckpt")
     (row,) = res["rows"]
     assert row["name"] == "hf_seed_flash" and row["engine"]["sdpa"] == list(HF_FLASH_BACKENDS)
