@@ -185,13 +185,15 @@ def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False, sdpa: tuple[st
     """Row `hf_seed` (or `hf_static`: static cache + `torch.compile`; `hf_seed_flash`: `sdpa` =
     `HF_FLASH_BACKENDS`): HF in the seed's setting."""
     with _sdpa_backends(sdpa):
-        row = _bench_hf_seed(ckpt, wl, static)
-    if sdpa is not None:
-        row.update(name="hf_seed_flash", engine=dict(row["engine"], sdpa=list(sdpa)))
-    return row
+        return _bench_hf_seed(ckpt, wl, static, sdpa)
 
 
-def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool) -> dict:
+def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool, sdpa: tuple[str, ...] | None) -> dict:
+    # HF's documented mode is "reduce-overhead" (CUDA graphs); $HF_COMPILE_MODE picks another
+    # (2026-11-26, H200: that mode's process died with SIGSEGV in the warm-up video)
+    mode = os.environ.get("HF_COMPILE_MODE", "reduce-overhead") if static else None
+    engine = dict(cache="static" if static else "dynamic", compile=static, compile_mode=mode,
+                  cache_len=None, **({"sdpa": list(sdpa)} if sdpa else {}))
     model, _ = load_hf(ckpt)
     layout = FrameLayout.from_config(model.config)
     sample = load_sample(wl.preset)
@@ -201,9 +203,8 @@ def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool) -> dict:
     warm = dataclasses.replace(wl, long_frames=1)
     if static:
         cache = static_cache(model, layout)
-        # HF's documented mode is "reduce-overhead" (CUDA graphs); $HF_COMPILE_MODE picks another
-        # (2026-11-26, H200: that mode's process died with SIGSEGV in the warm-up video)
-        model.forward = torch.compile(model.forward, mode=os.environ.get("HF_COMPILE_MODE", "reduce-overhead"))
+        engine["cache_len"] = layout.max_len
+        model.forward = torch.compile(model.forward, mode=mode)
         warm = wl
     warmup_s = _timed(lambda: seed_video(model, warm, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE),
                                          cache=cache))
@@ -223,13 +224,11 @@ def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool) -> dict:
     frame_s = [round(statistics.median(t[k] for t in per_frame), 4) for k in range(wl.long_frames)]
     # and every trial's own (a trial unlike the others shows where it lost its time)
     frame_s_trials = [[round(s, 4) for s in t] for t in per_frame]
-    return _row("hf_static" if static else "hf_seed", 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
+    name = "hf_static" if static else "hf_seed_flash" if sdpa else "hf_seed"
+    return _row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
                 calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens, frame_s=frame_s,
                 frame_s_trials=frame_s_trials, device_allocs=allocs, cpu_s_trials=cpu_s, nivcsw_trials=nivcsw,
-                warmup_s=round(warmup_s, 2), engine=dict(cache="static" if static else "dynamic", compile=static,
-                                                         compile_mode=os.environ.get("HF_COMPILE_MODE", "reduce-overhead")
-                                                         if static else None,
-                                                         cache_len=layout.max_len if static else None))
+                warmup_s=round(warmup_s, 2), engine=engine)
 
 
 def bench_vllm_seed(ckpt: Path, wl: Workload, name: str, progress: Progress | None = None,

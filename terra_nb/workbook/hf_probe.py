@@ -21,7 +21,6 @@ writes one JSON file (`python -m terra_nb.workbook.hf_probe --preset terra --ckp
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import shlex
@@ -34,7 +33,7 @@ from pathlib import Path
 import torch
 
 from terra_nb.port.layout import FrameLayout
-from terra_nb.workbook.bench_measure import _device_allocs, cpu_usage, load_hf
+from terra_nb.workbook.bench_measure import _device_allocs, _sdpa_backends, cpu_usage, load_hf
 from terra_nb.workbook.profiling import sync
 
 SETTINGS = ("default", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
@@ -105,12 +104,9 @@ def decode_pass(model, cache, actions: torch.Tensor, logits: torch.Tensor, steps
 
 # ---------------------------------------------------------------------------- one SDPA setting
 def sdpa_setting(name: str):
-    """The context of an SDPA setting: none for "default", else `sdpa_kernel([backend])`."""
-    if name == "default":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([getattr(SDPBackend, name)])
+    """The context of an SDPA setting: torch's own choice for "default", else that backend alone
+    (`bench_measure._sdpa_backends`, the limit `hf_seed_flash` runs under)."""
+    return _sdpa_backends(None if name == "default" else (name,))
 
 
 def _ms(values: list) -> list:
