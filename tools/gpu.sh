@@ -8,6 +8,7 @@
 #   bash tools/gpu.sh stock   stock vLLM Llama, same shape: profile, then the same curve ~7 min
 #   bash tools/gpu.sh port_big / stock_big   the curve at 128 and 256 rollouts          ~7 min each
 #   bash tools/gpu.sh curve_port / curve_stock  the whole curve, 1 to 256 rollouts (256 on an H200) ~10 min each
+#   bash tools/gpu.sh b32_stock / b32_port  32 rollouts only, 5 trials (REPEATS), for issue 25's target  ~6 min each
 #   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
 #   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF, then HF static+compile (or why not)  ~10 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
@@ -77,6 +78,10 @@ case "$1" in
   # first (1, 128, 32), then 8, 64 and 256 (H200): `bg curve_port curve_stock`, ~10 min each.
   curve_port) args=(run --rows "$(ends vllm)" --long-repeats 2 --batch-repeats 2 --big-batch-repeats 1 --deadline-s "${DEADLINE_S:-540}") ;;
   curve_stock) args=(run --rows "$(ends stock_llama)" --long-repeats 2 --batch-repeats 2 --big-batch-repeats 1 --deadline-s "${DEADLINE_S:-540}") ;;
+  # Issue 25's 32-rollout target, re-measured (2026-11-26 curve: 0.943x from 2 trials a side, 0.927x to
+  # 0.959x trial by trial): 5 trials a side, stock's part first this time (the curve lease ran the port's first).
+  b32_stock) args=(run --rows stock_llama_b32 --batch-repeats "${REPEATS:-5}" --deadline-s 60) ;;
+  b32_port) args=(run --rows vllm_b32 --batch-repeats "${REPEATS:-5}" --deadline-s 60) ;;
   stock_big) args=(run --rows "$(big stock_llama)" --big-batch-repeats 1 --deadline-s 300) ;;
   tp)
     # ../shared/gpu/README.md: vLLM 0.26 with TP>1 reaches for NVLink multicast unless told not to.
@@ -148,7 +153,7 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
     wait; echo "== all runs ended $(date -u +%T)"
     python3 tools/toy_sweep.py "$OUT/toy" --merge "$work"/*/toy_sweep.json > "$OUT/log_toy_par.txt" 2>&1
     rc=$?; cat "$OUT/log_toy_par.txt"; tar -czf "$OUT/toy_par.tar.gz" -C "$work" .; exit $rc ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|seed_static|seed_defaults|seed_flash|seed_eager|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|b32_stock|b32_port|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|seed_static|seed_defaults|seed_flash|seed_eager|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
 esac
 python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?
