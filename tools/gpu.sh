@@ -80,8 +80,8 @@ case "$1" in
   curve_stock) args=(run --rows "$(ends stock_llama)" --long-repeats 2 --batch-repeats 2 --big-batch-repeats 1 --deadline-s "${DEADLINE_S:-540}") ;;
   # Issue 25's 32-rollout target, re-measured (2026-11-26 curve: 0.943x from 2 trials a side, 0.927x to
   # 0.959x trial by trial): 5 trials a side, stock's part first this time (the curve lease ran the port's first).
-  b32_stock) args=(run --rows stock_llama_b32 --batch-repeats "${REPEATS:-5}" --deadline-s 60) ;;
-  b32_port) args=(run --rows vllm_b32 --batch-repeats "${REPEATS:-5}" --deadline-s 60) ;;
+  b32_stock) args=(run --rows stock_llama_b32 --batch-repeats "${REPEATS:-5}" --deadline-s 300) ;;
+  b32_port) args=(run --rows vllm_b32 --batch-repeats "${REPEATS:-5}" --deadline-s 300) ;;
   stock_big) args=(run --rows "$(big stock_llama)" --big-batch-repeats 1 --deadline-s 300) ;;
   tp)
     # ../shared/gpu/README.md: vLLM 0.26 with TP>1 reaches for NVLink multicast unless told not to.
