@@ -9,7 +9,11 @@
 #   bash tools/gpu.sh port_big / stock_big   the curve at 128 and 256 rollouts          ~7 min each
 #   bash tools/gpu.sh curve_port / curve_stock  the whole curve, 1 to 256 rollouts (256 on an H200) ~10 min each
 #   bash tools/gpu.sh b32_stock / b32_port  32 rollouts only, 5 trials (REPEATS), for issue 25's target  ~6 min each
-#   bash tools/gpu.sh tp      our port with tensor_parallel_size=2 (needs 2 GPUs; multicast off)
+#   bash tools/gpu.sh tp      our port at TP=1 (GPU 0) then TP=2 (needs 2 GPUs; multicast off), each in
+#                             its own process: the tiny fp32 model's greedy tokens (part_tp1_toy,
+#                             part_tp2_toy), then the Terra shape's frame loop at TP_BATCHES (1,32,128)
+#                             and a prefill of TP_PREFILL (8) long prompts (part_tp1, part_tp2); longer
+#                             than a call: use `bg tp`
 #   bash tools/gpu.sh seed_hf   the seed's setting (issue 25): HF, then HF static+compile (or why not)  ~10 min
 #   bash tools/gpu.sh seed_port the seed's setting: our port as the seed ran it, and with defaults  ~7 min
 #   bash tools/gpu.sh seed_static / seed_defaults / seed_flash / seed_eager   one seed row each: hf_static,
@@ -87,7 +91,45 @@ case "$1" in
     # ../shared/gpu/README.md: vLLM 0.26 with TP>1 reaches for NVLink multicast unless told not to.
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
     export VLLM_ALLREDUCE_USE_FLASHINFER=0 VLLM_ALLREDUCE_USE_SYMM_MEM=0 VLLM_USE_NCCL_SYMM_MEM=0
-    args=(tp --ref "$OUT/part_port.json") ;;
+    # One process per size, each ending before the next starts (its GPU memory freed): TP=1 pinned
+    # to GPU 0, TP=2 on both, so a tp2_vs_tp1 ratio compares sizes on one machine.
+    tp_part() {   # tp_part NAME TP ARGS...: writes $OUT/part_NAME.json, logs to $OUT/log_NAME.txt
+      local name=$1 tp=$2 pin=(env); shift 2
+      [ "$tp" = 1 ] && pin=(env CUDA_VISIBLE_DEVICES=0)
+      echo "== $name: TP=$tp $(date -u +%T)"
+      # setsid: its own process group, so the watch below can stop the engine and its workers at once
+      setsid "${pin[@]}" python3 -m terra_nb.workbook.bench tp --tp "$tp" "$@" ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} \
+        --ckpt-root /tmp/ckpt --out "$OUT/part_$name.json" > "$OUT/log_$name.txt" 2>&1 &
+      local pid=$!
+      # ../shared/gpu/README.md: if the log mentions mnnvl, FlashInfer all-reduce or multicast, stop the run
+      while kill -0 "$pid" 2>/dev/null; do
+        if [ "$tp" != 1 ] && grep -q -i -E "mnnvl|flashinfer allreduce|multicast" "$OUT/log_$name.txt" 2>/dev/null; then
+          echo "!!!!!!!! STOPPED $name: its log mentions multicast / mnnvl / FlashInfer all-reduce"
+          kill -9 -- "-$pid"; break
+        fi
+        sleep 1
+      done
+      wait "$pid"; local rc=$?
+      grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)|^\(MainProcess" "$OUT/log_$name.txt" | tail -60
+      if [ "$tp" != 1 ]; then   # did anything reach for multicast regardless of the settings above?
+        if grep -i -E "mnnvl|FlashInfer Allreduce|symmetric|multicast" "$OUT/log_$name.txt" > "/tmp/multicast_$name.txt"; then
+          echo "!!!!!!!! WARNING: $name's log mentions multicast / symmetric memory / FlashInfer all-reduce (meant to be off):"
+          cat "/tmp/multicast_$name.txt"
+        fi
+        grep -i "all-reduce backends" "$OUT/log_$name.txt"
+      fi
+      echo "== $name: exit $rc $(date -u +%T)"
+      return $rc
+    }
+    terra=(--preset terra --batches "${TP_BATCHES:-1,32,128}" --prefill-prompts "${TP_PREFILL:-8}"
+           --long-repeats 2 --batch-repeats 2 --big-batch-repeats 1)
+    rc=0
+    # the tiny preset: the checkpoint() preset of the shipped toy model's shape, fp32 (greedy parity)
+    tp_part tp1_toy 1 --preset tiny || rc=1
+    tp_part tp2_toy 2 --preset tiny --ref "$OUT/part_tp1_toy.json" || rc=1
+    tp_part tp1 1 "${terra[@]}" || rc=1
+    tp_part tp2 2 "${terra[@]}" --ref "$OUT/part_tp1.json" || rc=1
+    exit $rc ;;
   # The seed's video (3 context + 22 frames, batch 1, temperature 1.0, one call per frame), 2 trials.
   # hf_seed first: it is the issue's comparison, and a row that starts after the deadline is skipped
   # (hf_static compiles and warms up on a whole video first). Both run minutes: use `bg`.

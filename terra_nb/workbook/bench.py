@@ -10,6 +10,12 @@ leases' files are combined into the one results file (each ratio between two row
     python -m terra_nb.workbook.bench merge part_a.json part_b.json part_c.json --lease TEXT --out results/leases/h200_<date>_<what>.json
     python -m terra_nb.workbook.bench combine results/leases/*.json --out results/benchmark_h200.json
 
+Tensor parallelism, TP=1 and TP=2 on one 2-GPU machine (rows `vllm_tp<T>[_b<N>|_prefill]`, the
+ratios `tp2_vs_tp1_b<N>` and `tp2_vs_tp1_prefill`; tools/gpu.sh part `tp`):
+
+    python -m terra_nb.workbook.bench tp --tp 1 --batches 1,32 --prefill-prompts 8 --out part_tp1.json
+    python -m terra_nb.workbook.bench tp --tp 2 --batches 1,32 --prefill-prompts 8 --ref part_tp1.json --out part_tp2.json
+
 `combine results/leases/*.json` is the one command that builds the results file: results/leases/
 holds exactly the leases it combines (a test checks the committed file against them), and a lease
 that is replaced moves to results/raw/. `merge --curve-notes` appends the notes a curve lease needs,
@@ -41,6 +47,18 @@ from terra_nb.workbook.bench_workload import *  # noqa: F401,F403
 from terra_nb.workbook.bench_workload import ROW_NAMES, SEED_FIGURES, Workload
 
 
+def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """`--n-ctx`, `--long-repeats`, ...: every `Workload` field but the preset (its own `--preset`)."""
+    for f in dataclasses.fields(Workload):
+        if f.name != "preset":
+            parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+
+
+def _workload(a: argparse.Namespace) -> Workload:
+    """The `Workload` of parsed arguments (`--preset` and `_add_workload_args`' options)."""
+    return Workload(preset=a.preset, **{f.name: getattr(a, f.name) for f in dataclasses.fields(Workload) if f.name != "preset"})
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m terra_nb.workbook.bench", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -49,9 +67,7 @@ def main(argv=None):
     r.add_argument("--preset", default="terra")
     r.add_argument("--ckpt-root", default="checkpoints")
     r.add_argument("--out", required=True)
-    for f in dataclasses.fields(Workload):
-        if f.name != "preset":
-            r.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    _add_workload_args(r)
     r.add_argument("--engine-kwargs", type=json.loads, default={},
                    help='JSON keyword arguments for every vLLM engine, e.g. \'{"max_num_seqs": 256}\'')
     r.add_argument("--deadline-s", type=float, default=None, help="skip rows that would start after this many seconds")
@@ -75,12 +91,20 @@ def main(argv=None):
     pc = sub.add_parser("profile-compare", help="port vs stock, section by section, from two profile files")
     pc.add_argument("port")
     pc.add_argument("stock")
-    t = sub.add_parser("tp", help="tensor parallelism: greedy tokens vs TP=1 (from --ref) and timing")
+    t = sub.add_parser("tp", help="tensor parallelism: greedy tokens vs TP=1 (from --ref), the frame loop per "
+                       "batch and prefill alone, one part (rows vllm_tp<T>, vllm_tp<T>_b<N>, vllm_tp<T>_prefill)")
     t.add_argument("--tp", type=int, default=2)
     t.add_argument("--ref", help="a part or results file holding TP=1 greedy_tokens")
     t.add_argument("--preset", default="terra")
     t.add_argument("--ckpt-root", default="checkpoints")
-    t.add_argument("--out", required=True)
+    t.add_argument("--out", required=True, help="the part, rewritten after every row")
+    t.add_argument("--batches", default="1", help="comma-separated rollouts at once, a row each (e.g. 1,32,128)")
+    t.add_argument("--prefill-prompts", type=int, default=0, help="with N > 0, a row of prefill alone: N long "
+                   "random prompts at once, one token each")
+    t.add_argument("--deadline-s", type=float, default=None, help="skip rows that would start after this many seconds")
+    t.add_argument("--engine-kwargs", type=json.loads, default={},
+                   help="JSON keyword arguments for the engine at either size, e.g. '{\"enforce_eager\": true}'")
+    _add_workload_args(t)
     sub.add_parser("readme", help="rewrite the README's benchmark table from results/benchmark_*.json")
     m = sub.add_parser("merge", help="merge one lease's parts into one lease's file, e.g. results/leases/h200_<date>_<what>.json")
     m.add_argument("parts", nargs="+")
@@ -107,7 +131,7 @@ def main(argv=None):
     c.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "run":
-        wl = Workload(preset=a.preset, **{f.name: getattr(a, f.name) for f in dataclasses.fields(Workload) if f.name != "preset"})
+        wl = _workload(a)
         from terra_nb.workbook.profiling import ProfileSpec
 
         spec = ProfileSpec(batch=a.profile_batch, decode_steps=a.profile_decode_steps, n_ctx=wl.n_ctx,
@@ -137,10 +161,11 @@ def main(argv=None):
         print("README updated" if update_readme() else "README already up to date")
     elif a.cmd == "tp":
         ref = json.loads(Path(a.ref).read_text()) if a.ref else None
-        res = tensor_parallel(Workload(preset=a.preset), Path(a.ckpt_root), a.tp, ref)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=2))
-        print(json.dumps({k: v for k, v in res["rows"][0].items() if k != "greedy_tokens"}, indent=2))
+        res = tensor_parallel(_workload(a), Path(a.ckpt_root), a.tp, ref, tuple(int(b) for b in a.batches.split(",") if b),
+                              a.prefill_prompts, partial=Path(a.out), deadline_s=a.deadline_s, engine_kwargs=a.engine_kwargs)
+        print(json.dumps([{k: v for k, v in r.items() if k != "greedy_tokens"} for r in res["rows"]], indent=2))
+        if res["errors"]:
+            print(json.dumps(res["errors"], indent=2))
     elif a.cmd == "combine":
         res = combine_files([Path(f) for f in a.leases])
         out = Path(a.out)
@@ -181,7 +206,8 @@ def main(argv=None):
         if a.chart:
             from terra_nb.workbook.viz import bar_chart_benchmark
 
-            bar_chart_benchmark(res["rows"], SEED_FIGURES, note=f"{res['device']}, vLLM {res['versions']['vllm']}",
+            frame_rows = [r for r in res["rows"] if "s_per_frame" in r]   # not a TP prefill row (prompt tokens)
+            bar_chart_benchmark(frame_rows, SEED_FIGURES, note=f"{res['device']}, vLLM {res['versions']['vllm']}",
                                 save=out.with_suffix(".png"), curve=res["curve"])
         print(json.dumps({k: res[k] for k in ("device", "speedup_vs_hf", "prefix_cache_hit_rate", "ratios")}, indent=2))
 

@@ -24,8 +24,8 @@ from terra_nb.port.config import LlamaActionConfig
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 from terra_nb.workbook.bench_report import merge
-from terra_nb.workbook.bench_workload import (SEED_ENGINE, SEED_ROWS, SEED_TEMPERATURE, Workload, checkpoint, engine_groups, row_batch,
-                                              row_engine, stock_llama_checkpoint)
+from terra_nb.workbook.bench_workload import (PREFILL, SEED_ENGINE, SEED_ROWS, SEED_TEMPERATURE, Workload, checkpoint, engine_groups,
+                                              row_batch, row_engine, stock_llama_checkpoint, tp_row)
 from terra_nb.workbook.data import load_sample
 from terra_nb.workbook.profiling import sync as _sync
 
@@ -376,10 +376,7 @@ def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | N
         for name in graph_rows:
             if progress.out_of_time(name):
                 continue
-            batch = row_batch(name)
-            trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, wl.repeats_for(batch))
-            row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1), engine_core=engine_core_process(),
-                       prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)))
+            row = port_rollout_row(llm, ckpt, wl, name, row_batch(name), start)
             first = first or row
             progress.add(row)
             _step_profile_into(progress, row, steps, lambda b, n: port_step_profile(llm, wl, b, n))
@@ -388,6 +385,15 @@ def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | N
             first["greedy_tokens"] = greedy_tokens(llm, wl)
             progress.flush()
     return progress.rows
+
+
+def port_rollout_row(llm, ckpt: Path, wl: Workload, name: str, batch: int, start: float, **extra) -> dict:
+    """A row of our port's frame loop at `batch` rollouts: `wl.repeats_for(batch)` trials of
+    `long_frames` frames, with the engine's start-up seconds and the prefix cache's hits after the
+    first frame (`extra`: more keys for the row)."""
+    trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, wl.repeats_for(batch))
+    return _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1), engine_core=engine_core_process(),
+                prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)), **extra)
 
 
 def port_step_profile(llm, wl: Workload, batch: int, frames: int) -> dict:
@@ -579,15 +585,10 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | No
     `profiling.ProfileSpec`), each vLLM engine is also profiled before its rows (key `profile`);
     with `steps` (a `StepSpec`), the rows of its batches get a profile of their frame steps.
     """
-    from terra_nb.workbook.show import environment_info
-
     engines = {row_engine(r) for r in rows}  # raises on an unknown row
     ckpt = checkpoint(ckpt_root, wl)
     kw = dict(engine_kwargs or {})
-    header = dict(env=environment_info(), workload=dataclasses.asdict(wl),
-                  dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype), engine_kwargs=kw,
-                  command=" ".join(shlex.quote(a) for a in sys.argv))
-    progress = Progress(partial, deadline_s, header)
+    progress = Progress(partial, deadline_s, part_header(ckpt, wl, kw))
     groups = [
         ("hf", lambda: [progress.add(r) for r in bench_hf(ckpt, wl)] if not progress.out_of_time("hf") else []),
         ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, steps, **kw)),
@@ -606,7 +607,17 @@ def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | No
             traceback.print_exc()
             progress.errors.append(dict(group=prefix, error=f"{type(e).__name__}: {e}"))
     progress.flush()
-    return dict(header, rows=progress.rows, errors=progress.errors, **progress.extra)
+    return dict(progress.header, rows=progress.rows, errors=progress.errors, **progress.extra)
+
+
+def part_header(ckpt: Path, wl: Workload, engine_kwargs: dict) -> dict:
+    """What a part says of itself beside its rows: device and versions, workload, the checkpoint's
+    dtype, the engine settings asked for, and the command line."""
+    from terra_nb.workbook.show import environment_info
+
+    return dict(env=environment_info(), workload=dataclasses.asdict(wl),
+                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype), engine_kwargs=engine_kwargs,
+                command=" ".join(shlex.quote(a) for a in sys.argv))
 
 
 def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dict:
@@ -630,17 +641,13 @@ def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dic
 
 def profile(engine: str, wl: Workload, ckpt_root: Path, spec, engine_kwargs: dict | None = None) -> dict:
     """Build one engine (port or stock) and profile it; the file records device and versions."""
-    from terra_nb.workbook.show import environment_info
-
     ckpt = checkpoint(ckpt_root, wl)
     kw = dict(engine_kwargs or {})
     if engine not in ("port", "stock"):
         raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
     llm, start = _engine(ckpt, **kw) if engine == "port" else stock_engine(ckpt, **kw)
     res = profile_on(llm, engine, wl, spec, FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))))
-    return dict(engine_start_s=round(start, 1), env=environment_info(), workload=dataclasses.asdict(wl),
-                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype), engine_kwargs=kw,
-                command=" ".join(shlex.quote(x) for x in sys.argv), **res)
+    return dict(engine_start_s=round(start, 1), **part_header(ckpt, wl, kw), **res)
 
 
 NO_MULTICAST_TP_KWARGS = dict(disable_custom_all_reduce=True,
@@ -650,24 +657,109 @@ picks FlashInfer's multicast backend by default); `tools/gpu.sh tp` also sets th
 environment (`VLLM_ALLREDUCE_USE_FLASHINFER=0`, `NCCL_NVLS_ENABLE=0`, ...)."""
 
 
-def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None) -> dict:
-    """Our default engine with `tensor_parallel_size=tp`: greedy tokens vs TP=1, and its timing."""
-    from terra_nb.workbook.show import environment_info
+def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None, batches=(1,), prefill_prompts: int = 0,
+                    partial: Path | None = None, deadline_s: float | None = None, engine_kwargs: dict | None = None) -> dict:
+    """Our default engine with `tensor_parallel_size=tp` (`bench tp`): its greedy tokens (against
+    TP=1's in `ref`, a part or results file holding them), a row of the frame loop per batch of
+    `batches` (`tp_row`: `vllm_tp2`, `vllm_tp2_b32`, ...) and, with `prefill_prompts`, a row of
+    prefill alone (`vllm_tp2_prefill`, `bench_prefill`). Run TP=1 and TP=2 on one machine and each
+    row has its like at the other size (`bench_report.lease_ratios`: `tp2_vs_tp1_b<N>`).
 
+    With `partial`, the part is rewritten after every row (a call cut short keeps what it
+    measured); rows that would start after `deadline_s` seconds are skipped (listed in `errors`);
+    `engine_kwargs` go to the engine at either size (e.g. `enforce_eager` on the CPU).
+    """
     ckpt = checkpoint(ckpt_root, wl)
-    llm, start = _engine(ckpt, tensor_parallel_size=tp, **NO_MULTICAST_TP_KWARGS)
-    tokens = greedy_tokens(llm, wl)
-    trials, stats = _rollout_trials(llm, wl, 1, wl.long_frames, 1)
-    row = _row(f"vllm_tp{tp}", 1, wl.long_frames, trials, engine_start_s=round(start, 1), tp=tp,
-               prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)), greedy_tokens=tokens)
-    if ref is not None:
-        ref_tokens = next(r["greedy_tokens"] for r in ref["rows"] if "greedy_tokens" in r)
-        a, b = torch.tensor(ref_tokens), torch.tensor(tokens)
-        row["greedy_vs_tp1"] = dict(equal=bool(torch.equal(a, b)), agreement=float((a == b).float().mean()),
-                                    first_mismatch=int((a != b).flatten().nonzero()[0]) if not torch.equal(a, b) else None)
-    return dict(env=environment_info(), workload=dataclasses.asdict(wl),
-                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype),
-                command=" ".join(shlex.quote(a) for a in sys.argv), rows=[row], errors=[])
+    # The no-multicast settings at TP=1 too (nothing to all-reduce there): the two sides of a
+    # tp2_vs_tp1 ratio then differ in tensor_parallel_size alone.
+    kw = dict(NO_MULTICAST_TP_KWARGS, **(engine_kwargs or {}), tensor_parallel_size=tp)
+    progress = Progress(partial, deadline_s, part_header(ckpt, wl, kw))
+    llm, start = _engine(ckpt, **kw)
+    try:
+        greedy = greedy_vs_ref(greedy_tokens(llm, wl), ref)
+        for batch in batches:
+            name = tp_row(tp, batch)
+            extra = dict(tp=tp, **(greedy if not progress.rows else {}))   # the tokens once, on the first row
+            _row_into(progress, name, lambda: port_rollout_row(llm, ckpt, wl, name, batch, start, **extra))
+        if prefill_prompts > 0:
+            name = tp_row(tp, PREFILL)
+            _row_into(progress, name, lambda: bench_prefill(llm, wl, name, prefill_prompts, tp=tp,
+                                                            engine_start_s=round(start, 1)))
+    finally:
+        _shutdown(llm)
+    progress.flush()
+    return dict(progress.header, rows=progress.rows, errors=progress.errors)
+
+
+def _row_into(progress: Progress, name: str, measure: Callable[[], dict]) -> None:
+    """`measure()`'s row into `progress` unless it would start past the deadline; a row that fails
+    is listed in `errors` and the next one still runs (a device lease is scarce)."""
+    if progress.out_of_time(name):
+        return
+    try:
+        progress.add(measure())
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        progress.errors.append(dict(group=name, error=f"{type(e).__name__}: {e}"))
+        progress.flush()
+
+
+def greedy_vs_ref(tokens: list, ref: dict | None) -> dict:
+    """A row's `greedy_tokens` and, with `ref` (a part or results file whose rows hold another
+    engine's, e.g. TP=1's), `greedy_vs_tp1`: whether they are equal, the share of codes that agree
+    and the flat index of the first that differs (None where equal)."""
+    out = dict(greedy_tokens=tokens)
+    if ref is None:
+        return out
+    a = torch.tensor(next(r["greedy_tokens"] for r in ref["rows"] if "greedy_tokens" in r))
+    b = torch.tensor(tokens)
+    if a.shape != b.shape:   # another workload's tokens: nothing to compare code by code
+        out["greedy_vs_tp1"] = dict(equal=False, agreement=None, first_mismatch=None, shapes=[list(a.shape), list(b.shape)])
+        return out
+    equal = torch.equal(a, b)
+    out["greedy_vs_tp1"] = dict(equal=equal, agreement=float((a == b).float().mean()),
+                                first_mismatch=None if equal else int((a != b).flatten().nonzero()[0]))
+    return out
+
+
+def random_frame_requests(layout: FrameLayout, prompts: int, frames: int, gen: torch.Generator) -> list[dict]:
+    """`prompts` requests (`frame_request`) of `frames` frames each: random codes in the model's
+    range and random actions, so no two share a prefix (nor a prompt of an earlier call)."""
+    from terra_nb.port.vllm_rollout import frame_request
+
+    return [frame_request(torch.randint(0, layout.num_codes, (frames, layout.image_tokens), generator=gen),
+                          torch.randn(frames, layout.action_tokens, layout.action_dim, generator=gen), layout)
+            for _ in range(prompts)]
+
+
+def _prefill_trial(llm, requests: list[dict], params) -> tuple[float, int]:
+    """Seconds of one `generate` of `requests`, and the prompt tokens the prefix cache served."""
+    outs = []
+    seconds = _timed(lambda: outs.extend(llm.generate(requests, params, use_tqdm=False)))
+    return seconds, sum(int(o.num_cached_tokens or 0) for o in outs)
+
+
+def bench_prefill(llm, wl: Workload, name: str, prompts: int, trials: int = 2, **extra) -> dict:
+    """Prefill alone: `prompts` long prompts at once (`n_ctx + long_frames` frames each, or as many
+    as the engine takes with one more token), one greedy token each; a warm-up set, then `trials`
+    timed sets, each of fresh random prompts so the prefix cache has none of them
+    (`cached_prompt_tokens`, per trial, says so). `prefill_tokens_per_s`: all prompts' tokens over
+    the median trial (`s`). `extra`: more keys for the row."""
+    from vllm import SamplingParams
+
+    from terra_nb.port.vllm_rollout import engine_layout
+
+    layout, most = engine_layout(llm)
+    frames = min(wl.n_ctx + wl.long_frames, most)
+    gen = torch.Generator().manual_seed(wl.seed)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+    _prefill_trial(llm, random_frame_requests(layout, prompts, frames, gen), params)  # warm-up
+    timed = [_prefill_trial(llm, random_frame_requests(layout, prompts, frames, gen), params) for _ in range(trials)]
+    seconds = [s for s, _ in timed]
+    med, tokens = statistics.median(seconds), frames * layout.frame_len
+    return dict(name=name, prompts=prompts, prompt_frames=frames, prompt_tokens=tokens, repeats=trials,
+                trials_s=[round(t, 4) for t in seconds], s=med, prefill_tokens_per_s=prompts * tokens / med,
+                cached_prompt_tokens=[c for _, c in timed], **extra)
 
 
 def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path | str,

@@ -6,7 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from terra_nb.workbook.bench_workload import SEED_FIGURES, SEED_ROWS, row_batch, row_engine
+from terra_nb.workbook.bench_workload import PREFILL, SEED_FIGURES, SEED_ROWS, row_batch, row_engine, tp_row, tp_row_parts
 
 
 def merge(parts: list[dict]) -> dict:
@@ -48,7 +48,7 @@ class Ratio:
     name: str
     numerator: str     # row names
     denominator: str
-    quantity: str      # the row key divided: "s_per_frame" or "frames_per_s"
+    quantity: str      # the row key divided: "s_per_frame", "frames_per_s" or "prefill_tokens_per_s"
 
     def value(self, by: dict[str, dict]) -> float | None:
         """The ratio among `by` (one lease's rows by name), or None unless both rows are there."""
@@ -60,7 +60,8 @@ class Ratio:
         """What is divided, in words: 's/frame of HF ÷ s/frame of the port (defaults)', or for two
         curve rows of one batch 'frames/s (all rollouts) of the port ÷ frames/s of stock vLLM Llama,
         8 rollouts at once each'."""
-        unit, short = QUANTITY_WORDS[self.quantity], {"s_per_frame": "s/frame", "frames_per_s": "frames/s"}[self.quantity]
+        unit, short = QUANTITY_WORDS[self.quantity], {"s_per_frame": "s/frame", "frames_per_s": "frames/s",
+                                                      "prefill_tokens_per_s": "prompt tokens/s"}[self.quantity]
         a, b = self.numerator, self.denominator
         if _curve_engine(a) in CURVE_WHO and _curve_engine(b) in CURVE_WHO and row_batch(a) == row_batch(b) > 1:
             return (f"{unit} of {CURVE_WHO[_curve_engine(a)]} ÷ {short} of {CURVE_WHO[_curve_engine(b)]}, "
@@ -68,7 +69,8 @@ class Ratio:
         return f"{unit} of {_who(a)} ÷ {short} of {_who(b)}"
 
 
-QUANTITY_WORDS = {"s_per_frame": "s/frame", "frames_per_s": "frames/s (all rollouts)"}
+QUANTITY_WORDS = {"s_per_frame": "s/frame", "frames_per_s": "frames/s (all rollouts)",
+                  "prefill_tokens_per_s": "prompt tokens prefilled/s (all prompts)"}
 CURVE_WHO = {"vllm": "the port", "session": "the port's sessions", "stock_llama": "stock vLLM Llama"}
 WHO = {"hf": "HF", "hf_seed": "HF", "hf_seed_flash": "HF (cuDNN attention off)",
        "hf_static": "HF (static cache + torch.compile)", "vllm": "the port (defaults)",
@@ -77,11 +79,23 @@ WHO = {"hf": "HF", "hf_seed": "HF", "hf_seed_flash": "HF (cuDNN attention off)",
 
 
 def _who(name: str) -> str:
-    """A row in a ratio's words: `WHO`, or 'the port, 8 rollouts at once' for curve rows."""
-    if name in WHO:
-        return WHO[name]
-    n = row_batch(name)
-    return f"{CURVE_WHO[row_engine(name)]}, {n} rollout{'s' if n > 1 else ''} at once"
+    """A row in a ratio's words: `WHO`, 'the port, 8 rollouts at once' for curve rows, or 'the port
+    at TP=2, 32 rollouts at once' / 'the port at TP=2, prefill of long prompts' for `bench tp`'s."""
+    return WHO.get(name) or _tp_who(name, "the port") or f"{CURVE_WHO[row_engine(name)]}, {_at_once(row_batch(name))}"
+
+
+def _tp_who(name: str, port: str) -> str | None:
+    """A `bench tp` row in words, `port` naming the port ('the port', 'our port'): '<port> at TP=2,
+    32 rollouts at once' or '<port> at TP=2, prefill of long prompts'; None for any other row."""
+    parts = tp_row_parts(name)
+    if parts is None:
+        return None
+    tp, batch = parts
+    return f"{port} at TP={tp}, " + ("prefill of long prompts" if batch == PREFILL else _at_once(batch))
+
+
+def _at_once(n: int) -> str:
+    return f"{n} rollout{'s' if n > 1 else ''} at once"
 
 
 RATIOS = (
@@ -103,7 +117,8 @@ RATIOS = (
 def lease_ratios(rows: list[dict]) -> list[Ratio]:
     """The ratios one lease's rows give: each of `RATIOS` whose two rows are there, then per batch
     of the curve the port's and the sessions' frames/s over stock's (`port_vs_stock_b<N>`,
-    `session_vs_stock_b<N>`), except where a fixed ratio already divides the same two rows."""
+    `session_vs_stock_b<N>`), except where a fixed ratio already divides the same two rows, then
+    TP=2 over TP=1 (`tp_ratios`)."""
     names = {r["name"] for r in rows}
     out = [r for r in RATIOS if {r.numerator, r.denominator} <= names]
     pairs = {frozenset((r.numerator, r.denominator)) for r in out}
@@ -113,6 +128,19 @@ def lease_ratios(rows: list[dict]) -> list[Ratio]:
             num, den = (e if b == 1 else f"{e}_b{b}" for e in (who, "stock_llama"))
             if num in names and frozenset((num, den)) not in pairs:
                 out.append(Ratio(f"{label}_vs_stock_b{b}", num, den, "frames_per_s"))
+    return out + tp_ratios(names)
+
+
+def tp_ratios(names: set[str]) -> list[Ratio]:
+    """`bench tp`'s rows at TP=2 over their like at TP=1, wherever a lease has both: frames/s at each
+    batch (`tp2_vs_tp1_b<N>`; above 1, TP=2 makes more frames a second) and prompt tokens/s of
+    prefill alone (`tp2_vs_tp1_prefill`)."""
+    sides = {tp_row_parts(n) for n in names} - {None}
+    both = {b for tp, b in sides if tp == 1 and (2, b) in sides}
+    out = [Ratio(f"tp2_vs_tp1_b{b}", tp_row(2, b), tp_row(1, b), "frames_per_s")
+           for b in sorted(b for b in both if b != PREFILL)]
+    if PREFILL in both:
+        out.append(Ratio("tp2_vs_tp1_prefill", tp_row(2, PREFILL), tp_row(1, PREFILL), "prefill_tokens_per_s"))
     return out
 
 
@@ -130,6 +158,8 @@ def _per_trial(row: dict, quantity: str) -> list[float] | None:
         return None
     if quantity == "s_per_frame":
         return [t / row["frames"] for t in trials]
+    if quantity == "prefill_tokens_per_s":
+        return [row["prompts"] * row["prompt_tokens"] / t for t in trials]
     return [row["batch"] * row["frames"] / t for t in trials]
 
 
@@ -325,9 +355,12 @@ ROW_LABELS = {
 
 
 def row_label(name: str) -> str:
-    """A row's label in tables: `ROW_LABELS`, or 'our port, 64 rollouts at once' for curve rows."""
+    """A row's label in tables: `ROW_LABELS`, 'our port, 64 rollouts at once' for curve rows, or
+    'our port at TP=2, 32 rollouts at once' for `bench tp`'s."""
     if name in ROW_LABELS:
         return ROW_LABELS[name]
+    if tp_row_parts(name):
+        return _tp_who(name, "our port")
     who = {"vllm": "our port", "session": "our port, one session per rollout"}.get(row_engine(name), "stock vLLM Llama")
     return f"{who}, {row_batch(name)} rollouts at once"
 
@@ -741,7 +774,11 @@ def _rows_table(res: dict, seed: bool) -> list[str]:
              + (f" {RATIO_LABEL} ({_hf_basis(res)}) |" if ratio_col else ""),
              "|---|---:|---:|---:|---:|" + ("---:|" if ratio_col else "")]
     for r in res["rows"]:
-        ratio = (f" {r['frames_per_s'] / hf:.1f}x |" if hf else " |") if ratio_col else ""
+        ratio = (f" {r['frames_per_s'] / hf:.1f}x |" if hf and "frames_per_s" in r else " |") if ratio_col else ""
+        if "frames_per_s" not in r:   # `bench tp`'s prefill row: prompt tokens, not frames
+            lines.append(f"| {row_label(r['name'])}: {r['prompts']} prompts of {r['prompt_tokens']} tokens, "
+                         f"{r['prefill_tokens_per_s']:.0f} prompt tokens/s | | | | |{ratio}")
+            continue
         lines.append(f"| {row_label(r['name'])} | {r['batch']} | {r['frames']} | "
                      f"{r['s_per_frame']:.3f} | {r['frames_per_s']:.2f} |{ratio}")
     if seed:
@@ -860,13 +897,13 @@ def report_rows(res: dict) -> list[dict]:
     """The seed's two figures followed by a results file's rows, as plain dicts for
     `results.record_result` (the report renders them as one table). `x_hf` is `RATIO_LABEL`: a
     row's frames/s ÷ its lease's HF row's (the seed's rows: ÷ the seed's HF). A combined file's rows
-    also say their `lease`."""
+    also say their `lease`. Rows without frames (`bench tp`'s prefill rows) are left out."""
     s_hf = SEED_FIGURES["seed HF (11.03 s)"]
     out = [{"row": name, "batch": 1, "frames": 22, "s_per_frame": s, "frames_per_s": round(1 / s, 4),
             "x_hf": round(s_hf / s, 2)} for name, s in SEED_FIGURES.items()]
     for lid, view in by_lease(dict(res, rows=res.get("rows", []))):
         hf = next((r for r in view["rows"] if r["name"] == "hf"), None)
-        for r in view["rows"]:
+        for r in (r for r in view["rows"] if "frames_per_s" in r):
             out.append({"row": r["name"], "batch": r.get("batch", 1), "frames": r.get("frames"),
                         "s_per_frame": round(r["s_per_frame"], 4), "frames_per_s": round(r["frames_per_s"], 3),
                         "x_hf": round(r["frames_per_s"] / hf["frames_per_s"], 2) if hf else None,

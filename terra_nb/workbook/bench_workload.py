@@ -2,8 +2,9 @@
 
 A *row* names an engine and a batch (`hf`, `vllm_eager`, `vllm`, `vllm_b<N>`, `stock_llama`,
 `stock_llama_b<N>`, and `session`, `session_b<N>`: our port with one engine session per rollout,
-`port.session_rollout`); `Workload` says how much is generated and how often. Measuring is
-`bench_measure`, merging and the README table `bench_report`, the command line `bench`.
+`port.session_rollout`; `bench tp`'s rows, off the curve, are `tp_row`'s); `Workload` says how
+much is generated and how often. Measuring is `bench_measure`, merging and the README table
+`bench_report`, the command line `bench`.
 """
 from __future__ import annotations
 
@@ -57,6 +58,27 @@ def row_engine(name: str) -> str:
     row's own name (each of `SEED_ROWS` is its own engine)."""
     row_batch(name)
     return name if name in SEED_ROWS else _ROW_RE.match(name).group(1)
+
+
+PREFILL = "prefill"
+"""What a `bench tp` row measures in place of a batch: `vllm_tp<T>_prefill`, prefill alone."""
+
+_TP_ROW_RE = re.compile(r"^vllm_tp([1-9][0-9]*)(?:_b([1-9][0-9]*)|_(prefill))?$")
+
+
+def tp_row(tp: int, batch: int | str = 1) -> str:
+    """The name of a `bench tp` row (`bench_measure.tensor_parallel`): `vllm_tp2` (1 rollout),
+    `vllm_tp2_b32` (32 rollouts at once), `vllm_tp2_prefill` (`batch` = `PREFILL`)."""
+    return f"vllm_tp{tp}" + ("" if batch == 1 else f"_{PREFILL}" if batch == PREFILL else f"_b{batch}")
+
+
+def tp_row_parts(name: str) -> tuple[int, int | str] | None:
+    """(tensor-parallel size, batch or `PREFILL`) of a `tp_row` name; None for any other row.
+    Those rows are off the batch curve (`row_batch` refuses them): they compare TP sizes only."""
+    m = _TP_ROW_RE.match(name)
+    if m is None:
+        return None
+    return int(m.group(1)), PREFILL if m.group(3) else int(m.group(2) or 1)
 
 
 def curve_rows(engine: str, batches=CURVE_BATCHES) -> list[str]:
