@@ -92,7 +92,10 @@ def test_committed_results_have_the_required_fields():
                 assert key in meta, f"{stem}, lease {lid}: missing {key}"
             assert {"vllm", "torch", "transformers"} <= meta["versions"].keys()
         for r in res["rows"]:
-            assert {"name", "batch", "s_per_frame", "frames_per_s", "lease", "commit"} <= r.keys()
+            if r["name"].endswith("_prefill"):   # `bench tp`'s prefill rows: prompt tokens, not frames
+                assert {"name", "prompts", "prompt_tokens", "trials_s", "prefill_tokens_per_s", "tp", "lease", "commit"} <= r.keys()
+            else:
+                assert {"name", "batch", "s_per_frame", "frames_per_s", "lease", "commit"} <= r.keys()
         for e in res["ratios"]:
             assert {"name", "value", "numerator", "denominator", "quantity", "divides", "lease"} <= e.keys()
         json.dumps(res, allow_nan=False)

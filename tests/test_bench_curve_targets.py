@@ -113,4 +113,4 @@ def test_the_committed_curve_leases_notes_are_their_rows_target_lines():
         at = notes.index(lines[0])
         assert notes[at:at + len(lines)] == lines, lid
         assert lease["env"]["git_commit"] == lease["commit"], lid
-    assert seen == 1, "one curve lease in the results file"
+    assert seen == 2, "two curve leases in the results file: the 2026-11-26 curve and its 32-rollout re-measure"

@@ -152,3 +152,92 @@ def test_a_lease_of_tp_rows_and_curve_rows_combines_and_renders():
     assert "vllm_tp2_prefill" not in [r["row"] for r in bench.report_rows(res)]
     assert "vllm_tp2_b32" in [r["row"] for r in bench.report_rows(res)]
     json.dumps(res, allow_nan=False)
+
+
+def _tp_part(tp: int, rows: list[dict], preset: str = "terra") -> dict:
+    env = dict(device="NVIDIA H200", vllm="0.26.0", torch="2.11.0", transformers="5.17.0", python="3.12",
+               date="2026-11-29 10:00 UTC", git_commit="ccc3333")
+    return dict(env=env, workload=dict(preset=preset, n_ctx=3, long_frames=22, temperature=0.9, seed=0),
+                dtype="torch.bfloat16", command=f"bench tp --tp {tp}",
+                engine_kwargs=dict(bench.NO_MULTICAST_TP_KWARGS, tensor_parallel_size=tp), rows=rows, errors=[])
+
+
+def _with_greedy(rows: list[dict]) -> list[dict]:
+    """The hand-made rows with greedy codes on each size's 1-rollout row: TP=2's differ at code 5."""
+    one, two = [[7] * 8, [3] * 8], [[7] * 5 + [1] * 3, [3] * 8]
+    out = [dict(r) for r in rows]
+    for r in out:
+        if r["name"] == "vllm_tp1":
+            r["greedy_tokens"] = one
+        if r["name"] == "vllm_tp2":
+            r.update(greedy_tokens=two, **{k: v for k, v in greedy_vs_ref(two, {"rows": [{"greedy_tokens": one}]}).items()
+                                           if k == "greedy_vs_tp1"})
+    return out
+
+
+def test_tp_lease_notes_quote_the_rows(tmp_path):
+    """`tp_lease_notes` (`bench merge --tp-notes`) on hand-made rows: each ratio with both sides'
+    figures and trials, the prefill row's cache check, the greedy comparison and the 1-rollout cost
+    per code over Terra's 44 all-reduces a step."""
+    rows = _with_greedy(_tp_rows())
+    parts = [_tp_part(1, [r for r in rows if r["tp"] == 1]), _tp_part(2, [r for r in rows if r["tp"] == 2])]
+    lines = bench_report.tp_lease_notes(bench.merge(parts))
+    assert lines[0] == ("1 rollout: TP=2 1.10 frames/s, TP=1 1.00: 1.100x (frames/s at TP=2 ÷ TP=1's; TP=2 pays). "
+                        "Trials in seconds (a trial: 1 rollout x 22 frames): TP=2 20.00, 20.00; TP=1 22.00, 22.00.")
+    assert lines[1].startswith("32 rollouts: TP=2 16.00 frames/s, TP=1 16.00: 1.000x") and "TP=2 costs" in lines[1]
+    assert "TP=2 33.00, 55.00" in lines[1]
+    assert lines[2].startswith("Prefill alone, 8 random prompts of 13,968 tokens (24 frames) at once")
+    assert "1.909x (TP=2 ÷ TP=1)" in lines[2] and lines[2].endswith("prompt tokens served by the prefix cache: 0.")
+    assert lines[3].startswith("Greedy codes at TP=2 against TP=1 (2 frames of one rollout, bfloat16): 81.2% of 16 equal, "
+                               "the first difference at code 5")
+    assert len(lines) == 4   # TP=2 faster at 1 rollout here: no "why not" line
+    # TP=2 slower at 1 rollout: its extra time per code, and the all-reduces of Terra's 22 layers
+    per_frame = {"vllm_tp2": 2.0 * 576 / 1000, "vllm_tp1": 1.5 * 576 / 1000}   # 2.0 and 1.5 ms per code
+    slow = [dict(r, s_per_frame=per_frame[r["name"]]) if r["name"] in per_frame else r for r in rows]
+    why = bench_report.tp_lease_notes(bench.merge([_tp_part(1, [r for r in slow if r["tp"] == 1]),
+                                                   _tp_part(2, [r for r in slow if r["tp"] == 2])]))[-1]
+    assert why.startswith("Why not at 1 rollout: TP=2 takes 0.50 ms more per code (2.00 vs 1.50 ms)")
+    assert "at least 44 all-reduces (22 layers" in why
+    # merge --tp-notes writes the workload line (tensor_parallel_size may differ, nothing else) and these lines
+    paths = []
+    for i, p in enumerate(parts):
+        paths.append(tmp_path / f"part_{i}.json")
+        paths[-1].write_text(json.dumps(p))
+    bench.main(["merge", *map(str, paths), "--tp-notes", "--out", str(tmp_path / "lease.json")])
+    notes = json.loads((tmp_path / "lease.json").read_text())["notes"]
+    assert notes[1:] == lines and "tensor_parallel_size by part: 1, 2" in notes[0]
+    other = dict(parts[1], dtype="torch.float32")
+    with pytest.raises(ValueError, match="different settings"):
+        bench_report.parts_workload_line([parts[0], other], may_differ=("tensor_parallel_size",))
+    with pytest.raises(ValueError, match="different settings"):   # without may_differ, TP sizes differ too
+        bench_report.parts_workload_line(parts)
+
+
+def test_tp_ratio_plot_draws_a_bar_per_ratio():
+    from terra_nb.workbook.viz import tp_ratio_plot
+
+    fig = tp_ratio_plot(_tp_rows())
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1 rollout", "32 rollouts", "prefill alone"]
+    assert [round(b.get_height(), 3) for b in ax.patches] == [1.1, 1.0, 1.909]
+    with pytest.raises(ValueError, match="nothing to plot"):
+        tp_ratio_plot([r for r in _tp_rows() if r["tp"] == 1])
+
+
+def test_the_committed_tp_leases_notes_are_their_rows_lines():
+    """Every lease of results/benchmark_h200.json with TP=1 and TP=2 rows carries `tp_lease_notes` of
+    its rows, in order, and its TP=2 greedy codes were compared with TP=1's of the same lease."""
+    (res,) = bench.load_results().values()
+    seen = []
+    for lid, lease in bench_report.by_lease(res):
+        lines = bench_report.tp_lease_notes(lease)
+        if not lines:
+            continue
+        seen.append(lid)
+        notes = lease["notes"]
+        at = notes.index(lines[0])
+        assert notes[at:at + len(lines)] == lines, (lid, "rerun `bench merge --tp-notes` for this lease")
+        by = {r["name"]: r for r in lease["rows"]}
+        cmp = greedy_vs_ref(by["vllm_tp2"]["greedy_tokens"], {"rows": [by["vllm_tp1"]]})["greedy_vs_tp1"]
+        assert cmp == by["vllm_tp2"]["greedy_vs_tp1"], lid
+    assert seen == ["h200_2026-11-26_tp", "h200_2026-11-26_tp_tiny"]

@@ -42,7 +42,7 @@ from terra_nb.workbook.bench_measure import _row, _timed  # noqa: F401
 from terra_nb.workbook.bench_measure import StepSpec, profile, run, tensor_parallel
 from terra_nb.workbook.bench_report import *  # noqa: F401,F403
 from terra_nb.workbook.bench_report import (combine_files, curve_target_lines, lease_id, merge, parts_workload_line,
-                                            seed_lease_notes, update_readme)
+                                            seed_lease_notes, tp_lease_notes, update_readme)
 from terra_nb.workbook.bench_workload import *  # noqa: F401,F403
 from terra_nb.workbook.bench_workload import ROW_NAMES, SEED_FIGURES, Workload
 
@@ -118,6 +118,9 @@ def main(argv=None):
     m.add_argument("--seed-notes", action="store_true", help="append notes computed from the parts and rows of a "
                    "seed lease (issue 25): the workload the parts shared and seed_lease_notes (with --earlier, an "
                    "earlier seed lease's file; with --probe, an hf_probe result)")
+    m.add_argument("--tp-notes", action="store_true", help="append notes computed from the parts and rows of a "
+                   "`bench tp` lease (issue 25): the workload the parts shared and tp_lease_notes (TP=2 ÷ TP=1 per "
+                   "batch and for prefill, greedy codes, why not at 1 rollout)")
     m.add_argument("--earlier", help="an earlier seed lease's file, for --seed-notes")
     m.add_argument("--probe", help="an hf_probe result file (results/hf_probe_<gpu>.json), for --seed-notes")
     m.add_argument("--error", action="append", default=[], metavar="GROUP=TEXT",
@@ -190,6 +193,8 @@ def main(argv=None):
                 earlier.setdefault("lease_id", lease_id(a.earlier))
             probe = json.loads(Path(a.probe).read_text()) if a.probe else None
             notes += [parts_workload_line(parts)] + seed_lease_notes(res, earlier, probe)
+        if a.tp_notes:
+            notes += [parts_workload_line(parts, may_differ=("tensor_parallel_size",))] + tp_lease_notes(res)
         for e in a.error:
             group, _, text = e.partition("=")
             res["errors"].append(dict(group=group, error=text))

@@ -723,37 +723,106 @@ def curve_target_lines(res: dict) -> list[str]:
     lines.append("Most frames/s of each engine: " + ", ".join(
         f"{who} {r['frames_per_s']:.2f} at {rollouts(r['batch'])}" for who, r in best.items())
         + f" (batches measured: {', '.join(str(b) for b, _, _ in pairs)}).")
-    probes = [r.get("probe") for b, port, stock in pairs[:1] if b == 1 for r in (port, stock)]
-    if len(probes) == 2 and all(probes):
-        p, s = probes
-        lines.append(f"Decode probe of the 1-rollout rows (`bench_measure.decode_probe`: one frame on a cached prompt, "
+    probed = next(((b, port["probe"], stock["probe"]) for b, port, stock in pairs if port.get("probe") and stock.get("probe")), None)
+    if probed:   # each engine probes once, on the first row it measured (`bench_vllm`, `bench_stock`)
+        b, p, s = probed
+        lines.append(f"Decode probe of the {b}-rollout rows (`bench_measure.decode_probe`: one frame on a cached prompt, "
                      f"medians): the port {p['decode_ms_per_token']:.3f} ms per code, stock {s['decode_ms_per_token']:.3f} "
                      f"({p['decode_ms_per_token'] / s['decode_ms_per_token']:.2f}x); a frame {p['frame_s']:.3f} s vs "
-                     f"{s['frame_s']:.3f} s ({p['frame_s'] / s['frame_s']:.2f}x), where the rollouts' s/frame gave "
-                     f"{ratios[1]:.3f}x.")
+                     f"{s['frame_s']:.3f} s ({p['frame_s'] / s['frame_s']:.2f}x), where the rollouts' "
+                     f"{QUANTITY_WORDS[curve_quantity(b)].split(' (')[0]} gave {ratios[b]:.3f}x.")
     return lines
+
+
+def tp_lease_notes(res: dict) -> list[str]:
+    """Sentences on one lease's `bench tp` rows (issue 25), every figure from the rows: TP=2 ÷ TP=1
+    per batch and for prefill (`tp_ratios`), with each side's trials; whether prefill was served from
+    the prefix cache; TP=2's greedy codes against TP=1's; and at 1 rollout, what TP=2 adds per code
+    spread over the all-reduces of a decode step (two a layer: attention's output and the MLP's).
+    Empty without a TP pair. One lease at a time."""
+    if is_combined(res):
+        raise ValueError("tp_lease_notes reads one lease: pass lease_results(res, lid), see by_lease")
+    by = {r["name"]: r for r in res["rows"]}
+    ratios = tp_ratios(set(by))
+    if not ratios:
+        return []
+    trials = lambda r: ", ".join(f"{t:.2f}" for t in r["trials_s"])  # noqa: E731
+    lines = []
+    for ratio in ratios:
+        two, one = by[ratio.numerator], by[ratio.denominator]
+        if ratio.quantity == "prefill_tokens_per_s":
+            cached = sum(sum(r.get("cached_prompt_tokens", [])) for r in (two, one))
+            lines.append(f"Prefill alone, {one['prompts']} random prompts of {one['prompt_tokens']:,} tokens "
+                         f"({one['prompt_frames']} frames) at once, one token each: TP=2 {two[ratio.quantity]:,.0f} "
+                         f"prompt tokens/s, TP=1 {one[ratio.quantity]:,.0f}: {ratio.value(by):.3f}x (TP=2 ÷ TP=1). "
+                         f"Trials in seconds: TP=2 {trials(two)}; TP=1 {trials(one)}; prompt tokens served by the "
+                         f"prefix cache: {cached}.")
+            continue
+        b, rollouts = one["batch"], _at_once(one["batch"]).removesuffix(" at once")
+        lines.append(f"{rollouts}: TP=2 {two['frames_per_s']:.2f} frames/s, TP=1 "
+                     f"{one['frames_per_s']:.2f}: {ratio.value(by):.3f}x (frames/s at TP=2 ÷ TP=1's; "
+                     f"{'TP=2 pays' if ratio.value(by) > 1 else 'TP=2 costs'}). Trials in seconds (a trial: "
+                     f"{rollouts} x {one['frames']} frames): TP=2 {trials(two)}; TP=1 {trials(one)}.")
+    lines += _tp_greedy_lines(res["rows"], res["dtype"].replace("torch.", "")) + _tp_batch1_lines(by, res)
+    return lines
+
+
+def _tp_greedy_lines(rows: list[dict], dtype: str) -> list[str]:
+    """TP=2's greedy codes against TP=1's, as the TP=2 row recorded them (`greedy_vs_ref`)."""
+    out = []
+    for r in (r for r in rows if r.get("greedy_vs_tp1")):
+        cmp, n = r["greedy_vs_tp1"], sum(len(f) for f in r["greedy_tokens"])
+        verdict = f"all {n} equal" if cmp["equal"] else (
+            f"{cmp['agreement']:.1%} of {n} equal, the first difference at code {cmp['first_mismatch']} (TP=2 adds each "
+            "layer's partial sums in another order; one flipped near-tie changes the context of every later code)")
+        out.append(f"Greedy codes at TP=2 against TP=1 ({len(r['greedy_tokens'])} frames of one rollout, {dtype}): {verdict}.")
+    return out
+
+
+def _tp_batch1_lines(by: dict[str, dict], res: dict) -> list[str]:
+    """At 1 rollout, TP=2's extra time per code over the all-reduces of one decode step."""
+    two, one = by.get(tp_row(2, 1)), by.get(tp_row(1, 1))
+    if not (two and one) or two["s_per_frame"] <= one["s_per_frame"]:
+        return []
+    from terra_nb.port.checkpoints import PRESETS
+
+    preset = PRESETS[res["workload"]["preset"]]
+    layers, codes = preset["num_hidden_layers"], preset["num_image_patches"]
+    extra_ms = (two["s_per_frame"] - one["s_per_frame"]) / codes * 1e3
+    return [f"Why not at 1 rollout: TP=2 takes {extra_ms:.2f} ms more per code ({two['s_per_frame'] / codes * 1e3:.2f} vs "
+            f"{one['s_per_frame'] / codes * 1e3:.2f} ms). Every decode step at TP=2 pays costs that do not shrink with "
+            f"its work: at least {2 * layers} all-reduces ({layers} layers, two each: attention's output and the MLP's) "
+            "and the hand-off of each step to two worker processes (TP=1 runs the model in the engine's own process). "
+            "One rollout's step has too little work for each GPU's half of the weights to pay that back; a step of "
+            "many rollouts (or a long prompt) has enough."]
 
 
 PARTS_SHARE = ("preset", "n_ctx", "long_frames", "temperature", "seed")
 """The workload keys every part of a curve lease must share (repeats may differ: each row keeps its trials)."""
 
 
-def parts_workload_line(parts: list[dict]) -> str:
+def parts_workload_line(parts: list[dict], may_differ: tuple[str, ...] = ()) -> str:
     """One sentence on the workload the parts of a lease share, read from the parts; ValueError where
-    they differ in device, vLLM, dtype, `engine_kwargs` or any of `PARTS_SHARE` (so a lease's rows
-    compare like with like)."""
+    they differ in device, vLLM, dtype, `engine_kwargs` (but its keys in `may_differ`, e.g. a TP
+    lease's `tensor_parallel_size`, named in the sentence with each part's value) or any of
+    `PARTS_SHARE` (so a lease's rows compare like with like)."""
+    def shared(p: dict) -> dict:
+        return {k: v for k, v in (p.get("engine_kwargs") or {}).items() if k not in may_differ}
+
     def key(p: dict) -> tuple:
-        return (p["env"]["device"], p["env"]["vllm"], p["dtype"], json.dumps(p.get("engine_kwargs"), sort_keys=True),
+        return (p["env"]["device"], p["env"]["vllm"], p["dtype"], json.dumps(shared(p), sort_keys=True),
                 tuple(p["workload"].get(k) for k in PARTS_SHARE))
 
     if len({key(p) for p in parts}) > 1:
         raise ValueError("the parts ran different settings: " + "; ".join(
             f"{p['command']}: {key(p)}" for p in parts))
     p, w = parts[0], parts[0]["workload"]
-    cores = sorted({str(r.get("engine_core")) for q in parts for r in q["rows"]})
+    cores = sorted({str(r.get("engine_core")) for q in parts for r in q["rows"] if "engine_core" in r})
+    varied = "".join(f"; {k} by part: {', '.join(str((q.get('engine_kwargs') or {}).get(k)) for q in parts)}"
+                     for k in may_differ)
     return (f"Every part ran one workload: {w['preset']} shape, {p['dtype']}, {w['n_ctx']} context + "
             f"{w['long_frames']} frames, temperature {w['temperature']}, seed {w['seed']}, vLLM {p['env']['vllm']} with "
-            f"engine_kwargs {json.dumps(p.get('engine_kwargs'))} (the benchmark's engine settings, vLLM's defaults "
+            f"engine_kwargs {json.dumps(shared(p))}{varied} (the benchmark's engine settings, vLLM's defaults "
             f"otherwise); engine core: {', '.join(cores)} (every row).")
 
 

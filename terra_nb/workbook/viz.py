@@ -381,6 +381,30 @@ def seed_frames_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
     return _save(fig, save)
 
 
+def tp_ratio_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
+    """TP=2 ÷ TP=1 of one lease's `bench tp` rows (`bench_report.tp_ratios`): a bar per batch
+    (frames/s) and one for prefill alone (prompt tokens/s), against the 1.0 line where TP=2 starts
+    to pay."""
+    from terra_nb.workbook.bench_report import tp_ratios
+    from terra_nb.workbook.bench_workload import PREFILL, tp_row_parts
+
+    by = {r["name"]: r for r in rows}
+    ratios = tp_ratios(set(by))
+    if not ratios:
+        raise ValueError("nothing to plot: no TP=1 and TP=2 rows of one batch")
+    batches = [tp_row_parts(r.numerator)[1] for r in ratios]
+    labels = ["prefill alone" if b == PREFILL else f"{b} rollout{'s' if b > 1 else ''}" for b in batches]
+    values = [r.value(by) for r in ratios]
+    fig = Figure(figsize=(6.5, 3.2), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    bars = ax.bar(labels, values, color=["tab:green" if v > 1 else "tab:red" for v in values])
+    ax.bar_label(bars, labels=[f"{v:.2f}x" for v in values], fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("TP=2 ÷ TP=1 (above 1: TP=2 faster)")
+    ax.set_title("Where two GPUs pay: frames/s per batch, and prefill of long prompts", fontsize=10)
+    return _save(fig, save)
+
+
 def _curve_panel(ax, curve: Sequence[Mapping[str, Any]]) -> None:
     """Frames per second (all rollouts) against rollouts at once, port and stock, log-2 x axis."""
     for key, label, color, dy in (("stock_frames_per_s", "stock vLLM Llama (same shape)", SEED_COLOR, -12),
