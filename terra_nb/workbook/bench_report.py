@@ -94,8 +94,13 @@ def _tp_who(name: str, port: str) -> str | None:
     return f"{port} at TP={tp}, " + ("prefill of long prompts" if batch == PREFILL else _at_once(batch))
 
 
+def rollouts_text(n: int) -> str:
+    """'1 rollout', '32 rollouts'."""
+    return f"{n} rollout{'s' if n > 1 else ''}"
+
+
 def _at_once(n: int) -> str:
-    return f"{n} rollout{'s' if n > 1 else ''} at once"
+    return f"{rollouts_text(n)} at once"
 
 
 RATIOS = (
@@ -677,6 +682,11 @@ def _range_words(ratios: list[float], batch: int) -> str:
     return f"{min(ratios):.3f}x to {max(ratios):.3f}x{verdict}"
 
 
+def _trials_text(row: dict) -> str:
+    """A row's trials in seconds, as the lease notes quote them: '43.50, 45.09'."""
+    return ", ".join(f"{t:.2f}" for t in row["trials_s"])
+
+
 def curve_target_lines(res: dict) -> list[str]:
     """Sentences on one lease's batch curve, every figure from its rows (issue 25): which of
     `CURVE_TARGETS` the port ÷ stock ratio meets; per batch both rows' figures, their ratio against
@@ -691,8 +701,7 @@ def curve_target_lines(res: dict) -> list[str]:
     if not pairs:
         return []
     ratios = {b: port[curve_quantity(b)] / stock[curve_quantity(b)] for b, port, stock in pairs}
-    rollouts = lambda b: f"{b} rollout{'s' if b > 1 else ''}"  # noqa: E731
-    verdicts = [f"{rollouts(b)} " + ("not measured" if b not in ratios else "met" if _verdict(ratios[b], b) else "missed")
+    verdicts = [f"{rollouts_text(b)} " + ("not measured" if b not in ratios else "met" if _verdict(ratios[b], b) else "missed")
                 for b in CURVE_TARGETS]
     met = sum(b in ratios and _verdict(ratios[b], b) for b in CURVE_TARGETS)
     lines = [f"Issue 25's targets, the port ÷ stock vLLM Llama in this lease: {met} of {len(CURVE_TARGETS)} met ("
@@ -700,11 +709,10 @@ def curve_target_lines(res: dict) -> list[str]:
     for b, port, stock in pairs:
         q, ratio = curve_quantity(b), ratios[b]
         fig = (lambda r: f"{r[q]:.3f} s/frame") if q == "s_per_frame" else (lambda r: f"{r[q]:.2f} frames/s")  # noqa: E731
-        trials = lambda r: ", ".join(f"{t:.2f}" for t in r["trials_s"])  # noqa: E731
-        line = (f"{rollouts(b)}: the port {fig(port)}, stock {fig(stock)}: {ratio:.3f}x "
+        line = (f"{rollouts_text(b)}: the port {fig(port)}, stock {fig(stock)}: {ratio:.3f}x "
                 f"({QUANTITY_WORDS[q].split(' (')[0]} of the port ÷ stock's; {_target_words(ratio, b)}). "
                 + ("One trial each, in" if len(port["trials_s"]) == len(stock["trials_s"]) == 1 else "Trials in")
-                + f" seconds (a trial: {rollouts(b)} x {port['frames']} frames): the port {trials(port)}; stock {trials(stock)}")
+                + f" seconds (a trial: {rollouts_text(b)} x {port['frames']} frames): the port {_trials_text(port)}; stock {_trials_text(stock)}")
         sides = (("the port", port), ("stock", stock))
         wide = [who for who, r in sides if _trial_spread(r) > TRIALS_NOTE]
         if wide:   # a side's trials disagree: the ratio from each of them against the other side's median
@@ -721,7 +729,7 @@ def curve_target_lines(res: dict) -> list[str]:
     best = {who: max((r for r in res["rows"] if _curve_engine(r["name"]) == engine and "tp" not in r),
                      key=lambda r: r["frames_per_s"]) for who, engine in (("the port", "vllm"), ("stock", "stock_llama"))}
     lines.append("Most frames/s of each engine: " + ", ".join(
-        f"{who} {r['frames_per_s']:.2f} at {rollouts(r['batch'])}" for who, r in best.items())
+        f"{who} {r['frames_per_s']:.2f} at {rollouts_text(r['batch'])}" for who, r in best.items())
         + f" (batches measured: {', '.join(str(b) for b, _, _ in pairs)}).")
     probed = next(((b, port["probe"], stock["probe"]) for b, port, stock in pairs if port.get("probe") and stock.get("probe")), None)
     if probed:   # each engine probes once, on the first row it measured (`bench_vllm`, `bench_stock`)
@@ -746,7 +754,6 @@ def tp_lease_notes(res: dict) -> list[str]:
     ratios = tp_ratios(set(by))
     if not ratios:
         return []
-    trials = lambda r: ", ".join(f"{t:.2f}" for t in r["trials_s"])  # noqa: E731
     lines = []
     for ratio in ratios:
         two, one = by[ratio.numerator], by[ratio.denominator]
@@ -755,14 +762,14 @@ def tp_lease_notes(res: dict) -> list[str]:
             lines.append(f"Prefill alone, {one['prompts']} random prompts of {one['prompt_tokens']:,} tokens "
                          f"({one['prompt_frames']} frames) at once, one token each: TP=2 {two[ratio.quantity]:,.0f} "
                          f"prompt tokens/s, TP=1 {one[ratio.quantity]:,.0f}: {ratio.value(by):.3f}x (TP=2 ÷ TP=1). "
-                         f"Trials in seconds: TP=2 {trials(two)}; TP=1 {trials(one)}; prompt tokens served by the "
+                         f"Trials in seconds: TP=2 {_trials_text(two)}; TP=1 {_trials_text(one)}; prompt tokens served by the "
                          f"prefix cache: {cached}.")
             continue
-        b, rollouts = one["batch"], _at_once(one["batch"]).removesuffix(" at once")
+        rollouts = rollouts_text(one["batch"])
         lines.append(f"{rollouts}: TP=2 {two['frames_per_s']:.2f} frames/s, TP=1 "
                      f"{one['frames_per_s']:.2f}: {ratio.value(by):.3f}x (frames/s at TP=2 ÷ TP=1's; "
                      f"{'TP=2 pays' if ratio.value(by) > 1 else 'TP=2 costs'}). Trials in seconds (a trial: "
-                     f"{rollouts} x {one['frames']} frames): TP=2 {trials(two)}; TP=1 {trials(one)}.")
+                     f"{rollouts} x {one['frames']} frames): TP=2 {_trials_text(two)}; TP=1 {_trials_text(one)}.")
     lines += _tp_greedy_lines(res["rows"], res["dtype"].replace("torch.", "")) + _tp_batch1_lines(by, res)
     return lines
 

@@ -385,7 +385,7 @@ def tp_ratio_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
     """TP=2 ÷ TP=1 of one lease's `bench tp` rows (`bench_report.tp_ratios`): a bar per batch
     (frames/s) and one for prefill alone (prompt tokens/s), against the 1.0 line where TP=2 starts
     to pay."""
-    from terra_nb.workbook.bench_report import tp_ratios
+    from terra_nb.workbook.bench_report import rollouts_text, tp_ratios
     from terra_nb.workbook.bench_workload import PREFILL, tp_row_parts
 
     by = {r["name"]: r for r in rows}
@@ -393,7 +393,7 @@ def tp_ratio_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
     if not ratios:
         raise ValueError("nothing to plot: no TP=1 and TP=2 rows of one batch")
     batches = [tp_row_parts(r.numerator)[1] for r in ratios]
-    labels = ["prefill alone" if b == PREFILL else f"{b} rollout{'s' if b > 1 else ''}" for b in batches]
+    labels = ["prefill alone" if b == PREFILL else rollouts_text(b) for b in batches]
     values = [r.value(by) for r in ratios]
     fig = Figure(figsize=(6.5, 3.2), dpi=DPI, layout="constrained")
     ax = fig.subplots()
