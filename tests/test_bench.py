@@ -3,11 +3,11 @@ import json
 
 import pytest
 
-from terra_nb.workbook import bench
+from terra_nb.bench import measure as bench_measure, report as bench_report, timing as bench_timing, workload as bench_workload
 from terra_nb.port.vllm_rollout import RolloutStats
 
 
-def _part(rows, command="python -m terra_nb.workbook.bench run"):
+def _part(rows, command="python -m terra_nb.bench run"):
     env = dict(device="NVIDIA H200", vllm="0.26.0", torch="2.11.0", transformers="5.17.0", python="3.12",
                date="2026-11-22 00:00 UTC")
     return dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16", command=command,
@@ -15,7 +15,7 @@ def _part(rows, command="python -m terra_nb.workbook.bench run"):
 
 
 def _row(name, batch, frames, trials):
-    return bench._row(name, batch, frames, trials)
+    return bench_timing.trial_row(name, batch, frames, trials)
 
 
 def test_row_is_median_per_frame():
@@ -29,7 +29,7 @@ def test_merge_ratios_and_sources():
     a = _part([_row("hf", 1, 4, [36.0, 34.0])], "cmd a")
     b = _part([_row("vllm", 1, 22, [22.0, 24.2, 26.0]), _row("stock_llama", 1, 22, [22.0, 22.0, 22.0])], "cmd b")
     b["rows"][0]["prefix_cache_hit_rate"] = 0.99
-    res = bench.merge([a, b])
+    res = bench_report.merge([a, b])
     assert res["speedup_vs_hf"] == pytest.approx((35.0 / 4) / (24.2 / 22))
     assert res["ratios"]["vllm_vs_stock"] == pytest.approx(24.2 / 22.0)
     assert [r["part"] for r in res["rows"]] == [0, 1, 1] and res["rows"][0]["command"] == "cmd a"
@@ -40,37 +40,37 @@ def test_merge_ratios_and_sources():
 def test_hit_rate_skips_first_step_and_weights_by_tokens():
     st = RolloutStats()
     st.per_call_cached = [[0], [3 * 10], [4 * 10 - 5]]  # steps 1 and 2: prompts of 4 and 5 frames of 10
-    assert bench.hit_rate_after_first([st], n_ctx=3, frame_len=10) == pytest.approx((30 + 35) / (40 + 50))
+    assert bench_measure.hit_rate_after_first([st], n_ctx=3, frame_len=10) == pytest.approx((30 + 35) / (40 + 50))
 
 
 def test_readme_section_is_generated_from_results(tmp_path):
-    res = bench.merge([_part([_row("hf", 1, 4, [36.0]), _row("vllm", 1, 22, [22.0])])])
+    res = bench_report.merge([_part([_row("hf", 1, 4, [36.0]), _row("vllm", 1, 22, [22.0])])])
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{bench.README_START}\nstale\n{bench.README_END}\nend\n")
-    assert bench.update_readme(readme, {"benchmark_h200": res})
+    readme.write_text(f"intro\n{bench_report.README_START}\nstale\n{bench_report.README_END}\nend\n")
+    assert bench_report.update_readme(readme, {"benchmark_h200": res})
     text = readme.read_text()
     assert "stale" not in text and "| our port, CUDA graphs + prefix caching (default) | 1 | 22 | 1.000 |" in text
     assert "9.0x" in text and "11.03" in text
-    assert not bench.update_readme(readme, {"benchmark_h200": res})  # idempotent
+    assert not bench_report.update_readme(readme, {"benchmark_h200": res})  # idempotent
 
 
 def test_committed_readme_matches_committed_results():
     from terra_nb.workbook.paths import REPO
 
     text = (REPO / "README.md").read_text()
-    a = text.index(bench.README_START) + len(bench.README_START)
-    assert text[a:text.index(bench.README_END)].strip() == bench.readme_section(bench.load_results()).strip(), \
-        "README's benchmark table is stale: run `python -m terra_nb.workbook.bench readme`"
+    a = text.index(bench_report.README_START) + len(bench_report.README_START)
+    assert text[a:text.index(bench_report.README_END)].strip() == bench_report.readme_section(bench_report.load_results()).strip(), \
+        "README's benchmark table is stale: run `python -m terra_nb.bench readme`"
 
 
 def test_readme_profile_findings_are_read_from_the_committed_profiles():
-    from terra_nb.workbook import bench_report
+    from terra_nb.bench import report as bench_report
     from terra_nb.workbook.paths import REPO
 
     text = (REPO / "README.md").read_text()
     a = text.index(bench_report.PROFILE_START) + len(bench_report.PROFILE_START)
     assert text[a:text.index(bench_report.PROFILE_END)].strip() == bench_report.profile_findings().strip(), \
-        "README's profile findings are stale: run `python -m terra_nb.workbook.bench readme`"
+        "README's profile findings are stale: run `python -m terra_nb.bench readme`"
     # on hand-made profiles: the figures are the sections' seconds (or the phase's) in ms
     def prof(front_proc, decode1):
         return {"env": {"git_commit": "abc"}, "sections": [
@@ -83,7 +83,7 @@ def test_readme_profile_findings_are_read_from_the_committed_profiles():
 
 
 def test_committed_results_have_the_required_fields():
-    results = bench.load_results()
+    results = bench_report.load_results()
     assert set(results) == {"benchmark_h200"}, "a results file was added or lost: say so here"
     for stem, res in results.items():
         assert {"device", "leases", "rows", "ratios"} <= res.keys(), stem
@@ -102,22 +102,22 @@ def test_committed_results_have_the_required_fields():
 
 
 def test_row_names_include_the_batch_curve():
-    assert [bench.row_batch(r) for r in ("vllm", "vllm_b8", "stock_llama_b128", "hf", "vllm_eager")] == [1, 8, 128, 1, 1]
-    assert bench.row_engine("stock_llama_b64") == "stock_llama" and bench.row_engine("vllm_b256") == "vllm"
+    assert [bench_workload.row_batch(r) for r in ("vllm", "vllm_b8", "stock_llama_b128", "hf", "vllm_eager")] == [1, 8, 128, 1, 1]
+    assert bench_workload.row_engine("stock_llama_b64") == "stock_llama" and bench_workload.row_engine("vllm_b256") == "vllm"
     for bad in ("vllm_b0", "hf_b8", "vllm_eager_b8", "vllm_b", "stock", "vllm_b08"):
         with pytest.raises(ValueError, match="unknown row"):
-            bench.row_batch(bad)
-    assert bench.curve_rows("vllm", (1, 8, 64)) == ["vllm", "vllm_b8", "vllm_b64"]
-    assert bench.engine_groups(["vllm_b64", "hf", "stock_llama_b128", "vllm"]) == [
+            bench_workload.row_batch(bad)
+    assert bench_workload.curve_rows("vllm", (1, 8, 64)) == ["vllm", "vllm_b8", "vllm_b64"]
+    assert bench_workload.engine_groups(["vllm_b64", "hf", "stock_llama_b128", "vllm"]) == [
         ["hf", "vllm", "vllm_b64"], ["stock_llama_b128"]]
-    assert bench.row_label("vllm_b64") == "our port, 64 rollouts at once"
-    assert bench.row_label("stock_llama_b128") == "stock vLLM Llama, 128 rollouts at once"
+    assert bench_report.row_label("vllm_b64") == "our port, 64 rollouts at once"
+    assert bench_report.row_label("stock_llama_b128") == "stock vLLM Llama, 128 rollouts at once"
 
 
 def test_merge_builds_the_throughput_curve():
     rows = [_row("vllm", 1, 22, [22.0]), _row("vllm_b64", 64, 22, [44.0]), _row("stock_llama", 1, 22, [20.0]),
             _row("stock_llama_b64", 64, 22, [40.0]), _row("stock_llama_b128", 128, 22, [60.0])]
-    curve = {c["batch"]: c for c in bench.merge([_part(rows)])["curve"]}
+    curve = {c["batch"]: c for c in bench_report.merge([_part(rows)])["curve"]}
     assert curve[64]["port_frames_per_s"] == pytest.approx(32.0) and curve[64]["stock_frames_per_s"] == pytest.approx(35.2)
     assert curve[64]["port_vs_stock"] == pytest.approx(32.0 / 35.2, abs=1e-3)
     assert curve[1]["port_vs_stock"] == pytest.approx(20 / 22, abs=1e-3)
@@ -125,37 +125,37 @@ def test_merge_builds_the_throughput_curve():
 
 
 def test_session_rows_join_the_curve_against_stocks_frame_loop():
-    assert bench.row_engine("session_b128") == "session" and bench.row_batch("session") == 1
-    assert bench.engine_groups(["session_b8", "stock_llama", "session"]) == [["stock_llama"], ["session", "session_b8"]]
+    assert bench_workload.row_engine("session_b128") == "session" and bench_workload.row_batch("session") == 1
+    assert bench_workload.engine_groups(["session_b8", "stock_llama", "session"]) == [["stock_llama"], ["session", "session_b8"]]
     rows = [dict(name="stock_llama_b128", batch=128, frames_per_s=23.4), dict(name="session_b128", batch=128, frames_per_s=31.0),
             dict(name="session", batch=1, frames_per_s=0.7), dict(name="vllm_tp2", batch=1, frames_per_s=0.6, tp=2)]
-    curve = {c["batch"]: c for c in bench.throughput_curve(rows)}
+    curve = {c["batch"]: c for c in bench_report.throughput_curve(rows)}
     assert curve[128]["session_vs_stock"] == pytest.approx(31.0 / 23.4, abs=1e-3)
     assert curve[1]["session_frames_per_s"] == 0.7 and curve[1]["session_vs_stock"] is None
-    assert bench.row_label("session_b64") == "our port, one session per rollout, 64 rollouts at once"
+    assert bench_report.row_label("session_b64") == "our port, one session per rollout, 64 rollouts at once"
 
 
 def test_merge_puts_the_memory_floor_beside_each_batch_of_the_curve():
     from terra_nb.port.checkpoints import preset_config
-    from terra_nb.workbook.roofline import floor_frames_per_s
+    from terra_nb.bench.roofline import floor_frames_per_s
 
     rows = [_row("stock_llama", 1, 22, [33.0]), _row("stock_llama_b128", 128, 22, [146.0]), _row("session_b128", 128, 22, [140.0])]
     part = _part(rows)
     part["workload"].update(preset="terra", long_frames=22)
-    curve = {c["batch"]: c for c in bench.merge([part])["curve"]}
+    curve = {c["batch"]: c for c in bench_report.merge([part])["curve"]}
     floor = floor_frames_per_s(preset_config("terra"), 128, 3, 22, "NVIDIA H200")
     assert curve[128]["floor_frames_per_s"] == pytest.approx(floor, abs=1e-3)
     assert curve[128]["stock_of_floor"] == pytest.approx(128 * 22 / 146.0 / floor, abs=1e-3)
     assert curve[128]["session_of_floor"] == pytest.approx(128 * 22 / 140.0 / floor, abs=1e-3)
     assert "port_of_floor" not in curve[128] and curve[1]["stock_of_floor"] < curve[128]["stock_of_floor"]
     # no preset, or a device without a bandwidth on record: the curve as it was
-    assert "floor_frames_per_s" not in bench.merge([_part(rows)])["curve"][0]
+    assert "floor_frames_per_s" not in bench_report.merge([_part(rows)])["curve"][0]
 
 
 def test_committed_session_results_compare_like_with_like_and_render_their_curve():
     """results/sessions_*.json: every ratio's two rows from one commit, with the engine core in the same
     place; notebook 11's table shows the curve's own figures."""
-    from terra_nb.workbook.bench_report import load_sessions, sessions_table
+    from terra_nb.bench.report import load_sessions, sessions_table
 
     committed = load_sessions()
     assert committed
@@ -170,7 +170,7 @@ def test_committed_session_results_compare_like_with_like_and_render_their_curve
             assert f"| {c['batch']} | {c['stock_frames_per_s']:.2f} | {c['session_frames_per_s']:.2f} | {c['session_vs_stock']:.3f} |" in table
             assert c["session_vs_stock"] == pytest.approx(c["session_frames_per_s"] / c["stock_frames_per_s"], abs=1e-3)
         assert res["commit"] in table and res["device"] in table
-        from terra_nb.workbook.bench_report import overhead_ceiling, steps_table
+        from terra_nb.bench.report import overhead_ceiling, steps_table
 
         steps = steps_table(res)
         for batch, profiles in (res.get("step_profiles") or {}).items():
@@ -181,7 +181,7 @@ def test_committed_session_results_compare_like_with_like_and_render_their_curve
 
 def test_seed_setting_lines_and_plot_read_the_seed_rows():
     """Issue 25's explanation, computed from the seed rows (figures made up here, ratios by hand)."""
-    from terra_nb.workbook.bench_report import seed_setting_lines
+    from terra_nb.bench.report import seed_setting_lines
     from terra_nb.workbook.viz import seed_frames_plot
 
     prof = lambda decode, overhead: dict(decode_step_ms=decode, overhead_ms=overhead,  # noqa: E731
@@ -236,10 +236,10 @@ def test_committed_seed_results_name_their_lease_and_render_in_notebook_07():
     """The seed setting's leases (issue 25) in results/benchmark_*.json: one commit and one lease each,
     both sides of the ratio in that lease, and seed_section quotes the lease's own figures and notes
     under its id and commit."""
-    from terra_nb.workbook.bench_report import by_lease, seed_section
+    from terra_nb.bench.report import by_lease, seed_section
 
     seen = 0
-    for stem, res in bench.load_results().items():
+    for stem, res in bench_report.load_results().items():
         text = seed_section(stem, res)
         for lid, lease in by_lease(res):
             by = {r["name"]: r for r in lease["rows"]}

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from terra_nb.workbook import bench, bench_report
-from terra_nb.workbook.bench_report import by_lease, combine, ratio_entries, seed_section, seed_setting_lines
+from terra_nb.bench import cli as bench_cli, report as bench_report, timing as bench_timing
+from terra_nb.bench.report import by_lease, combine, ratio_entries, seed_section, seed_setting_lines
 
 
 def _lease(rows, commit, lease, device="NVIDIA H200", date="2026-11-27 10:00 UTC"):
@@ -14,11 +14,11 @@ def _lease(rows, commit, lease, device="NVIDIA H200", date="2026-11-27 10:00 UTC
                git_commit=commit)
     part = dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16", command=f"run {lease}",
                 rows=rows, errors=[])
-    return dict(bench.merge([part]), lease=lease, notes=[f"note of {lease}"])
+    return dict(bench_report.merge([part]), lease=lease, notes=[f"note of {lease}"])
 
 
 def _row(name, batch, frames, trials, **extra):
-    return bench._row(name, batch, frames, trials, **extra)
+    return bench_timing.trial_row(name, batch, frames, trials, **extra)
 
 
 def _two_leases():
@@ -114,12 +114,12 @@ def test_the_combine_command_names_leases_by_their_files_stems(tmp_path):
         paths[-1].parent.mkdir(exist_ok=True)
         paths[-1].write_text(json.dumps(res))
     out = tmp_path / "benchmark_h200.json"
-    bench.main(["combine", *map(str, paths), "--out", str(out)])
+    bench_cli.main(["combine", *map(str, paths), "--out", str(out)])
     res = json.loads(out.read_text())
     assert list(res["leases"]) == ["h200_curve_2026-11-27", "h200_seed_2026-11-27"]
     assert [res["leases"][lid]["file"] for lid in res["leases"]] == [str(p) for p in paths]
     assert res == json.loads(json.dumps(bench_report.combine_files(paths)))
-    assert res["combined_by"].startswith("python -m terra_nb.workbook.bench combine ")
+    assert res["combined_by"].startswith("python -m terra_nb.bench combine ")
 
 
 def test_renderers_group_the_combined_file_by_lease():
@@ -130,7 +130,7 @@ def test_renderers_group_the_combined_file_by_lease():
     assert table.index("seed: HF (GPU not stated)") < curve_at < seed_at
     curve_block, seed_block = table[curve_at:seed_at], table[seed_at:]
     # the repeated row: each lease's own figure under its own heading
-    label = bench.row_label("hf_seed")
+    label = bench_report.row_label("hf_seed")
     assert f"| {label} | 1 | 22 | 4.000 |" in curve_block and f"| {label} | 1 | 22 | 6.000 |" in seed_block
     assert "`vllm_vs_stock` = **1.100x**: s/frame of the port (defaults) ÷ s/frame of stock vLLM Llama" in curve_block
     assert "`vllm_vs_stock`" not in seed_block and "`seed_setting_vs_hf` = **3.000x**" in seed_block
@@ -141,7 +141,7 @@ def test_renderers_group_the_combined_file_by_lease():
     readme = bench_report.readme_section({"benchmark_h200": res})
     assert readme.startswith("`results/benchmark_h200.json` (NVIDIA H200; 2 leases") and table in readme
     # report rows: each with its lease, x_hf against its own lease's HF row (none here)
-    rows = bench.report_rows(res)
+    rows = bench_report.report_rows(res)
     assert [(r["row"], r.get("lease")) for r in rows if r["row"] == "hf_seed"] == [("hf_seed", "h200_curve"), ("hf_seed", "h200_seed")]
 
 
@@ -184,7 +184,7 @@ def test_ratio_entries_of_one_leases_file_equal_the_combined_files():
 def test_the_committed_results_file_combines_its_lease_files():
     """results/benchmark_h200.json: every row's lease is one of its leases, every ratio divides two
     rows of its own lease, and the file is what `combine` makes of the lease files it names."""
-    (res,) = bench.load_results().values()
+    (res,) = bench_report.load_results().values()
     assert bench_report.is_combined(res) and res["leases"]
     for lid, meta in res["leases"].items():
         assert meta["commit"] and meta["lease"] and meta["file"].startswith("results/"), lid
@@ -205,7 +205,7 @@ def test_the_committed_results_file_combines_its_lease_files():
     in_folder = [str(p.relative_to(RESULTS.parent)) for p in sorted((RESULTS / "leases").glob("*.json"))]
     assert [meta["file"] for meta in res["leases"].values()] == in_folder, \
         "results/leases/ and results/benchmark_h200.json disagree: bench combine results/leases/*.json --out results/benchmark_h200.json"
-    assert res["combined_by"] == "python -m terra_nb.workbook.bench combine " + " ".join(in_folder)
+    assert res["combined_by"] == "python -m terra_nb.bench combine " + " ".join(in_folder)
     names = {r["name"] for r in res["rows"]}
     assert {"hf_seed", "vllm_seed", "vllm_seed_defaults", "vllm", "stock_llama"} <= names
 
@@ -216,7 +216,7 @@ def test_seed_lease_notes_are_computed_from_rows_earlier_lease_and_probe():
     import json
     from pathlib import Path
 
-    from terra_nb.workbook.bench_report import seed_lease_notes
+    from terra_nb.bench.report import seed_lease_notes
 
     now = dict(rows=[dict(name="hf_seed_flash", temperature=1.0, trials_s=[100.0, 110.0], device_allocs=[7, 0]),
                      dict(name="vllm_seed", temperature=1.0, s_per_frame=3.0)])
@@ -242,7 +242,7 @@ def test_seed_lease_notes_are_computed_from_rows_earlier_lease_and_probe():
 def test_probe_findings_read_the_probe_result():
     """`hf_probe.finding_lines` on a hand-made probe result: the kernel named from the profiled CPU
     ops, cold over warm with the pass's CPU seconds, and each backend alone (errors left out)."""
-    from terra_nb.workbook.hf_probe import finding_lines
+    from terra_nb.bench.hf_probe import finding_lines
 
     setting = lambda cold, warm, err=None: dict(cold_ms_median=cold, warm_ms_median=warm,  # noqa: E731
                                                 cold_over_warm=cold / warm, cpu_s_cold=2.0, cold_s=2.1, error=err)

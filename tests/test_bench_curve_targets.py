@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from terra_nb.workbook import bench, bench_report
-from terra_nb.workbook.bench_report import curve_target_lines, parts_workload_line
+from terra_nb.bench import cli as bench_cli, report as bench_report, timing as bench_timing
+from terra_nb.bench.report import curve_target_lines, parts_workload_line
 
 
 def _part(rows, command="run", **env):
@@ -17,7 +17,7 @@ def _part(rows, command="run", **env):
 
 
 def _row(name, batch, trials, **extra):
-    return dict(bench._row(name, batch, 22, trials), engine_core="this process", **extra)
+    return dict(bench_timing.trial_row(name, batch, 22, trials), engine_core="this process", **extra)
 
 
 def _curve():
@@ -33,7 +33,7 @@ def _curve():
 
 
 def test_curve_target_lines_compute_each_batch_against_the_targets():
-    res = bench.merge(list(_curve()))
+    res = bench_report.merge(list(_curve()))
     lines = curve_target_lines(res)
     assert lines[0] == ("Issue 25's targets, the port ÷ stock vLLM Llama in this lease: 1 of 3 met "
                         "(1 rollout met, 32 rollouts missed, 128 rollouts missed).")
@@ -62,12 +62,12 @@ def test_curve_target_lines_say_when_the_verdict_turns_on_a_trial_and_skip_lease
     port, stock = _curve()
     # at 32: the port's trials 4% apart (within TRIALS_NOTE), yet one of them meets 0.95x and the other not
     port["rows"][2] = _row("vllm_b32", 32, [92.0, 95.8])
-    line = curve_target_lines(bench.merge([port, stock]))[3]
+    line = curve_target_lines(bench_report.merge([port, stock]))[3]
     assert "(trial by trial, every trial of the port's against every one of stock's, the ratio is 0.922x to " \
            "0.960x, met with some and missed with others)" in line
-    assert curve_target_lines(bench.merge([_part([_row("hf_seed", 1, [88.0])])])) == []
+    assert curve_target_lines(bench_report.merge([_part([_row("hf_seed", 1, [88.0])])])) == []
     with pytest.raises(ValueError, match="one lease"):
-        curve_target_lines(bench_report.combine({"a": bench.merge([port, stock])}))
+        curve_target_lines(bench_report.combine({"a": bench_report.merge([port, stock])}))
 
 
 def test_parts_workload_line_states_the_shared_workload_and_refuses_parts_that_differ():
@@ -90,7 +90,7 @@ def test_merge_curve_notes_and_commit(tmp_path):
         paths.append(tmp_path / f"part_{i}.json")
         paths[-1].write_text(json.dumps(part))
     out = tmp_path / "leases" / "h200_x_curve.json"
-    bench.main(["merge", *map(str, paths), "--lease", "a lease", "--note", "typed", "--curve-notes",
+    bench_cli.main(["merge", *map(str, paths), "--lease", "a lease", "--note", "typed", "--curve-notes",
                 "--commit", "cc1a759", "--out", str(out)])
     res = json.loads(out.read_text())
     assert res["commit"] == res["env"]["git_commit"] == "cc1a759" and res["env"]["device_git_commit"] == "9436d8d-dirty"
@@ -101,7 +101,7 @@ def test_merge_curve_notes_and_commit(tmp_path):
 def test_the_committed_curve_leases_notes_are_their_rows_target_lines():
     """Every lease of results/benchmark_h200.json with a port and a stock row of one batch carries
     `curve_target_lines` of its rows, in order, among its notes (so they cannot drift from its rows)."""
-    (res,) = bench.load_results().values()
+    (res,) = bench_report.load_results().values()
     seen = 0
     for lid, lease in bench_report.by_lease(res):
         lines = curve_target_lines(lease)

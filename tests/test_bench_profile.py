@@ -1,4 +1,4 @@
-"""Profiling on the CPU: `python -m terra_nb.workbook.bench profile` on our port, and `bench run --profile`
+"""Profiling on the CPU: `python -m terra_nb.bench profile` on our port, and `bench run --profile`
 on stock vLLM Llama of the same (tiny) shape with a batch-curve row; a real engine each, cProfile and
 torch.profiler sections, the comparison, and the merged results' digest."""
 import json
@@ -10,12 +10,12 @@ import pytest
 
 import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
-from terra_nb.workbook import profiling
+from terra_nb.bench import profiling
 
 
 def _cli(args, out):
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, "-m", "terra_nb.workbook.bench", *args, "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "terra_nb.bench", *args, "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "frame step: 2 requests" in proc.stdout  # the digest is printed
@@ -76,11 +76,11 @@ def test_compare_and_digest(profiles):
 
 
 def test_merge_keeps_a_profile_digest(parts):
-    from terra_nb.workbook import bench
+    from terra_nb.bench import report as bench_report
 
     port, stock_part = parts
     port_part = dict(stock_part, rows=[], profile=port)
-    res = bench.merge([port_part, stock_part])
+    res = bench_report.merge([port_part, stock_part])
     digest = res["profile"]
     assert set(digest) == {"port", "stock", "port_vs_stock"}
     assert [s["label"] for s in digest["stock"]["sections"]][0] == "front end: 2 requests, 1 token"

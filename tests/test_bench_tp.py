@@ -10,8 +10,8 @@ import pytest
 
 import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
-from terra_nb.workbook import bench, bench_report
-from terra_nb.workbook.bench_measure import greedy_vs_ref, tensor_parallel
+from terra_nb.bench import cli as bench_cli, engines as bench_engines, report as bench_report, timing as bench_timing, workload as bench_workload
+from terra_nb.bench.measure import greedy_vs_ref, tensor_parallel
 
 EAGER = {"enforce_eager": True}
 """The CPU engine runs eager here: torch.compile would add ~15 s per engine, and the rows' bookkeeping
@@ -23,7 +23,7 @@ def tp1(tmp_path_factory):
     """TP=1 on the tiny preset, in this process: 1 and 2 rollouts, a prefill of 2 prompts; the part
     file it wrote as it went, and its checkpoint root."""
     tmp = tmp_path_factory.mktemp("tp")
-    wl = bench.Workload(preset="tiny", long_frames=2, long_repeats=1, batch_repeats=1)
+    wl = bench_workload.Workload(preset="tiny", long_frames=2, long_repeats=1, batch_repeats=1)
     res = tensor_parallel(wl, tmp / "ckpt", 1, None, batches=(1, 2), prefill_prompts=2, partial=tmp / "part_tp1.json",
                           engine_kwargs=EAGER)
     return res, json.loads((tmp / "part_tp1.json").read_text()), tmp
@@ -34,7 +34,7 @@ def test_tp1_writes_a_row_per_batch_and_a_prefill_row(tp1):
     assert part == json.loads(json.dumps(res))   # the part on disk is the result
     assert [r["name"] for r in res["rows"]] == ["vllm_tp1", "vllm_tp1_b2", "vllm_tp1_prefill"] and res["errors"] == []
     # both sizes run one engine setting but for tensor_parallel_size
-    assert res["engine_kwargs"] == dict(bench.NO_MULTICAST_TP_KWARGS, **EAGER, tensor_parallel_size=1)
+    assert res["engine_kwargs"] == dict(bench_engines.NO_MULTICAST_TP_KWARGS, **EAGER, tensor_parallel_size=1)
     one, two, prefill = res["rows"]
     for r, batch in ((one, 1), (two, 2)):
         assert (r["tp"], r["batch"], r["frames"], r["repeats"]) == (1, batch, 2, 1)
@@ -56,7 +56,7 @@ def test_the_cli_compares_its_greedy_tokens_with_a_reference(tp1):
     _, part, tmp = tp1
     out = tmp / "part_again.json"
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, "-m", "terra_nb.workbook.bench", "tp", "--tp", "1", "--preset", "tiny",
+    proc = subprocess.run([sys.executable, "-m", "terra_nb.bench", "tp", "--tp", "1", "--preset", "tiny",
                            "--ckpt-root", str(tmp / "ckpt"), "--ref", str(tmp / "part_tp1.json"), "--long-frames", "2",
                            "--long-repeats", "1", "--engine-kwargs", json.dumps(EAGER), "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
@@ -85,26 +85,26 @@ def _prefill(tp, trials, prompts=8, tokens=13968):
     import statistics
 
     s = statistics.median(trials)
-    return dict(name=bench.tp_row(tp, bench.PREFILL), tp=tp, prompts=prompts, prompt_tokens=tokens, prompt_frames=24,
+    return dict(name=bench_workload.tp_row(tp, bench_workload.PREFILL), tp=tp, prompts=prompts, prompt_tokens=tokens, prompt_frames=24,
                 repeats=len(trials), trials_s=trials, s=s, prefill_tokens_per_s=prompts * tokens / s)
 
 
 def _tp_rows():
     """TP=1 and TP=2 at 1 and 32 rollouts and prefill; TP=1 alone at 128 rollouts."""
-    row = lambda tp, b, trials: bench._row(bench.tp_row(tp, b), b, 22, trials, tp=tp)  # noqa: E731
+    row = lambda tp, b, trials: bench_timing.trial_row(bench_workload.tp_row(tp, b), b, 22, trials, tp=tp)  # noqa: E731
     return [row(1, 1, [22.0, 22.0]), row(2, 1, [20.0, 20.0]), row(1, 32, [44.0, 44.0]), row(2, 32, [33.0, 55.0]),
             row(1, 128, [88.0]), _prefill(1, [2.0, 2.2]), _prefill(2, [1.0, 1.2])]
 
 
 def test_tp_row_names_parse_and_stay_off_the_curve():
-    assert [bench.tp_row(2, b) for b in (1, 32, bench.PREFILL)] == ["vllm_tp2", "vllm_tp2_b32", "vllm_tp2_prefill"]
-    assert [bench.tp_row_parts(n) for n in ("vllm_tp1", "vllm_tp2_b128", "vllm_tp2_prefill")] == [
-        (1, 1), (2, 128), (2, bench.PREFILL)]
-    assert [bench.tp_row_parts(n) for n in ("vllm", "vllm_b8", "vllm_tp0", "vllm_tp2_b0", "vllm_tp2_decode")] == [None] * 5
+    assert [bench_workload.tp_row(2, b) for b in (1, 32, bench_workload.PREFILL)] == ["vllm_tp2", "vllm_tp2_b32", "vllm_tp2_prefill"]
+    assert [bench_workload.tp_row_parts(n) for n in ("vllm_tp1", "vllm_tp2_b128", "vllm_tp2_prefill")] == [
+        (1, 1), (2, 128), (2, bench_workload.PREFILL)]
+    assert [bench_workload.tp_row_parts(n) for n in ("vllm", "vllm_b8", "vllm_tp0", "vllm_tp2_b0", "vllm_tp2_decode")] == [None] * 5
     with pytest.raises(ValueError, match="unknown row"):
-        bench.row_batch("vllm_tp2_b32")
-    assert bench.row_label("vllm_tp2_b32") == "our port at TP=2, 32 rollouts at once"
-    assert bench.row_label("vllm_tp1_prefill") == "our port at TP=1, prefill of long prompts"
+        bench_workload.row_batch("vllm_tp2_b32")
+    assert bench_report.row_label("vllm_tp2_b32") == "our port at TP=2, 32 rollouts at once"
+    assert bench_report.row_label("vllm_tp1_prefill") == "our port at TP=1, prefill of long prompts"
 
 
 def test_lease_ratios_divide_tp2_by_tp1_where_both_ran():
@@ -129,9 +129,9 @@ def test_lease_ratios_divide_tp2_by_tp1_where_both_ran():
 def test_a_lease_of_tp_rows_and_curve_rows_combines_and_renders():
     env = dict(device="NVIDIA H200", vllm="0.26.0", torch="2.11.0", transformers="5.17.0", python="3.12",
                date="2026-11-29 10:00 UTC", git_commit="ccc3333")
-    curve = [bench._row("vllm", 1, 22, [22.0]), bench._row("stock_llama", 1, 22, [20.0]),
-             bench._row("vllm_b32", 32, 22, [40.0]), bench._row("stock_llama_b32", 32, 22, [38.0])]
-    lease = bench.merge([dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16",
+    curve = [bench_timing.trial_row("vllm", 1, 22, [22.0]), bench_timing.trial_row("stock_llama", 1, 22, [20.0]),
+             bench_timing.trial_row("vllm_b32", 32, 22, [40.0]), bench_timing.trial_row("stock_llama_b32", 32, 22, [38.0])]
+    lease = bench_report.merge([dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16",
                               command="bench tp", rows=curve + _tp_rows(), errors=[])])
     res = bench_report.combine({"h200_tp": dict(lease, lease="TP lease")})
     ratios = {e["name"]: e for e in res["ratios"]}
@@ -149,8 +149,8 @@ def test_a_lease_of_tp_rows_and_curve_rows_combines_and_renders():
     assert "| our port at TP=2, prefill of long prompts: 8 prompts of 13968 tokens, 101585 prompt tokens/s |" in table
     assert "`tp2_vs_tp1_prefill` = **1.909x**: prompt tokens prefilled/s" in table
     assert "results/benchmark_h200.json" in bench_report.readme_section({"benchmark_h200": res})
-    assert "vllm_tp2_prefill" not in [r["row"] for r in bench.report_rows(res)]
-    assert "vllm_tp2_b32" in [r["row"] for r in bench.report_rows(res)]
+    assert "vllm_tp2_prefill" not in [r["row"] for r in bench_report.report_rows(res)]
+    assert "vllm_tp2_b32" in [r["row"] for r in bench_report.report_rows(res)]
     json.dumps(res, allow_nan=False)
 
 
@@ -159,7 +159,7 @@ def _tp_part(tp: int, rows: list[dict], preset: str = "terra") -> dict:
                date="2026-11-29 10:00 UTC", git_commit="ccc3333")
     return dict(env=env, workload=dict(preset=preset, n_ctx=3, long_frames=22, temperature=0.9, seed=0),
                 dtype="torch.bfloat16", command=f"bench tp --tp {tp}",
-                engine_kwargs=dict(bench.NO_MULTICAST_TP_KWARGS, tensor_parallel_size=tp), rows=rows, errors=[])
+                engine_kwargs=dict(bench_engines.NO_MULTICAST_TP_KWARGS, tensor_parallel_size=tp), rows=rows, errors=[])
 
 
 def _with_greedy(rows: list[dict]) -> list[dict]:
@@ -181,7 +181,7 @@ def test_tp_lease_notes_quote_the_rows(tmp_path):
     per code over Terra's 44 all-reduces a step."""
     rows = _with_greedy(_tp_rows())
     parts = [_tp_part(1, [r for r in rows if r["tp"] == 1]), _tp_part(2, [r for r in rows if r["tp"] == 2])]
-    lines = bench_report.tp_lease_notes(bench.merge(parts))
+    lines = bench_report.tp_lease_notes(bench_report.merge(parts))
     assert lines[0] == ("1 rollout: TP=2 1.10 frames/s, TP=1 1.00: 1.100x (frames/s at TP=2 ÷ TP=1's; TP=2 pays). "
                         "Trials in seconds (a trial: 1 rollout x 22 frames): TP=2 20.00, 20.00; TP=1 22.00, 22.00.")
     assert lines[1].startswith("32 rollouts: TP=2 16.00 frames/s, TP=1 16.00: 1.000x") and "TP=2 costs" in lines[1]
@@ -194,7 +194,7 @@ def test_tp_lease_notes_quote_the_rows(tmp_path):
     # TP=2 slower at 1 rollout: its extra time per code, and the all-reduces of Terra's 22 layers
     per_frame = {"vllm_tp2": 2.0 * 576 / 1000, "vllm_tp1": 1.5 * 576 / 1000}   # 2.0 and 1.5 ms per code
     slow = [dict(r, s_per_frame=per_frame[r["name"]]) if r["name"] in per_frame else r for r in rows]
-    why = bench_report.tp_lease_notes(bench.merge([_tp_part(1, [r for r in slow if r["tp"] == 1]),
+    why = bench_report.tp_lease_notes(bench_report.merge([_tp_part(1, [r for r in slow if r["tp"] == 1]),
                                                    _tp_part(2, [r for r in slow if r["tp"] == 2])]))[-1]
     assert why.startswith("Why not at 1 rollout: TP=2 takes 0.50 ms more per code (2.00 vs 1.50 ms)")
     assert "at least 44 all-reduces (22 layers" in why
@@ -203,7 +203,7 @@ def test_tp_lease_notes_quote_the_rows(tmp_path):
     for i, p in enumerate(parts):
         paths.append(tmp_path / f"part_{i}.json")
         paths[-1].write_text(json.dumps(p))
-    bench.main(["merge", *map(str, paths), "--tp-notes", "--out", str(tmp_path / "lease.json")])
+    bench_cli.main(["merge", *map(str, paths), "--tp-notes", "--out", str(tmp_path / "lease.json")])
     notes = json.loads((tmp_path / "lease.json").read_text())["notes"]
     assert notes[1:] == lines and "tensor_parallel_size by part: 1, 2" in notes[0]
     other = dict(parts[1], dtype="torch.float32")
@@ -227,7 +227,7 @@ def test_tp_ratio_plot_draws_a_bar_per_ratio():
 def test_the_committed_tp_leases_notes_are_their_rows_lines():
     """Every lease of results/benchmark_h200.json with TP=1 and TP=2 rows carries `tp_lease_notes` of
     its rows, in order, and its TP=2 greedy codes were compared with TP=1's of the same lease."""
-    (res,) = bench.load_results().values()
+    (res,) = bench_report.load_results().values()
     seen = []
     for lid, lease in bench_report.by_lease(res):
         lines = bench_report.tp_lease_notes(lease)

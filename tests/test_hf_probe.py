@@ -1,4 +1,4 @@
-"""The new-length probe of HF's decode step (workbook/hf_probe.py, issue 25) on the tiny checkpoint:
+"""The new-length probe of HF's decode step (bench/hf_probe.py, issue 25) on the tiny checkpoint:
 what it records, that its cold and warm passes visit the same lengths and no two settings share one,
 that crop restores the cache (warm logits = cold logits = a forward without any cache), and the CPU
 figures `hf_seed` now records per trial."""
@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from terra_nb.workbook import hf_probe
-from terra_nb.workbook.bench_measure import load_hf
+from terra_nb.bench import hf_probe
+from terra_nb.bench.measure import load_hf
 
 STEPS = 6
 
@@ -114,12 +114,12 @@ def test_cli_writes_the_part(tiny_ckpt, tmp_path, single_thread):
     assert part["env"]["torch"] == torch.__version__ and "transformers" in part["env"] and "git_commit" in part["env"]
     assert part["probe"]["steps"] == 31  # what fits in a frame of 64 codes for 2 settings and the profiled step
     assert list(part["probe"]["settings"]) == ["default", "MATH"]
-    assert part["command"].startswith("python -m terra_nb.workbook.hf_probe --preset tiny --ckpt ")
+    assert part["command"].startswith("python -m terra_nb.bench.hf_probe --preset tiny --ckpt ")
 
 
 def test_hf_seed_records_cpu_seconds_and_context_switches_per_trial(tmp_path):
-    from terra_nb.workbook.bench_measure import bench_hf_seed
-    from terra_nb.workbook.bench_workload import Workload, checkpoint
+    from terra_nb.bench.measure import bench_hf_seed
+    from terra_nb.bench.workload import Workload, checkpoint
 
     wl = Workload(preset="tiny", long_frames=1, long_repeats=2)
     row = bench_hf_seed(checkpoint(tmp_path / "ckpt", wl), wl)

@@ -1,4 +1,4 @@
-"""The memory floor (terra_nb.workbook.roofline) against the real HF model's modules and a brute-force
+"""The memory floor (terra_nb.bench.roofline) against the real HF model's modules and a brute-force
 sum over every decode step."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from terra_nb.port.checkpoints import preset_config
 from terra_nb.port.layout import FrameLayout
-from terra_nb.workbook import roofline
+from terra_nb.bench import roofline
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_a_rollouts_floor_is_its_decode_steps_floors_summed():
 def test_decode_floor_share_reads_the_profiled_frames_context():
     """bench_report.decode_floor_share: the floor of a step at the profiled frames' median context
     (window + earlier frames + half a frame), against the profile's decode step."""
-    from terra_nb.workbook.bench_report import decode_floor_share
+    from terra_nb.bench.report import decode_floor_share
 
     cfg = preset_config("terra")
     layout = FrameLayout.from_config(cfg)

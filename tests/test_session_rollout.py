@@ -89,7 +89,7 @@ def test_greedy_sessions_equal_the_frame_loop_across_a_round_boundary(engine, ti
 def test_step_profiles_split_a_frame_step_on_both_engines_without_changing_a_code(engine, tiny_llm):
     """`workbook.step_profile` on the real engines: the frame loop's `generate` calls and engine
     steps, the session's streamed outputs; the clocks leave the codes and the engines as they were."""
-    from terra_nb.workbook.step_profile import frame_loop_step_profile, session_step_profile
+    from terra_nb.bench.step_profile import frame_loop_step_profile, session_step_profile
 
     ctx, acts = random_inputs(2, 3, 3 + 4 - 1, seed=11)
     got = {}

@@ -20,7 +20,7 @@
 #                             vllm_seed_defaults, hf_seed_flash, vllm_seed                ~3-12 min each
 #   bash tools/gpu.sh seed_pair HF's seed row, then the port's as the seed ran it, 3 trials each  ~23 min
 #   bash tools/gpu.sh hf_probe  HF's decode step at KV lengths new to the process vs the same lengths
-#                               again, per SDPA backend (workbook/hf_probe.py; issue 25)   ~1.5 min
+#                               again, per SDPA backend (bench/hf_probe.py; issue 25)   ~1.5 min
 #   bash tools/gpu.sh session stock's frame loop at 1 and 128 rollouts, then our port with one
 #                             engine session per rollout (issue 24) at 1                   ~9 min
 #   bash tools/gpu.sh session_big  the sessions at 128 rollouts (then 256 if time)       ~4-9 min
@@ -31,15 +31,15 @@
 #                             this saves only the shared data and set-up, not training time
 #   bash tools/gpu.sh session_curve_stock / session_curve   issue 24's curve: stock's frame loop,
 #                             then the sessions, at 1, 8, 32, 64, 128 rollouts, each with the
-#                             frame-step profile at 1 and 128 (workbook/step_profile.py)   ~10 min each
+#                             frame-step profile at 1 and 128 (bench/step_profile.py)   ~10 min each
 #
 # Parts longer than a call run in the background, from a snapshot of the checkout (each device call
 # copies the checkout again, under a running part):
 #   bash tools/gpu.sh bg session_curve_stock session_curve   start them, one after the other
 #   bash tools/gpu.sh poll 560                               wait (at most 560 s); bring back what they wrote
 #
-# Then, here: python -m terra_nb.workbook.bench merge part_hf.json part_port.json part_stock.json \
-#               --out results/benchmark_<gpu>.json && python -m terra_nb.workbook.bench readme
+# Then, here: python -m terra_nb.bench merge part_hf.json part_port.json part_stock.json \
+#               --out results/benchmark_<gpu>.json && python -m terra_nb.bench readme
 set -uo pipefail
 test -d /tmp/site/vllm || { echo FRESH-MACHINE; exit 3; }
 BG=/tmp/bench_out
@@ -98,7 +98,7 @@ case "$1" in
       [ "$tp" = 1 ] && pin=(env CUDA_VISIBLE_DEVICES=0)
       echo "== $name: TP=$tp $(date -u +%T)"
       # setsid: its own process group, so the watch below can stop the engine and its workers at once
-      setsid "${pin[@]}" python3 -m terra_nb.workbook.bench tp --tp "$tp" "$@" ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} \
+      setsid "${pin[@]}" python3 -m terra_nb.bench tp --tp "$tp" "$@" ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} \
         --ckpt-root /tmp/ckpt --out "$OUT/part_$name.json" > "$OUT/log_$name.txt" 2>&1 &
       local pid=$!
       # ../shared/gpu/README.md: if the log mentions mnnvl, FlashInfer all-reduce or multicast, stop the run
@@ -140,7 +140,7 @@ case "$1" in
   # trial records the allocator's driver calls (device_allocs). ~23 min: use `bg`.
   seed_pair) args=(run --rows hf_seed,vllm_seed --long-repeats 3 --deadline-s "${DEADLINE_S:-1000}") ;;
   # Issue 25: is hf_seed's slow first trial a one-time cost per new KV length? (load + probe < 90 s)
-  hf_probe) python3 -m terra_nb.workbook.hf_probe --preset terra --ckpt-root /tmp/ckpt --out "$OUT/part_hf_probe.json" \
+  hf_probe) python3 -m terra_nb.bench.hf_probe --preset terra --ckpt-root /tmp/ckpt --out "$OUT/part_hf_probe.json" \
       > "$OUT/log_hf_probe.txt" 2>&1
     rc=$?; grep -v -E "^USDT|it/s\]$" "$OUT/log_hf_probe.txt" | tail -40; exit $rc ;;
   # Lease 2 of 2026-11-26, one row per part (each its own process, so HF's cuDNN plans start cold):
@@ -156,7 +156,7 @@ case "$1" in
     # stock's frame loop first, so that each session row has its stock row from this same call.
     # Stock with its engine core in a child process, as AsyncLLM always has it (vLLM's default; the
     # other parts run it in-process): the rows record it (`engine_core`).
-    VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m terra_nb.workbook.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
+    VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m terra_nb.bench run --rows stock_llama,stock_llama_b128 --long-repeats 2 --deadline-s 200 \
       --ckpt-root /tmp/ckpt --out "$OUT/part_session_stock.json" > "$OUT/log_session_stock.txt" 2>&1
     # measured (H100, 2026-11-25): stock's process 5 min, the session at 1 rollout 2.5 min; at 128
     # rollouts the session takes 3.6 min more, so it has a call of its own (session_big). AsyncLLM's
@@ -195,9 +195,19 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
     wait; echo "== all runs ended $(date -u +%T)"
     python3 tools/toy_sweep.py "$OUT/toy" --merge "$work"/*/toy_sweep.json > "$OUT/log_toy_par.txt" 2>&1
     rc=$?; cat "$OUT/log_toy_par.txt"; tar -czf "$OUT/toy_par.tar.gz" -C "$work" .; exit $rc ;;
-  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|b32_stock|b32_port|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|seed_static|seed_defaults|seed_flash|seed_eager|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
+  # The headline: interleaved comparisons (terra_nb/bench/plans.py), each plan's sides alive in their own
+  # processes, trials in turn; PLANS picks plans, LEASE names the lease in the result files.
+  pairs) rc=0
+    for plan in ${PLANS:-headline_stock headline_seed}; do
+      echo "== $plan $(date -u +%T)"
+      python3 -m terra_nb.bench pairs --plan "$plan" --ckpt-root /tmp/ckpt --out "$OUT/pairs_$plan.json" \
+        ${LEASE:+--lease "$LEASE"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} > "$OUT/log_pairs_$plan.txt" 2>&1 || rc=1
+      grep -v -E "^\((EngineCore|Worker|SpawnProcess)|it/s\]$|^(INFO|DEBUG|WARNING)|^\(MainProcess" "$OUT/log_pairs_$plan.txt" | tail -30
+    done
+    exit $rc ;;
+  *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|b32_stock|b32_port|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|seed_static|seed_defaults|seed_flash|seed_eager|hf_probe|toy|toy_par|pairs|bg|poll)"; exit 2 ;;
 esac
-python3 -m terra_nb.workbook.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
+python3 -m terra_nb.bench "${args[@]}" --ckpt-root /tmp/ckpt --out "$OUT/part_$1.json" > "$OUT/log_$1.txt" 2>&1
 rc=$?
 grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)|^\(MainProcess" "$OUT/log_$1.txt" | tail -120
 exit $rc

@@ -7,7 +7,7 @@ set -euo pipefail
 L=${1:?the folder with part_seed_*.json and bg.log}
 t0=$(grep "== seed_static" "$L/bg.log" | awk '{print $3}'); t1=$(grep "== seed_defaults" "$L/bg.log" | awk '{print $3}')
 secs=$(( $(date -d "$t1" +%s) - $(date -d "$t0" +%s) ))
-python -m terra_nb.workbook.bench merge "$L/part_seed_defaults.json" "$L/part_seed_flash.json" "$L/part_seed_eager.json" \
+python -m terra_nb.bench merge "$L/part_seed_defaults.json" "$L/part_seed_flash.json" "$L/part_seed_eager.json" \
   --commit ac8bb35 \
   --lease "H200 lease 2 of 2026-11-26 (session 7): one hold, \`bash tools/gpu.sh bg seed_static seed_defaults seed_flash seed_eager\` (one row per process, in that order), then \`HF_COMPILE_MODE=default REPEATS=1 bash tools/gpu.sh seed_static\` (commit 887aaad) in the same hold" \
   --seed-notes --earlier results/leases/h200_2026-11-25_seed.json --probe results/hf_probe_h200.json \

@@ -17,7 +17,7 @@ import torch
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 from terra_nb.workbook.data import load_sample
-from terra_nb.workbook.profiling import sync as _sync
+from terra_nb.bench.profiling import sync as _sync
 
 __all__ = ["hf_timing_traps"]
 

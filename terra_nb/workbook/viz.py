@@ -385,8 +385,8 @@ def tp_ratio_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
     """TP=2 ÷ TP=1 of one lease's `bench tp` rows (`bench_report.tp_ratios`): a bar per batch
     (frames/s) and one for prefill alone (prompt tokens/s), against the 1.0 line where TP=2 starts
     to pay."""
-    from terra_nb.workbook.bench_report import rollouts_text, tp_ratios
-    from terra_nb.workbook.bench_workload import PREFILL, tp_row_parts
+    from terra_nb.bench.report import rollouts_text, tp_ratios
+    from terra_nb.bench.workload import PREFILL, tp_row_parts
 
     by = {r["name"]: r for r in rows}
     ratios = tp_ratios(set(by))

@@ -15,7 +15,7 @@ The probe, on an HF Terra model already loaded (`new_length_probe`):
 5. torch.profiler over one cold and one warm default step (top CUDA kernels and CPU ops).
 
 cold >> warm per step says "per new length"; CPU seconds near wall seconds say CPU-bound. The CLI
-writes one JSON file (`python -m terra_nb.workbook.hf_probe --preset terra --ckpt-root /tmp/ckpt
+writes one JSON file (`python -m terra_nb.bench.hf_probe --preset terra --ckpt-root /tmp/ckpt
 --out part_hf_probe.json`, `tools/gpu.sh hf_probe` on the GPU).
 """
 from __future__ import annotations
@@ -33,8 +33,9 @@ from pathlib import Path
 import torch
 
 from terra_nb.port.layout import FrameLayout
-from terra_nb.workbook.bench_measure import _device_allocs, _sdpa_backends, cpu_usage, load_hf
-from terra_nb.workbook.profiling import sync
+from terra_nb.bench.engines import load_hf
+from terra_nb.bench.timing import cpu_usage, device_allocs, sdpa_backends
+from terra_nb.bench.profiling import sync
 
 SETTINGS = ("default", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 """SDPA settings in the order probed: no restriction first (what `hf_seed` runs), then one backend each."""
@@ -82,7 +83,7 @@ def decode_pass(model, cache, actions: torch.Tensor, logits: torch.Tensor, steps
     as generate's loop synchronises every step, so both passes do the same work."""
     p, codes = Pass(), FrameLayout.from_config(model.config).num_codes
     dev = logits.device
-    allocs0, (cpu0, sw0) = _device_allocs(), cpu_usage()
+    allocs0, (cpu0, sw0) = device_allocs(), cpu_usage()
     code = int(logits[:codes].argmax())
     for i in range(steps):
         x = feed[i] if feed is not None else code
@@ -98,15 +99,15 @@ def decode_pass(model, cache, actions: torch.Tensor, logits: torch.Tensor, steps
         p.logits.append(out.logits[0, -1])
     cpu1, sw1 = cpu_usage()
     p.cpu_s, p.nivcsw = cpu1 - cpu0, sw1 - sw0
-    p.allocs = None if allocs0 is None else _device_allocs() - allocs0
+    p.allocs = None if allocs0 is None else device_allocs() - allocs0
     return p
 
 
 # ---------------------------------------------------------------------------- one SDPA setting
 def sdpa_setting(name: str):
     """The context of an SDPA setting: torch's own choice for "default", else that backend alone
-    (`bench_measure._sdpa_backends`, the limit `hf_seed_flash` runs under)."""
-    return _sdpa_backends(None if name == "default" else (name,))
+    (`timing.sdpa_backends`, the limit `hf_seed_flash` runs under)."""
+    return sdpa_backends(None if name == "default" else (name,))
 
 
 def _ms(values: list) -> list:
@@ -305,11 +306,11 @@ def finding_lines(res: dict) -> list[str]:
 
 
 def main(argv=None) -> dict:
-    from terra_nb.workbook.bench_workload import Workload, checkpoint
+    from terra_nb.bench.workload import Workload, checkpoint
     from terra_nb.workbook.data import load_sample
     from terra_nb.workbook.show import environment_info
 
-    ap = argparse.ArgumentParser(prog="python -m terra_nb.workbook.hf_probe", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m terra_nb.bench.hf_probe", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="terra", help="the checkpoint's shape and the sample (as bench run)")
     ap.add_argument("--ckpt-root", default="checkpoints", help="where bench run keeps its checkpoints")
     ap.add_argument("--ckpt", default=None, help="a checkpoint folder (instead of the benchmark's)")
@@ -328,7 +329,7 @@ def main(argv=None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     header = dict(env=environment_info(), ckpt=str(ckpt), load_s=round(load_s, 2),
                   # the command that made it: this module's own, with the arguments it was given
-                  command=" ".join(["python -m terra_nb.workbook.hf_probe"]
+                  command=" ".join(["python -m terra_nb.bench.hf_probe"]
                                    + [shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv)]))
     write = lambda res: out.write_text(json.dumps(dict(header, probe=res), indent=1))  # noqa: E731
     res = new_length_probe(model, sample.context[: a.n_ctx], sample.actions, steps, settings, flush=write)

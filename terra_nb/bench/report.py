@@ -6,7 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from terra_nb.workbook.bench_workload import PREFILL, SEED_FIGURES, SEED_ROWS, row_batch, row_engine, tp_row, tp_row_parts
+from terra_nb.bench.workload import PREFILL, SEED_FIGURES, SEED_ROWS, row_batch, row_engine, tp_row, tp_row_parts
 
 
 def merge(parts: list[dict]) -> dict:
@@ -244,7 +244,7 @@ def combine_files(paths: list[Path]) -> dict:
         raise ValueError(f"two lease files share a stem (a lease id): {[str(p) for p in paths]}")
     leases = {lid: json.loads(Path(p).read_text()) for lid, p in zip(ids, paths)}
     files = {lid: rel(p) for lid, p in zip(ids, paths)}
-    return dict(combine(leases, files), combined_by="python -m terra_nb.workbook.bench combine " + " ".join(files.values()))
+    return dict(combine(leases, files), combined_by="python -m terra_nb.bench combine " + " ".join(files.values()))
 
 
 def recombine(res: dict) -> dict:
@@ -277,7 +277,7 @@ def by_lease(res: dict) -> list[tuple[str | None, dict]]:
 def step_digest(rows: list[dict]) -> dict | None:
     """Per batch (a string key, as JSON has it): each engine's frame-step profile (rows measured
     with `--step-batches`), and the session's against stock's frame loop where both ran."""
-    from terra_nb.workbook.step_profile import compare_steps
+    from terra_nb.bench.step_profile import compare_steps
 
     by_batch: dict[str, dict] = {}
     for r in rows:
@@ -293,7 +293,7 @@ def profile_digest(profiles: dict[str, dict]) -> dict | None:
     """What a results file keeps of the parts' profiles: per engine, each section's wall time and
     phases and each decode's kernels per step; port vs stock section by section when both ran.
     (The full profiles go beside the results file, see `main`.)"""
-    from terra_nb.workbook.profiling import compare
+    from terra_nb.bench.profiling import compare
 
     if not profiles:
         return None
@@ -325,11 +325,11 @@ def throughput_curve(rows: list[dict]) -> list[dict]:
 
 
 def with_floor(curve: list[dict], workload: dict, device: str) -> list[dict]:
-    """The curve with each batch's memory floor (`terra_nb.workbook.roofline`: the frames/s no engine
+    """The curve with each batch's memory floor (`terra_nb.bench.roofline`: the frames/s no engine
     can pass on this device, model and rollout length) and what share of it each engine reached.
     Unchanged when the workload names no preset or the device has no bandwidth on record."""
     from terra_nb.port.checkpoints import preset_config
-    from terra_nb.workbook.roofline import bandwidth_of, floor_frames_per_s
+    from terra_nb.bench.roofline import bandwidth_of, floor_frames_per_s
 
     try:
         config, frames = preset_config(workload["preset"]), workload["long_frames"]
@@ -406,7 +406,7 @@ def decode_floor_share(res: dict, batch: int | str, engine: str = "stock_llama")
 
     from terra_nb.port.checkpoints import preset_config
     from terra_nb.port.layout import FrameLayout
-    from terra_nb.workbook.roofline import bandwidth_of, decode_step_floor_s
+    from terra_nb.bench.roofline import bandwidth_of, decode_step_floor_s
 
     p = res["step_profiles"][str(batch)][engine]
     config, w = preset_config(res["workload"]["preset"]), res["workload"]
@@ -540,7 +540,7 @@ def seed_lease_notes(res: dict, earlier: dict | None = None, probe: dict | None 
     their spread and the allocator's driver calls; against an `earlier` seed lease, its HF row's
     trials and how the port's rows of both leases compare (a slower host shows in both sides, so
     ratios hold only within a lease); and a `probe` result's findings (`hf_probe.finding_lines`)."""
-    from terra_nb.workbook.hf_probe import finding_lines
+    from terra_nb.bench.hf_probe import finding_lines
 
     by = {r["name"]: r for r in res["rows"]}
     old = {r["name"]: r for r in (earlier or {}).get("rows", [])}
@@ -912,7 +912,7 @@ def readme_section(results: dict[str, dict]) -> str:
         if not is_combined(res):
             return f"`results/{stem}.json`:"
         return (f"`results/{stem}.json` ({res['device']}; {len(res['leases'])} leases, each ratio between two rows "
-                f"of one lease; `python -m terra_nb.workbook.bench combine` builds it from the lease files):")
+                f"of one lease; `python -m terra_nb.bench combine` builds it from the lease files):")
     return "\n\n".join(f"{head(stem, res)}\n\n{results_table(res)}" for stem, res in results.items())
 
 

@@ -1,7 +1,7 @@
 """Measuring the benchmark's rows: HF `generate`, our vLLM port, stock vLLM Llama, in this process.
 
 Each engine runs in its own process (a vLLM engine does not hand its GPU memory back reliably):
-`measure` starts `python -m terra_nb.workbook.bench run` once per engine group and merges the
+`measure` starts `python -m terra_nb.bench run` once per engine group and merges the
 parts (`bench_report.merge`); `run` is what such a process does. Lengths are forced the cheap way:
 `eos_token_id=None` in HF and `ignore_eos=True` in vLLM (never `min_new_tokens` / `min_tokens`).
 """
@@ -23,35 +23,12 @@ import torch
 from terra_nb.port.config import LlamaActionConfig
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
-from terra_nb.workbook.bench_report import merge
-from terra_nb.workbook.bench_workload import (PREFILL, SEED_ENGINE, SEED_ROWS, SEED_TEMPERATURE, Workload, checkpoint, engine_groups,
+from terra_nb.bench.report import merge
+from terra_nb.bench.workload import (PREFILL, SEED_ENGINE, SEED_ROWS, SEED_TEMPERATURE, Workload, checkpoint, engine_groups,
                                               row_batch, row_engine, stock_llama_checkpoint, tp_row)
 from terra_nb.workbook.data import load_sample
-from terra_nb.workbook.profiling import sync as _sync
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    _sync()
-    t0 = time.perf_counter()
-    fn()
-    _sync()
-    return time.perf_counter() - t0
-
-
-def _row(name: str, batch: int, frames: int, trials: list[float], **extra) -> dict:
-    med = statistics.median(trials)
-    return dict(name=name, batch=batch, frames=frames, repeats=len(trials), trials_s=[round(t, 3) for t in trials],
-                s_per_frame=med / frames, frames_per_s=batch * frames / med, **extra)
-
-
-def engine_core_process(async_engine: bool = False) -> str:
-    """Where a row's engine core ran: `vllm.LLM` in this process when
-    `VLLM_ENABLE_V1_MULTIPROCESSING=0` (tools/gpu.sh sets it), else in a child process, as
-    `AsyncLLM` always does. Per-step work differs between the two (inter-process messages), so a
-    comparison of session rows with frame-loop rows says which each had."""
-    from vllm import envs
-
-    return "child process" if async_engine or envs.VLLM_ENABLE_V1_MULTIPROCESSING else "this process"
+from terra_nb.bench.engines import NO_MULTICAST_TP_KWARGS, engine_core_process, load_hf, port_engine, shutdown, stock_engine
+from terra_nb.bench.timing import Progress, cpu_usage, device_allocs, sdpa_backends, sync, timed, trial_row
 
 
 def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
@@ -77,16 +54,16 @@ def bench_hf(ckpt: Path, wl: Workload) -> list[dict]:
 
     # Warm-up at the full trial length: the first call at a new length can pay one-off costs
     # (allocation, kernel selection) that are not per-frame time (notebook 07, trap 2).
-    _timed(lambda: gen(wl.short_frames * layout.image_tokens))
+    timed(lambda: gen(wl.short_frames * layout.image_tokens))
     torch.manual_seed(wl.seed)
-    trials = [_timed(lambda: gen(wl.short_frames * layout.image_tokens)) for _ in range(wl.short_repeats)]
+    trials = [timed(lambda: gen(wl.short_frames * layout.image_tokens)) for _ in range(wl.short_repeats)]
     del model
     import gc
 
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the next engine sizes its KV cache from the free memory
-    return [_row("hf", 1, wl.short_frames, trials, load_s=round(load_s, 1))]
+    return [trial_row("hf", 1, wl.short_frames, trials, load_s=round(load_s, 1))]
 
 
 HF_STATIC_NEEDS = (
@@ -104,38 +81,6 @@ def static_cache(model, layout: FrameLayout):
     from transformers import StaticCache
 
     return StaticCache(config=model.config, max_cache_len=layout.max_len)
-
-
-def _device_allocs() -> int | None:
-    """How many times torch's CUDA caching allocator has asked the driver for memory so far (None
-    on the CPU). Per HF trial (`device_allocs`): a dynamic KV cache that grows past every size the
-    allocator has cached makes it call the driver, a CPU-side cost in a CPU-bound decode loop."""
-    if not torch.cuda.is_available():
-        return None
-    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
-
-
-def load_hf(ckpt: Path):
-    """The HF Terra model of a checkpoint as the HF rows load it (its own dtype, on the GPU when there
-    is one, eval mode), and the seconds that took."""
-    from transformers import AutoModelForCausalLM
-
-    import terra_nb  # noqa: F401  (registers the Auto classes)
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype="auto").to(device).eval()
-    return model, time.perf_counter() - t0
-
-
-def cpu_usage() -> tuple[float, int]:
-    """This process's CPU seconds (user + system) and involuntary context switches so far. Their
-    deltas over a phase tell a CPU-bound phase (CPU seconds near its wall seconds) from one that
-    waits (on the GPU, or preempted: involuntary switches)."""
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime, r.ru_nivcsw
 
 
 def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: SamplingConfig, frame_s: list | None = None,
@@ -157,7 +102,7 @@ def seed_video(model, wl: Workload, sample, layout: FrameLayout, sampling: Sampl
                 cache.reset()
             ids = model.generate(input_ids=ids, actions=actions, max_new_tokens=layout.image_tokens, **kw)
             if frame_s is not None:
-                _sync()
+                sync()
                 frame_s.append(time.perf_counter() - t0)
     return ids
 
@@ -170,21 +115,10 @@ at a length seen before, the time on the CPU in `aten::_cudnn_attention_forward`
 steps are all new lengths, so HF's first video pays it at every step; flash attention does not."""
 
 
-def _sdpa_backends(names: tuple[str, ...] | None):
-    """A context where SDPA may only use `names` (None: torch's own choice, unrestricted)."""
-    import contextlib
-
-    if names is None:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([getattr(SDPBackend, n) for n in names])
-
-
 def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False, sdpa: tuple[str, ...] | None = None) -> dict:
     """Row `hf_seed` (or `hf_static`: static cache + `torch.compile`; `hf_seed_flash`: `sdpa` =
     `HF_FLASH_BACKENDS`): HF in the seed's setting."""
-    with _sdpa_backends(sdpa):
+    with sdpa_backends(sdpa):
         return _bench_hf_seed(ckpt, wl, static, sdpa)
 
 
@@ -206,16 +140,16 @@ def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool, sdpa: tuple[str, ...]
         engine["cache_len"] = layout.max_len
         model.forward = torch.compile(model.forward, mode=mode)
         warm = wl
-    warmup_s = _timed(lambda: seed_video(model, warm, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE),
+    warmup_s = timed(lambda: seed_video(model, warm, sample, layout, SamplingConfig(temperature=SEED_TEMPERATURE),
                                          cache=cache))
     trials, per_frame, allocs, cpu_s, nivcsw = [], [], [], [], []
     for r in range(wl.long_repeats):
         sampling = SamplingConfig(temperature=SEED_TEMPERATURE, seed=wl.seed + 1 + r)
         torch.manual_seed(sampling.seed)
         per_frame.append([])
-        before, (cpu0, sw0) = _device_allocs(), cpu_usage()
-        trials.append(_timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], cache=cache)))
-        allocs.append(None if before is None else _device_allocs() - before)
+        before, (cpu0, sw0) = device_allocs(), cpu_usage()
+        trials.append(timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], cache=cache)))
+        allocs.append(None if before is None else device_allocs() - before)
         # CPU seconds near the trial's seconds: the decode loop is CPU-bound (issue 25: 100% of a core)
         cpu1, sw1 = cpu_usage()
         cpu_s.append(round(cpu1 - cpu0, 3))
@@ -225,7 +159,7 @@ def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool, sdpa: tuple[str, ...]
     # and every trial's own (a trial unlike the others shows where it lost its time)
     frame_s_trials = [[round(s, 4) for s in t] for t in per_frame]
     name = "hf_static" if static else "hf_seed_flash" if sdpa else "hf_seed"
-    return _row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
+    return trial_row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE,
                 calls_per_trial=wl.long_frames, tokens_per_call=layout.image_tokens, frame_s=frame_s,
                 frame_s_trials=frame_s_trials, device_allocs=allocs, cpu_s_trials=cpu_s, nivcsw_trials=nivcsw,
                 warmup_s=round(warmup_s, 2), engine=engine)
@@ -238,17 +172,17 @@ def bench_vllm_seed(ckpt: Path, wl: Workload, name: str, progress: Progress | No
     steps profiled on one more video (`port_step_profile`: e.g. what eager mode costs per code)."""
     progress = progress or Progress()
     settings = dict(SEED_ENGINE) if name == "vllm_seed" else {}
-    llm, start = _engine(ckpt, **settings)
+    llm, start = port_engine(ckpt, **settings)
     try:
         seed_wl = dataclasses.replace(wl, temperature=SEED_TEMPERATURE)
         trials, _ = _rollout_trials(llm, seed_wl, 1, wl.long_frames, wl.long_repeats)
-        row = _row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE, calls_per_trial=wl.long_frames,
+        row = trial_row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE, calls_per_trial=wl.long_frames,
                    tokens_per_call=FrameLayout.from_config(llm.model_config.hf_config).image_tokens,
                    engine_start_s=round(start, 1), engine=engine_settings(llm), engine_core=engine_core_process())
         _step_profile_into(progress, row, steps, lambda b, n: port_step_profile(llm, seed_wl, b, n))
         return row
     finally:
-        _shutdown(llm)
+        shutdown(llm)
 
 
 def engine_settings(llm) -> dict:
@@ -278,46 +212,6 @@ def bench_seed_rows(ckpt: Path, wl: Workload, rows: list[str], progress: Progres
             progress.add(bench_vllm_seed(ckpt, wl, name, progress, steps))
 
 
-def _engine(ckpt: Path, build=None, **kw):
-    """Our port's engine (`build`: `make_llm`, or e.g. `make_session_engine`) and its start-up seconds."""
-    from terra_nb.port.vllm_rollout import make_llm
-
-    # vLLM's own default mode unless a row asks for eager: `make_llm` is eager on the CPU, the
-    # stock engine is not, and the two are compared like for like
-    kw.setdefault("enforce_eager", False)
-    t0 = time.perf_counter()
-    llm = (build or make_llm)(ckpt, **kw)
-    return llm, time.perf_counter() - t0
-
-
-class Progress:
-    """Rows as they are measured: each is written to `partial` at once (a device call that runs out
-    of time keeps what it measured), and rows starting after `deadline_s` are skipped, not lost."""
-
-    def __init__(self, partial: Path | None = None, deadline_s: float | None = None, header: dict | None = None):
-        self.partial, self.deadline_s, self.header = partial, deadline_s, header or {}
-        self.t0 = time.perf_counter()
-        self.rows: list[dict] = []
-        self.errors: list[dict] = []
-        self.extra: dict = {}
-
-    def out_of_time(self, what: str) -> bool:
-        late = self.deadline_s is not None and time.perf_counter() - self.t0 > self.deadline_s
-        if late:
-            self.errors.append(dict(group=what, error=f"skipped: past the {self.deadline_s:.0f} s deadline"))
-        return late
-
-    def add(self, row: dict) -> dict:
-        self.rows.append(row)
-        self.flush()
-        return row
-
-    def flush(self) -> None:
-        if self.partial is not None:
-            self.partial.parent.mkdir(parents=True, exist_ok=True)
-            self.partial.write_text(json.dumps(dict(self.header, rows=self.rows, errors=self.errors, **self.extra), indent=2))
-
-
 def _rollout_trials(llm, wl: Workload, batch: int, frames: int, repeats: int):
     from terra_nb.port.vllm_rollout import RolloutStats, vllm_rollout
 
@@ -329,7 +223,7 @@ def _rollout_trials(llm, wl: Workload, batch: int, frames: int, repeats: int):
     for r in range(repeats):
         st = RolloutStats()
         s = dataclasses.replace(sampling, seed=wl.seed + 1 + r)  # a fresh draw; the prompt prefix is shared
-        trials.append(_timed(lambda: vllm_rollout(llm, ctx, sample.actions, frames, s, progress=False, stats=st)))
+        trials.append(timed(lambda: vllm_rollout(llm, ctx, sample.actions, frames, s, progress=False, stats=st)))
         stats.append(st)
     return trials, stats
 
@@ -364,13 +258,13 @@ def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | N
                steps: StepSpec | None = None, **engine_kwargs) -> list[dict]:
     progress = progress or Progress()
     if "vllm_eager" in rows and not progress.out_of_time("vllm_eager"):
-        llm, start = _engine(ckpt, enforce_eager=True)
+        llm, start = port_engine(ckpt, enforce_eager=True)
         trials, _ = _rollout_trials(llm, wl, 1, wl.short_frames, wl.short_repeats)
-        progress.add(_row("vllm_eager", 1, wl.short_frames, trials, engine_start_s=round(start, 1)))
-        _shutdown(llm)
+        progress.add(trial_row("vllm_eager", 1, wl.short_frames, trials, engine_start_s=round(start, 1)))
+        shutdown(llm)
     graph_rows = [r for r in rows if row_engine(r) == "vllm"]
     if graph_rows:
-        llm, start = _engine(ckpt, **engine_kwargs)
+        llm, start = port_engine(ckpt, **engine_kwargs)
         _profile_into(progress, llm, "port", wl, profile_spec, FrameLayout.from_config(llm.model_config.hf_config))
         first = None
         for name in graph_rows:
@@ -392,26 +286,20 @@ def port_rollout_row(llm, ckpt: Path, wl: Workload, name: str, batch: int, start
     `long_frames` frames, with the engine's start-up seconds and the prefix cache's hits after the
     first frame (`extra`: more keys for the row)."""
     trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, wl.repeats_for(batch))
-    return _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1), engine_core=engine_core_process(),
+    return trial_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1), engine_core=engine_core_process(),
                 prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)), **extra)
 
 
 def port_step_profile(llm, wl: Workload, batch: int, frames: int) -> dict:
     """`step_profile.frame_loop_step_profile` of our port's frame loop (`vllm_rollout`)."""
     from terra_nb.port.vllm_rollout import vllm_rollout
-    from terra_nb.workbook.step_profile import frame_loop_step_profile
+    from terra_nb.bench.step_profile import frame_loop_step_profile
 
     sample = load_sample(wl.preset)
     ctx = sample.context[: wl.n_ctx].expand(batch, -1, -1).contiguous()
     sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
     roll = lambda: vllm_rollout(llm, ctx, sample.actions, frames, sampling, progress=False)  # noqa: E731
     return frame_loop_step_profile(llm, roll, FrameLayout.from_config(llm.model_config.hf_config).image_tokens, batch)
-
-
-def _shutdown(llm) -> None:
-    from terra_nb.port.vllm_compat import shutdown_llm
-
-    shutdown_llm(llm)
 
 
 def _profile_into(progress: Progress, llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> None:
@@ -439,27 +327,6 @@ def _step_profile_into(progress: Progress, row: dict, steps: StepSpec | None, me
     progress.flush()
 
 
-def stock_engine(ckpt: Path, **engine_kwargs):
-    """Stock vLLM Llama of the port's shape (`stock_llama_checkpoint`), built like `make_llm`
-    builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
-    import vllm
-
-    from terra_nb.port.vllm_rollout import _config_dtype, apply_gpu_settings
-
-    stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
-    cfg = LlamaActionConfig.from_pretrained(str(ckpt))
-    kwargs = dict(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
-                  max_model_len=FrameLayout.from_config(cfg).max_len, dtype=_config_dtype(cfg))
-    if not torch.cuda.is_available():
-        kwargs["gpu_memory_utilization"] = 0.2  # see make_llm
-    kwargs.update(engine_kwargs)
-    if torch.cuda.is_available():
-        apply_gpu_settings(kwargs)  # as make_llm: the same memory cap and attention arithmetic
-    t0 = time.perf_counter()
-    llm = vllm.LLM(**kwargs)
-    return llm, time.perf_counter() - t0
-
-
 def stock_rollout(llm, ctx_prompt: list[int], layout: FrameLayout, batch: int, frames: int, sampling: SamplingConfig):
     """The port's frame-by-frame loop on plain token prompts: every step re-submits each prompt
     grown by its last frame and six placeholder ids, with the port's sampling parameters."""
@@ -477,7 +344,7 @@ def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | 
                 steps: StepSpec | None = None, **engine_kwargs) -> list[dict]:
     """Stock vLLM Llama, same shape, plain token prompts, the same frame-by-frame loop."""
     from terra_nb.port.layout import build_prompt
-    from terra_nb.workbook.step_profile import frame_loop_step_profile
+    from terra_nb.bench.step_profile import frame_loop_step_profile
 
     progress = progress or Progress()
     layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
@@ -491,10 +358,10 @@ def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | 
         if progress.out_of_time(name):
             continue
         batch = row_batch(name)
-        trials = [_timed(lambda: stock_rollout(llm, ctx, layout, batch, wl.long_frames,
+        trials = [timed(lambda: stock_rollout(llm, ctx, layout, batch, wl.long_frames,
                                                dataclasses.replace(sampling, seed=wl.seed + 1 + r)))
                   for r in range(wl.repeats_for(batch))]
-        row = _row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+        row = trial_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
                    engine_core=engine_core_process())
         first = first or row
         progress.add(row)
@@ -511,11 +378,11 @@ def bench_session(ckpt: Path, wl: Workload, rows: list[str], progress: Progress 
     """Our port with one engine session per rollout (`port.session_rollout`): each frame step sends
     only the last code and the next actions; the prompt stays in the session's KV cache."""
     from terra_nb.port.session_rollout import make_session_engine, session_rollout_sync, shutdown_async_engine
-    from terra_nb.workbook.step_profile import session_step_profile
+    from terra_nb.bench.step_profile import session_step_profile
 
     progress = progress or Progress()
     codes = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))).image_tokens
-    engine, start = _engine(ckpt, make_session_engine, **engine_kwargs)
+    engine, start = port_engine(ckpt, make_session_engine, **engine_kwargs)
     sample = load_sample(wl.preset)
     sampling = SamplingConfig(temperature=wl.temperature, seed=wl.seed)
     try:
@@ -525,11 +392,11 @@ def bench_session(ckpt: Path, wl: Workload, rows: list[str], progress: Progress 
                 continue
             batch = row_batch(name)
             ctx = sample.context[: wl.n_ctx].expand(batch, -1, -1).contiguous()
-            trials = [_timed(lambda: session_rollout_sync(engine, ctx, sample.actions, wl.long_frames,
+            trials = [timed(lambda: session_rollout_sync(engine, ctx, sample.actions, wl.long_frames,
                                                           dataclasses.replace(sampling, seed=wl.seed + 1 + r),
                                                           progress=False))
                       for r in range(wl.repeats_for(batch))]
-            row = progress.add(_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
+            row = progress.add(trial_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
                                     engine_core=engine_core_process(async_engine=True)))
             _step_profile_into(progress, row, steps, lambda b, n: session_step_profile(
                 engine, lambda: session_rollout_sync(engine, ctx, sample.actions, n, sampling, progress=False), codes, b))
@@ -549,7 +416,7 @@ def decode_probe(llm, request: dict, layout: FrameLayout, wl: Workload, repeats:
     def once(n: int) -> float:
         p = vllm.SamplingParams(temperature=wl.temperature, max_tokens=n, ignore_eos=True, seed=7,
                                 detokenize=False, **_suppress(layout))
-        return _timed(lambda: llm.generate([request], p, use_tqdm=False))
+        return timed(lambda: llm.generate([request], p, use_tqdm=False))
 
     once(2)  # caches the prompt
     call = statistics.median(once(2) for _ in range(repeats))
@@ -625,7 +492,7 @@ def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dic
     actions) or stock vLLM Llama (`"stock"`, plain token prompts); the benchmark's context and
     sampling parameters."""
     from terra_nb.port.layout import build_prompt
-    from terra_nb.workbook.profiling import profile_engine
+    from terra_nb.bench.profiling import profile_engine
     from terra_nb.port.vllm_rollout import frame_request
 
     sample = load_sample(wl.preset)
@@ -645,16 +512,9 @@ def profile(engine: str, wl: Workload, ckpt_root: Path, spec, engine_kwargs: dic
     kw = dict(engine_kwargs or {})
     if engine not in ("port", "stock"):
         raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
-    llm, start = _engine(ckpt, **kw) if engine == "port" else stock_engine(ckpt, **kw)
+    llm, start = port_engine(ckpt, **kw) if engine == "port" else stock_engine(ckpt, **kw)
     res = profile_on(llm, engine, wl, spec, FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))))
     return dict(engine_start_s=round(start, 1), **part_header(ckpt, wl, kw), **res)
-
-
-NO_MULTICAST_TP_KWARGS = dict(disable_custom_all_reduce=True,
-                              compilation_config={"pass_config": {"fuse_allreduce_rms": False}})
-"""Engine settings for TP>1 that keep vLLM 0.26 off NVLink multicast (its all-reduce + RMSNorm fusion
-picks FlashInfer's multicast backend by default); `tools/gpu.sh tp` also sets the matching
-environment (`VLLM_ALLREDUCE_USE_FLASHINFER=0`, `NCCL_NVLS_ENABLE=0`, ...)."""
 
 
 def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None, batches=(1,), prefill_prompts: int = 0,
@@ -674,7 +534,7 @@ def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None, ba
     # tp2_vs_tp1 ratio then differ in tensor_parallel_size alone.
     kw = dict(NO_MULTICAST_TP_KWARGS, **(engine_kwargs or {}), tensor_parallel_size=tp)
     progress = Progress(partial, deadline_s, part_header(ckpt, wl, kw))
-    llm, start = _engine(ckpt, **kw)
+    llm, start = port_engine(ckpt, **kw)
     try:
         greedy = greedy_vs_ref(greedy_tokens(llm, wl), ref)
         for batch in batches:
@@ -686,7 +546,7 @@ def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None, ba
             _row_into(progress, name, lambda: bench_prefill(llm, wl, name, prefill_prompts, tp=tp,
                                                             engine_start_s=round(start, 1)))
     finally:
-        _shutdown(llm)
+        shutdown(llm)
     progress.flush()
     return dict(progress.header, rows=progress.rows, errors=progress.errors)
 
@@ -735,7 +595,7 @@ def random_frame_requests(layout: FrameLayout, prompts: int, frames: int, gen: t
 def _prefill_trial(llm, requests: list[dict], params) -> tuple[float, int]:
     """Seconds of one `generate` of `requests`, and the prompt tokens the prefix cache served."""
     outs = []
-    seconds = _timed(lambda: outs.extend(llm.generate(requests, params, use_tqdm=False)))
+    seconds = timed(lambda: outs.extend(llm.generate(requests, params, use_tqdm=False)))
     return seconds, sum(int(o.num_cached_tokens or 0) for o in outs)
 
 
@@ -764,7 +624,7 @@ def bench_prefill(llm, wl: Workload, name: str, prompts: int, trials: int = 2, *
 
 def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path | str,
             timeout: float | None = None) -> dict:
-    """Run `rows` with `python -m terra_nb.workbook.bench run`, one fresh process per engine group
+    """Run `rows` with `python -m terra_nb.bench run`, one fresh process per engine group
     (`engine_groups`), and merge the parts (see `merge`). Part files land in `work_dir`.
 
     A process that fails raises `RuntimeError` with the end of its output; a row group that fails
@@ -778,7 +638,7 @@ def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path
     for i, group in enumerate(engine_groups(rows)):
         out = work_dir / f"part_{i}.json"
         out.unlink(missing_ok=True)  # a stale part must not pass for this run's
-        cmd = [sys.executable, "-m", "terra_nb.workbook.bench", "run", "--rows", ",".join(group), "--preset", wl.preset,
+        cmd = [sys.executable, "-m", "terra_nb.bench", "run", "--rows", ",".join(group), "--preset", wl.preset,
                "--ckpt-root", str(ckpt_root), "--out", str(out)]
         for f in dataclasses.fields(Workload):
             if f.name != "preset":

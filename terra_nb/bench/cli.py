@@ -4,17 +4,17 @@ Each engine runs in its own process (a vLLM engine does not hand its GPU memory 
 so a lease is a few invocations that each write a *part*, merged into one lease's file; the
 leases' files are combined into the one results file (each ratio between two rows of one lease):
 
-    python -m terra_nb.workbook.bench run --rows hf,vllm_eager --out part_a.json
-    python -m terra_nb.workbook.bench run --rows vllm,vllm_b8,vllm_b32 --out part_b.json
-    python -m terra_nb.workbook.bench run --rows stock_llama --out part_c.json
-    python -m terra_nb.workbook.bench merge part_a.json part_b.json part_c.json --lease TEXT --out results/leases/h200_<date>_<what>.json
-    python -m terra_nb.workbook.bench combine results/leases/*.json --out results/benchmark_h200.json
+    python -m terra_nb.bench run --rows hf,vllm_eager --out part_a.json
+    python -m terra_nb.bench run --rows vllm,vllm_b8,vllm_b32 --out part_b.json
+    python -m terra_nb.bench run --rows stock_llama --out part_c.json
+    python -m terra_nb.bench merge part_a.json part_b.json part_c.json --lease TEXT --out results/leases/h200_<date>_<what>.json
+    python -m terra_nb.bench combine results/leases/*.json --out results/benchmark_h200.json
 
 Tensor parallelism, TP=1 and TP=2 on one 2-GPU machine (rows `vllm_tp<T>[_b<N>|_prefill]`, the
 ratios `tp2_vs_tp1_b<N>` and `tp2_vs_tp1_prefill`; tools/gpu.sh part `tp`):
 
-    python -m terra_nb.workbook.bench tp --tp 1 --batches 1,32 --prefill-prompts 8 --out part_tp1.json
-    python -m terra_nb.workbook.bench tp --tp 2 --batches 1,32 --prefill-prompts 8 --ref part_tp1.json --out part_tp2.json
+    python -m terra_nb.bench tp --tp 1 --batches 1,32 --prefill-prompts 8 --out part_tp1.json
+    python -m terra_nb.bench tp --tp 2 --batches 1,32 --prefill-prompts 8 --ref part_tp1.json --out part_tp2.json
 
 `combine results/leases/*.json` is the one command that builds the results file: results/leases/
 holds exactly the leases it combines (a test checks the committed file against them), and a lease
@@ -37,14 +37,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from terra_nb.workbook.bench_measure import *  # noqa: F401,F403
-from terra_nb.workbook.bench_measure import _row, _timed  # noqa: F401
-from terra_nb.workbook.bench_measure import StepSpec, profile, run, tensor_parallel
-from terra_nb.workbook.bench_report import *  # noqa: F401,F403
-from terra_nb.workbook.bench_report import (combine_files, curve_target_lines, lease_id, merge, parts_workload_line,
+from terra_nb.bench.measure import StepSpec, profile, run, tensor_parallel
+from terra_nb.bench.report import (combine_files, curve_target_lines, lease_id, merge, parts_workload_line,
                                             seed_lease_notes, tp_lease_notes, update_readme)
-from terra_nb.workbook.bench_workload import *  # noqa: F401,F403
-from terra_nb.workbook.bench_workload import ROW_NAMES, SEED_FIGURES, Workload
+from terra_nb.bench.plans import PLAN_NAMES
+from terra_nb.bench.workload import ROW_NAMES, SEED_FIGURES, Workload, checkpoint
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -60,7 +57,7 @@ def _workload(a: argparse.Namespace) -> Workload:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m terra_nb.workbook.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m terra_nb.bench", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="measure some rows, write one part")
     r.add_argument("--rows", required=True, help=f"comma-separated, from {','.join(ROW_NAMES)}")
@@ -75,7 +72,7 @@ def main(argv=None):
     r.add_argument("--profile-batch", type=int, default=32)
     r.add_argument("--profile-decode-steps", type=int, default=64)
     r.add_argument("--step-batches", default="", help="comma-separated batches whose rows also get a frame-step "
-                   "profile (key `step_profile`, see workbook/step_profile.py)")
+                   "profile (key `step_profile`, see bench/step_profile.py)")
     r.add_argument("--step-frames", type=int, default=6, help="frames of each step profile's rollout")
     pr = sub.add_parser("profile", help="cProfile + torch.profiler of one engine (port or stock), write JSON")
     pr.add_argument("--engine", choices=("port", "stock"), required=True)
@@ -83,7 +80,7 @@ def main(argv=None):
     pr.add_argument("--ckpt-root", default="checkpoints")
     pr.add_argument("--out", required=True)
     pr.add_argument("--engine-kwargs", type=json.loads, default={})
-    from terra_nb.workbook.profiling import ProfileSpec
+    from terra_nb.bench.profiling import ProfileSpec
 
     for f in dataclasses.fields(ProfileSpec):
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
@@ -132,10 +129,36 @@ def main(argv=None):
                        "each lease's id is its file's stem")
     c.add_argument("leases", nargs="+")
     c.add_argument("--out", required=True)
+    pp = sub.add_parser("pairs", help="interleaved comparisons of a named plan (bench/plans.py): every side in "
+                        "its own process, trials in turn, settings read back and checked, one result file")
+    pp.add_argument("--plan", required=True, help="one of " + ", ".join(PLAN_NAMES))
+    pp.add_argument("--ckpt-root", default="checkpoints")
+    pp.add_argument("--out", required=True, help="the result file, rewritten after every round")
+    pp.add_argument("--lease", help="which machine lease ran it, e.g. 'H200 lease 1 of 2026-11-26'")
+    pp.add_argument("--deadline-s", type=float, default=None, help="skip rounds that would start after this many seconds")
+    rm = sub.add_parser("remake", help="run a result file's plan again (the plan it recorded), into --out")
+    rm.add_argument("result")
+    rm.add_argument("--ckpt-root", default="checkpoints")
+    rm.add_argument("--out", required=True)
+    rm.add_argument("--lease")
+    rm.add_argument("--deadline-s", type=float, default=None)
     a = ap.parse_args(argv)
+    if a.cmd in ("pairs", "remake"):
+        from terra_nb.bench.pairs import plan_of, run_plan
+        from terra_nb.bench.plans import named_plan
+
+        plan = named_plan(a.plan) if a.cmd == "pairs" else plan_of(json.loads(Path(a.result).read_text()))
+        ckpt = checkpoint(Path(a.ckpt_root), Workload(preset=plan.preset))
+        res = run_plan(plan, ckpt, Path(a.out), a.lease, a.deadline_s)
+        for c in res["analysis"]:
+            print(f"{c['name']}: {c['speedup']:.3f}x [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}], "
+                  f"{c['trials']} trials a side, verdict {c['verdict']}")
+        if res["errors"]:
+            print(json.dumps(res["errors"], indent=2))
+        return
     if a.cmd == "run":
         wl = _workload(a)
-        from terra_nb.workbook.profiling import ProfileSpec
+        from terra_nb.bench.profiling import ProfileSpec
 
         spec = ProfileSpec(batch=a.profile_batch, decode_steps=a.profile_decode_steps, n_ctx=wl.n_ctx,
                            temperature=wl.temperature) if a.profile else None
@@ -144,11 +167,11 @@ def main(argv=None):
                   deadline_s=a.deadline_s, profile_spec=spec, steps=steps)
         print(json.dumps([{k: v for k, v in r.items() if k != "greedy_tokens"} for r in res["rows"]], indent=2))
         if "profile" in res:
-            from terra_nb.workbook.profiling import summary_lines
+            from terra_nb.bench.profiling import summary_lines
 
             print("\n".join(summary_lines(res["profile"])))
     elif a.cmd == "profile":
-        from terra_nb.workbook.profiling import ProfileSpec, summary_lines
+        from terra_nb.bench.profiling import ProfileSpec, summary_lines
 
         spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
         res = profile(a.engine, Workload(preset=a.preset, n_ctx=spec.n_ctx), Path(a.ckpt_root), spec, a.engine_kwargs)
@@ -156,7 +179,7 @@ def main(argv=None):
         Path(a.out).write_text(json.dumps(res, indent=2))
         print("\n".join(summary_lines(res)))
     elif a.cmd == "profile-compare":
-        from terra_nb.workbook.profiling import compare
+        from terra_nb.bench.profiling import compare
 
         port, stock = (json.loads(Path(f).read_text()) for f in (a.port, a.stock))
         print(json.dumps(compare(port, stock), indent=2))

@@ -1,8 +1,8 @@
 """Where a frame's time goes: cProfile of the in-process engine and torch.profiler of its kernels,
 our port beside stock vLLM Llama of the same shape.
 
-    python -m terra_nb.workbook.bench profile --engine port  --out prof/port.json
-    python -m terra_nb.workbook.bench profile --engine stock --out prof/stock.json
+    python -m terra_nb.bench profile --engine port  --out prof/port.json
+    python -m terra_nb.bench profile --engine stock --out prof/stock.json
 
 Each engine runs in its own process (like the benchmark rows). Three measurements, each on a
 warm engine whose prompts are already in the prefix cache:

@@ -1,0 +1,16 @@
+"""The benchmark: HF `generate`, our vLLM port and stock vLLM Llama, measured like for like.
+
+One job a module; imports flow down this list, never up (tests/test_bench_imports.py checks):
+
+- `stats`: speed-ups (one orientation: > 1 means the first-named side is faster), bootstrap
+  intervals, verdicts (pure).
+- `settings`: what an engine really ran with, read back from it; the like-for-like check of a pair.
+- `workload`: rows, workloads, checkpoints.  `profiling`, `step_profile`, `roofline`: measuring
+  tools and the memory floor.  `timing`: the synchronised clock, rows of trials, `Progress`.
+- `engines`: building and ending each engine.  `hf_probe`: HF's decode step at new vs seen lengths.
+- `report`: merging parts into lease files and rendering their tables and notes.
+- `measure`: the row-by-row measurements (one engine per process, all its trials in turn).
+- `sides`, `pairs`, `plans`: interleaved comparisons, every side alive in its own process and the
+  trials taken in turn; the named plans (the headline's among them).
+- `cli` (`python -m terra_nb.bench`): the command line.
+"""

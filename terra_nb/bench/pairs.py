@@ -1,0 +1,263 @@
+"""Interleaved comparisons: every side alive in a process of its own, trials taken in turn.
+
+Timing one engine for all its trials and then the other confounds the comparison with whatever
+the machine did in between (clocks, other tenants, a warmer cache) and with the order. Here each
+side (`sides.SideSpec`) is built once in its own worker process (so each engine has its own
+memory and none hands memory back to another), all of them stay alive, and a *block* (one
+workload: batch, frames, temperature) takes its trials in rounds: round r runs every side once,
+the order rotated by r (A B, B A, A B, ...). Trial r of every side uses the same sampling seed.
+A *comparison* names two sides of a block, the setting it tests, and optionally a target
+speed-up; its two sides' recorded settings must agree on everything else (`settings.check_pair`),
+checked before the first trial.
+
+    python -m terra_nb.bench pairs --plan headline --out results/leases/<gpu>_<date>_headline.json
+
+The result file is rewritten after every round (a lease cut short keeps what it measured), and
+records each side's settings as the engine reports them, the device, versions, the command and
+every trial in the order it ran. `analysis` (speed-ups, intervals, verdicts) is recomputed from
+the trials by `analyse`, never typed in.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing as mp
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from terra_nb.bench.settings import ALL, check_pair
+from terra_nb.bench.sides import SideSpec
+from terra_nb.bench.stats import compare
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One workload that several sides run in turn: `frames` frames after the context for `batch`
+    rollouts at once, `trials` rounds, sampling at `temperature`."""
+    name: str
+    sides: tuple[str, ...]
+    batch: int
+    frames: int
+    trials: int = 5
+    temperature: float = 0.9
+
+    def __post_init__(self):
+        if len(set(self.sides)) < 2:
+            raise ValueError(f"block {self.name!r} needs at least two different sides, got {self.sides}")
+        if self.trials < 1 or self.batch < 1 or self.frames < 1:
+            raise ValueError(f"block {self.name!r}: trials, batch and frames must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """A speed-up of `first` over `second` in block `block`; `under_test`: the settings it changes on
+    purpose (`settings.ALL` for whole engines, e.g. HF against vLLM); `target`: the speed-up `first`
+    must reach for the verdict `met` (None: no verdict)."""
+    name: str
+    block: str
+    first: str
+    second: str
+    under_test: tuple[str, ...] | str = ()
+    target: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Sides, the blocks they run, and the pairs compared. Sides start in the order given, each
+    finishing its start before the next begins (two engines sizing their memory at once would
+    race for it); all stay alive until every block has run."""
+    preset: str
+    n_ctx: int
+    sides: tuple[SideSpec, ...]
+    blocks: tuple[Block, ...]
+    pairs: tuple[Pair, ...]
+    seed: int = 0
+
+    def __post_init__(self):
+        names = [s.name for s in self.sides]
+        if len(set(names)) != len(names):
+            raise ValueError(f"side names must be unique: {names}")
+        blocks = {b.name: b for b in self.blocks}
+        for b in self.blocks:
+            unknown = set(b.sides) - set(names)
+            if unknown:
+                raise ValueError(f"block {b.name!r} names sides that the plan lacks: {sorted(unknown)}")
+        for p in self.pairs:
+            if p.block not in blocks:
+                raise ValueError(f"pair {p.name!r}: no block {p.block!r}")
+            if {p.first, p.second} - set(blocks[p.block].sides) or p.first == p.second:
+                raise ValueError(f"pair {p.name!r}: {p.first!r} and {p.second!r} must be two sides of block {p.block!r}")
+
+
+# ---------------------------------------------------------------- the worker process of one side
+
+def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int) -> None:
+    """A side's process: build it, report its settings, then run trials until told to close."""
+    try:
+        from terra_nb.bench.sides import build_side
+
+        side = build_side(spec, Path(ckpt), preset, n_ctx)
+        conn.send(("ready", dict(side.settings(), start_s=round(side.start_s, 2))))
+    except BaseException:  # noqa: BLE001  (the parent reports it)
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        msg = conn.recv()
+        if msg[0] == "close":
+            side.close()
+            conn.send(("closed", None))
+            return
+        try:
+            conn.send(("seconds", side.trial(*msg[1:])))
+        except BaseException:  # noqa: BLE001
+            conn.send(("error", traceback.format_exc()))
+
+
+class Worker:
+    """The parent's handle on one side's process."""
+
+    def __init__(self, spec: SideSpec, ckpt: Path, preset: str, n_ctx: int):
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA or vLLM state from the parent
+        self.spec = spec
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, spec, str(ckpt), preset, n_ctx), daemon=False)
+        self.proc.start()
+        self.record = self._answer("ready")
+
+    def _answer(self, expect: str):
+        while not self.conn.poll(5):
+            if not self.proc.is_alive():
+                raise RuntimeError(f"side {self.spec.name!r}: its process died (exit {self.proc.exitcode})")
+        kind, value = self.conn.recv()
+        if kind == "error":
+            raise RuntimeError(f"side {self.spec.name!r} failed:\n{value}")
+        assert kind == expect, (kind, expect)
+        return value
+
+    def trial(self, batch: int, frames: int, temperature: float, seed: int) -> float:
+        self.conn.send(("trial", batch, frames, temperature, seed))
+        return self._answer("seconds")
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self.conn.send(("close",))
+                self._answer("closed")
+        finally:
+            self.proc.join(timeout=120)
+            if self.proc.is_alive():
+                self.proc.kill()
+
+
+# ---------------------------------------------------------------- running a plan
+
+def round_order(sides: tuple[str, ...], r: int) -> list[str]:
+    """Round r's order: the sides rotated by r (two sides: A B, B A, A B, ...)."""
+    k = r % len(sides)
+    return list(sides[k:] + sides[:k])
+
+
+def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None = None,
+             deadline_s: float | None = None, progress: bool = True) -> dict:
+    """Start every side, check every pair's settings, run the blocks round by round; return (and
+    with `out`, keep writing) the result. Rounds that would start after `deadline_s` are skipped
+    and listed in `errors`. A pair whose sides differ outside `under_test` raises
+    `settings.UnequalSettings` before any trial."""
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    res = header(plan, ckpt, lease)
+    workers: dict[str, Worker] = {}
+
+    def flush():
+        res["analysis"] = analyse(res)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(res, indent=2) + "\n")
+
+    try:
+        for spec in plan.sides:
+            workers[spec.name] = Worker(spec, ckpt, plan.preset, plan.n_ctx)
+            res["sides"][spec.name] = dict(kind=spec.kind, asked=spec.engine_kwargs,
+                                           sdpa=list(spec.sdpa) if spec.sdpa else None, **workers[spec.name].record)
+        for p in plan.pairs:
+            check_pair(p.first, res["sides"][p.first], p.second, res["sides"][p.second], p.under_test)
+        flush()
+        for b in plan.blocks:
+            rec = dict(dataclasses.asdict(b), sides=list(b.sides), order=[], trials_s={s: [] for s in b.sides},
+                       warmup_s={})
+            res["blocks"].append(rec)
+            for s in b.sides:  # untimed: the first call at a new batch pays one-off costs
+                rec["warmup_s"][s] = round(workers[s].trial(b.batch, 1, b.temperature, plan.seed), 3)
+            bar = tqdm(range(b.trials), desc=f"{b.name}: {' vs '.join(b.sides)}", disable=not progress)
+            for r in bar:
+                if deadline_s is not None and time.perf_counter() - t0 > deadline_s:
+                    res["errors"].append(dict(block=b.name, error=f"rounds {r}..{b.trials - 1} skipped: past "
+                                              f"the {deadline_s:.0f} s deadline"))
+                    break
+                for s in round_order(b.sides, r):
+                    sec = workers[s].trial(b.batch, b.frames, b.temperature, plan.seed + 1 + r)
+                    rec["order"].append(s)
+                    rec["trials_s"][s].append(round(sec, 4))
+                flush()
+    finally:
+        for w in workers.values():
+            try:
+                w.close()
+            except Exception as e:  # noqa: BLE001  (a side that cannot close must not hide the results)
+                res["errors"].append(dict(side=w.spec.name, error=f"close: {e}"))
+        flush()
+    return res
+
+
+def header(plan: Plan, ckpt: Path, lease: str | None) -> dict:
+    """What a result says of itself: device, versions, date, commit, command, preset, dtype, context."""
+    from terra_nb.port.config import LlamaActionConfig
+    from terra_nb.workbook.show import environment_info
+
+    env = environment_info()
+    return dict(kind="interleaved", lease=lease, date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                device=env.get("device"), versions=env.get("versions"), env=env, commit=env.get("git_commit"),
+                command=" ".join(shlex.quote(a) for a in sys.argv), preset=plan.preset, n_ctx=plan.n_ctx,
+                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype).removeprefix("torch."),
+                plan=plan_dict(plan),
+                sides={}, blocks=[], errors=[])
+
+
+def analyse(res: dict) -> list[dict]:
+    """Each planned pair's speed-up, 95% interval and verdict, from the trials in `res` (pure)."""
+    blocks = {b["name"]: b for b in res["blocks"]}
+    out = []
+    for p in res["plan"]["pairs"]:
+        b = blocks.get(p["block"])
+        if b is None:
+            continue
+        a_s, b_s = b["trials_s"][p["first"]], b["trials_s"][p["second"]]
+        n = min(len(a_s), len(b_s))
+        if n == 0:
+            continue
+        c = compare(p["first"], a_s[:n], p["second"], b_s[:n], p.get("target"))
+        out.append(dict(name=p["name"], block=p["block"], first=p["first"], second=p["second"], trials=n,
+                        batch=b["batch"], frames=b["frames"], speedup=round(c.value, 4),
+                        interval=[round(x, 4) for x in c.interval], target=p.get("target"), verdict=c.verdict,
+                        under_test=p["under_test"] if p["under_test"] == ALL else list(p["under_test"])))
+    return out
+
+
+def plan_dict(plan: Plan) -> dict:
+    """A plan as JSON (kept in its result file, so that `plan_of` can run it again)."""
+    return dict(preset=plan.preset, n_ctx=plan.n_ctx, seed=plan.seed, sides=[dataclasses.asdict(s) for s in plan.sides],
+                blocks=[dataclasses.asdict(b) for b in plan.blocks], pairs=[dataclasses.asdict(p) for p in plan.pairs])
+
+
+def plan_of(res: dict) -> Plan:
+    """The plan a result file ran (`plan_dict` read back): `bench remake` runs it again."""
+    d = res["plan"]
+    sides = tuple(SideSpec(**dict(s, sdpa=tuple(s["sdpa"]) if s.get("sdpa") else None)) for s in d["sides"])
+    blocks = tuple(Block(**dict(b, sides=tuple(b["sides"]))) for b in d["blocks"])
+    pairs = tuple(Pair(**dict(p, under_test=p["under_test"] if p["under_test"] == ALL else tuple(p["under_test"])))
+                  for p in d["pairs"])
+    return Plan(d["preset"], d["n_ctx"], sides, blocks, pairs, d.get("seed", 0))

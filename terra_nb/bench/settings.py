@@ -1,0 +1,136 @@
+"""What an engine really ran with, read back from it, and the rule that a comparison changes one thing.
+
+A benchmark row used to record the keyword arguments it *asked* for (often `{}`), while vLLM filled
+in the rest from its usage context: `vllm.LLM` and `AsyncLLM.from_engine_args` get different
+scheduler limits on the same GPU, `VLLM_*` variables change kernels and processes. `effective_settings`
+reads the values back from the engine's `vllm_config` (and its workers, for the attention backend
+vLLM chose), and every `VLLM_*` variable of the process. `check_pair` refuses a comparison whose two
+sides differ in any setting other than the one it tests, naming each difference.
+
+Two kinds of values: **settings** (what decides the work: scheduler limits, dtypes, graph mode,
+...), compared between sides; and **observed** values that follow from the settings and the model
+(KV-cache blocks: the port's extra embeddings leave a few fewer), recorded, not compared.
+"""
+from __future__ import annotations
+
+import os
+
+ALL = "*"
+"""`under_test` for a pair that compares whole engines (HF against vLLM): nothing else must match."""
+
+
+class UnequalSettings(ValueError):
+    """Two sides of a comparison differ in a setting the comparison does not test."""
+
+
+def _name(value) -> str | None:
+    """An enum's name, a string as it is, None as None (JSON-friendly)."""
+    if value is None:
+        return None
+    return getattr(value, "name", None) or str(value)
+
+
+def vllm_env() -> dict[str, str]:
+    """Every `VLLM_*` variable set in this process (e.g. `VLLM_ENABLE_V1_MULTIPROCESSING=0`). Read it
+    before an engine starts: vLLM then adds per-process names of its own (`VLLM_DIST_IDENT`, ...)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
+
+
+def _attention_backends(worker) -> list[str]:
+    """The attention backends a worker's model layers use (what vLLM chose, not what was asked).
+    Runs on the worker (`collective_rpc`); works for vLLM's V1 and V2 model runners alike."""
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    return sorted({m.get_attn_backend().get_name() for m in model.modules() if hasattr(m, "get_attn_backend")})
+
+
+def vllm_config_of(engine):
+    """The `VllmConfig` of a `vllm.LLM` or an `AsyncLLM`."""
+    if hasattr(engine, "llm_engine"):
+        return engine.llm_engine.vllm_config
+    return engine.vllm_config
+
+
+def engine_kind(engine) -> str:
+    """'LLM' (the frame loop's `vllm.LLM`) or 'AsyncLLM' (sessions)."""
+    return "LLM" if hasattr(engine, "llm_engine") else "AsyncLLM"
+
+
+def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
+    """`{"settings": ..., "observed": ...}` of a live vLLM engine, read back from it.
+
+    settings: scheduler limits, chunked prefill, async scheduling, KV-cache dtype, block size,
+    prefix caching, memory share, model dtype and length, eager mode, CUDA-graph mode, compilation
+    mode, attention backend asked for and chosen, model runner (V1/V2), speculative decoding, tensor
+    parallelism, where the engine core runs, and every `VLLM_*` variable (`env`: as read before the
+    engine started, see `vllm_env`; default: now).
+    observed: KV-cache blocks and the engine class."""
+    from vllm import envs
+
+    c = vllm_config_of(engine)
+    sched, cache, model, comp = c.scheduler_config, c.cache_config, c.model_config, c.compilation_config
+    try:  # the backend each layer got; a worker out of reach (a process of its own) says so
+        chosen = engine.collective_rpc(_attention_backends)[0] if hasattr(engine, "collective_rpc") else None
+    except Exception as e:  # noqa: BLE001  (recorded, never fatal: the setting is then unknown)
+        chosen = f"unknown ({type(e).__name__})"
+    runner_v2 = getattr(c, "use_v2_model_runner", None)
+    settings = dict(
+        max_num_seqs=sched.max_num_seqs,
+        max_num_batched_tokens=sched.max_num_batched_tokens,
+        enable_chunked_prefill=sched.enable_chunked_prefill,
+        async_scheduling=sched.async_scheduling,
+        kv_cache_dtype=str(cache.cache_dtype),
+        block_size=cache.block_size,
+        enable_prefix_caching=cache.enable_prefix_caching,
+        gpu_memory_utilization=cache.gpu_memory_utilization,
+        dtype=str(model.dtype).removeprefix("torch."),
+        max_model_len=model.max_model_len,
+        enforce_eager=model.enforce_eager,
+        cudagraph_mode=_name(comp.cudagraph_mode),
+        compilation_mode=_name(getattr(comp, "mode", None)),
+        attention_backend_asked=_name(getattr(getattr(c, "attention_config", None), "backend", None)),
+        attention_backend=chosen,
+        model_runner=None if runner_v2 is None else ("V2" if runner_v2 else "V1"),
+        speculative=None if c.speculative_config is None else str(c.speculative_config),
+        quantization=model.quantization,
+        tensor_parallel_size=c.parallel_config.tensor_parallel_size,
+        engine_core=("child process" if engine_kind(engine) == "AsyncLLM" or envs.VLLM_ENABLE_V1_MULTIPROCESSING
+                     else "this process"),
+        vllm_env=vllm_env() if env is None else env,
+    )
+    observed = dict(num_kv_blocks=cache.num_gpu_blocks, engine_class=engine_kind(engine))
+    return dict(settings=settings, observed=observed)
+
+
+def hf_settings(model, sdpa: tuple[str, ...] | None, cache: str = "dynamic") -> dict:
+    """The same record for an HF side: dtype, device, the SDPA kernels allowed, the KV cache."""
+    return dict(settings=dict(engine="transformers", dtype=str(model.dtype).removeprefix("torch."),
+                              device=str(next(model.parameters()).device), sdpa=list(sdpa) if sdpa else "any",
+                              kv_cache=cache),
+                observed={})
+
+
+def setting_differences(a: dict, b: dict, under_test=()) -> dict[str, tuple]:
+    """The settings two sides' records (`effective_settings`) disagree on, outside `under_test`
+    (names of settings the comparison changes on purpose; `ALL`: none is checked). A setting one
+    side lacks counts as a difference. `vllm_env` is compared variable by variable."""
+    if under_test == ALL:
+        return {}
+    sa, sb = dict(a["settings"]), dict(b["settings"])
+    ea, eb = sa.pop("vllm_env", {}), sb.pop("vllm_env", {})
+    diff = {k: (sa.get(k), sb.get(k)) for k in sorted(set(sa) | set(sb))
+            if k not in under_test and sa.get(k) != sb.get(k)}
+    if "vllm_env" not in under_test:
+        diff.update({f"vllm_env.{k}": (ea.get(k), eb.get(k)) for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)})
+    return diff
+
+
+def check_pair(first: str, a: dict, second: str, b: dict, under_test=()) -> None:
+    """Raise `UnequalSettings` naming every setting in which side `first` (record `a`) and side
+    `second` (record `b`) differ, other than those `under_test`."""
+    diff = setting_differences(a, b, under_test)
+    if diff:
+        lines = "; ".join(f"{k}: {first}={va!r}, {second}={vb!r}" for k, (va, vb) in diff.items())
+        tested = "nothing" if not under_test else ", ".join(under_test)
+        raise UnequalSettings(f"{first} vs {second} is not like for like: they differ in {lines} "
+                              f"(this comparison tests {tested}); give both sides the same value")

@@ -1,0 +1,173 @@
+"""The sides a comparison can put against each other, each an engine that runs one trial on demand.
+
+A side is built once (its engine started and warmed up), then asked for trials: `trial(batch,
+frames, temperature, seed)` generates `frames` frames after the sample's context for `batch`
+rollouts at once and returns the seconds it took (clock synchronised with the device). Every side
+does the same work for the same arguments, so two sides' seconds compare directly:
+
+| kind | what a trial runs |
+|---|---|
+| `port` | our port's frame loop (`vllm_rollout`: one `generate` per frame for all rollouts) |
+| `stock` | stock vLLM Llama of the same shape, the same frame loop on plain token prompts |
+| `session` | our port with one streaming-input session per rollout (`session_rollout`) |
+| `hf` | HF `generate` as the seed ran it: one call per frame, batch 1 |
+
+`pairs` runs each side in a process of its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+KINDS = ("port", "stock", "session", "hf")
+
+
+@dataclasses.dataclass(frozen=True)
+class SideSpec:
+    """A side's name in results (e.g. `port`, `port_seed`), its kind (`KINDS`) and its settings:
+    vLLM engine arguments, or for `hf` the SDPA kernels it may use (`sdpa`, None: torch's choice)."""
+    name: str
+    kind: str
+    engine_kwargs: dict = dataclasses.field(default_factory=dict)
+    sdpa: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"side {self.name!r}: unknown kind {self.kind!r}; choose from {', '.join(KINDS)}")
+        if self.kind == "hf" and self.engine_kwargs:
+            raise ValueError(f"side {self.name!r}: an hf side takes no engine arguments ({self.engine_kwargs})")
+
+
+class Side:
+    """A built side: `settings()` (what it runs with, read back), `trial(...)` -> seconds, `close()`."""
+
+    def __init__(self, spec: SideSpec, ckpt: Path, preset: str, n_ctx: int):
+        from terra_nb.bench.settings import vllm_env
+        from terra_nb.workbook.data import load_sample
+
+        self.env = vllm_env()  # before the engine adds its own per-process variables
+        self.spec, self.ckpt, self.n_ctx = spec, ckpt, n_ctx
+        self.sample = load_sample(preset)
+        self.engine = None
+        self.start_s = 0.0
+
+    def settings(self) -> dict:
+        from terra_nb.bench.settings import effective_settings
+
+        return effective_settings(self.engine, self.env)
+
+    def context(self, batch: int):
+        return self.sample.context[: self.n_ctx].expand(batch, -1, -1).contiguous()
+
+    def trial(self, batch: int, frames: int, temperature: float, seed: int) -> float:
+        from terra_nb.bench.timing import timed
+        from terra_nb.port.rollout import SamplingConfig
+
+        sampling = SamplingConfig(temperature=temperature, seed=seed)
+        return timed(lambda: self.run(batch, frames, sampling))
+
+    def run(self, batch: int, frames: int, sampling) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        from terra_nb.bench.engines import shutdown
+
+        shutdown(self.engine)
+
+
+class PortSide(Side):
+    def __init__(self, spec, ckpt, preset, n_ctx):
+        super().__init__(spec, ckpt, preset, n_ctx)
+        from terra_nb.bench.engines import port_engine
+
+        self.engine, self.start_s = port_engine(ckpt, **spec.engine_kwargs)
+
+    def run(self, batch, frames, sampling):
+        from terra_nb.port.vllm_rollout import vllm_rollout
+
+        vllm_rollout(self.engine, self.context(batch), self.sample.actions, frames, sampling, progress=False)
+
+
+class StockSide(Side):
+    def __init__(self, spec, ckpt, preset, n_ctx):
+        super().__init__(spec, ckpt, preset, n_ctx)
+        from terra_nb.bench.engines import stock_engine
+        from terra_nb.port.config import LlamaActionConfig
+        from terra_nb.port.layout import FrameLayout, build_prompt
+
+        self.layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
+        self.prompt = build_prompt(self.sample.context[:n_ctx], self.layout)
+        self.engine, self.start_s = stock_engine(ckpt, **spec.engine_kwargs)
+
+    def run(self, batch, frames, sampling):
+        from terra_nb.bench.measure import stock_rollout
+
+        stock_rollout(self.engine, self.prompt, self.layout, batch, frames, sampling)
+
+
+class SessionSide(Side):
+    def __init__(self, spec, ckpt, preset, n_ctx):
+        super().__init__(spec, ckpt, preset, n_ctx)
+        from terra_nb.bench.engines import port_engine
+        from terra_nb.port.session_rollout import make_session_engine
+
+        self.engine, self.start_s = port_engine(ckpt, make_session_engine, **spec.engine_kwargs)
+
+    def run(self, batch, frames, sampling):
+        from terra_nb.port.session_rollout import session_rollout_sync
+
+        session_rollout_sync(self.engine, self.context(batch), self.sample.actions, frames, sampling, progress=False)
+
+    def close(self):
+        from terra_nb.port.session_rollout import shutdown_async_engine
+
+        shutdown_async_engine(self.engine)
+
+
+class HFSide(Side):
+    """HF `generate` in the seed's way (`measure.seed_video`: one call per frame on the whole prompt
+    so far), under an SDPA kernel limit when the spec names one."""
+
+    def __init__(self, spec, ckpt, preset, n_ctx):
+        super().__init__(spec, ckpt, preset, n_ctx)
+        from terra_nb.bench.engines import load_hf
+        from terra_nb.port.layout import FrameLayout
+
+        self.engine, self.start_s = load_hf(ckpt)
+        self.layout = FrameLayout.from_config(self.engine.config)
+
+    def settings(self):
+        from terra_nb.bench.settings import hf_settings
+
+        return hf_settings(self.engine, self.spec.sdpa)
+
+    def run(self, batch, frames, sampling):
+        import torch
+
+        from terra_nb.bench.measure import seed_video
+        from terra_nb.bench.timing import sdpa_backends
+        from terra_nb.bench.workload import Workload
+
+        if batch != 1:
+            raise ValueError(f"side {self.spec.name!r}: HF runs the seed's video at batch 1, not {batch}")
+        wl = Workload(n_ctx=self.n_ctx, long_frames=frames)
+        torch.manual_seed(sampling.seed)
+        with sdpa_backends(self.spec.sdpa):
+            seed_video(self.engine, wl, self.sample, self.layout, sampling)
+
+    def close(self):
+        import gc
+
+        import torch
+
+        self.engine = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+SIDE_CLASSES = {"port": PortSide, "stock": StockSide, "session": SessionSide, "hf": HFSide}
+
+
+def build_side(spec: SideSpec, ckpt: Path, preset: str, n_ctx: int) -> Side:
+    return SIDE_CLASSES[spec.kind](spec, ckpt, preset, n_ctx)

@@ -1,0 +1,97 @@
+"""The analysis of a comparison, as pure functions of its trials: speed-ups, bootstrap intervals, verdicts.
+
+One orientation everywhere: a **speed-up of A over B** is how many times faster A did the same work
+than B, `median(B's seconds) / median(A's seconds)`. Above 1, A (the side named first) is faster;
+below 1, slower. Both sides of a comparison run the same work (batch, frames, context), so the
+ratio of seconds per trial is also the ratio of frames per second and of seconds per frame.
+
+An interval says how far the speed-up could move if the trials were drawn again: a percentile
+bootstrap of the ratio of medians. Interleaved trials (A B A B ...) are resampled as pairs (trial i
+of A with trial i of B, run back to back), so slow drift of the machine moves both sides of a pair
+together instead of widening the interval. A verdict against a target is `met` or `missed` only
+when the whole interval lies on one side of it; otherwise `not resolved`.
+"""
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+MET, MISSED, UNRESOLVED = "met", "missed", "not resolved"
+LEVEL = 0.95
+RESAMPLES = 10_000
+
+
+def speedup(first_s: list[float], second_s: list[float]) -> float:
+    """How many times faster the first side did the same work: median(second) / median(first)."""
+    if not first_s or not second_s:
+        raise ValueError("a speed-up needs at least one trial on each side")
+    if min(first_s) <= 0 or min(second_s) <= 0:
+        raise ValueError(f"trial seconds must be positive: {first_s} vs {second_s}")
+    return statistics.median(second_s) / statistics.median(first_s)
+
+
+def bootstrap_interval(first_s: list[float], second_s: list[float], level: float = LEVEL,
+                       resamples: int = RESAMPLES, seed: int = 0, paired: bool | None = None) -> tuple[float, float]:
+    """The `level` percentile-bootstrap interval of `speedup(first_s, second_s)`.
+
+    `paired` (default: when both sides have as many trials) resamples trial indices, keeping each
+    interleaved pair together; otherwise each side is resampled on its own. Seeded: the same trials
+    give the same interval."""
+    paired = len(first_s) == len(second_s) if paired is None else paired
+    if paired and len(first_s) != len(second_s):
+        raise ValueError(f"paired trials need as many on each side: {len(first_s)} vs {len(second_s)}")
+    rng = random.Random(seed)
+    n_a, n_b = len(first_s), len(second_s)
+    draws = []
+    for _ in range(resamples):
+        if paired:
+            idx = [rng.randrange(n_a) for _ in range(n_a)]
+            a, b = [first_s[i] for i in idx], [second_s[i] for i in idx]
+        else:
+            a = [first_s[rng.randrange(n_a)] for _ in range(n_a)]
+            b = [second_s[rng.randrange(n_b)] for _ in range(n_b)]
+        draws.append(speedup(a, b))
+    draws.sort()
+    tail = (1 - level) / 2
+    lo = draws[int(tail * (resamples - 1))]
+    hi = draws[int(round((1 - tail) * (resamples - 1)))]
+    return lo, hi
+
+
+def verdict(interval: tuple[float, float], target: float) -> str:
+    """`met` when the whole interval is at or above `target` (a speed-up the first side must reach),
+    `missed` when it is wholly below, else `not resolved` (the trials cannot tell)."""
+    lo, hi = interval
+    if lo >= target:
+        return MET
+    if hi < target:
+        return MISSED
+    return UNRESOLVED
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A speed-up with its interval (and, given a target, its verdict), from two sides' trials."""
+    first: str
+    second: str
+    value: float
+    interval: tuple[float, float]
+    trials: int
+    target: float | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        return None if self.target is None else verdict(self.interval, self.target)
+
+    def text(self) -> str:
+        """'1.02x [0.98, 1.05]': the speed-up of `first` over `second` and its interval."""
+        lo, hi = self.interval
+        return f"{self.value:.2f}x [{lo:.2f}, {hi:.2f}]"
+
+
+def compare(first: str, first_s: list[float], second: str, second_s: list[float],
+            target: float | None = None) -> Comparison:
+    """The speed-up of `first` over `second` with its 95% interval (and verdict against `target`)."""
+    return Comparison(first, second, speedup(first_s, second_s), bootstrap_interval(first_s, second_s),
+                      min(len(first_s), len(second_s)), target)
