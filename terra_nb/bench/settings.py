@@ -92,7 +92,7 @@ def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
         attention_backend=chosen,
         model_runner=None if runner_v2 is None else ("V2" if runner_v2 else "V1"),
         speculative=None if c.speculative_config is None else str(c.speculative_config),
-        quantization=model.quantization,
+        quantization=getattr(model, "quantization", None),
         tensor_parallel_size=c.parallel_config.tensor_parallel_size,
         engine_core=("child process" if engine_kind(engine) == "AsyncLLM" or envs.VLLM_ENABLE_V1_MULTIPROCESSING
                      else "this process"),
