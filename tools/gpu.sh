@@ -197,12 +197,22 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
     rc=$?; cat "$OUT/log_toy_par.txt"; tar -czf "$OUT/toy_par.tar.gz" -C "$work" .; exit $rc ;;
   # The headline: interleaved comparisons (terra_nb/bench/plans.py), each plan's sides alive in their own
   # processes, trials in turn; PLANS picks plans, LEASE names the lease in the result files.
-  pairs) rc=0
-    for plan in ${PLANS:-headline_stock headline_seed}; do
-      echo "== $plan $(date -u +%T)"
-      python3 -m terra_nb.bench pairs --plan "$plan" --ckpt-root /tmp/ckpt --out "$OUT/pairs_$plan.json" \
-        ${LEASE:+--lease "$LEASE"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} > "$OUT/log_pairs_$plan.txt" 2>&1 || rc=1
-      grep -v -E "^\((EngineCore|Worker|SpawnProcess)|it/s\]$|^(INFO|DEBUG|WARNING)|^\(MainProcess" "$OUT/log_pairs_$plan.txt" | tail -30
+  # The headline: interleaved comparisons (terra_nb/bench/plans.py), each plan's sides alive in their own
+  # processes, trials in turn; PLANS picks plans, LEASE names the lease in the result files. With several
+  # GPUs, plan i runs on GPU i, the plans side by side (each plan's comparisons stay within one GPU).
+  pairs) plans=(${PLANS:-headline_stock headline_seed}); gpus=$(nvidia-smi -L | wc -l); pids=()
+    for i in "${!plans[@]}"; do
+      plan=${plans[$i]}; pin=(env)
+      [ "$gpus" -gt 1 ] && pin=(env CUDA_VISIBLE_DEVICES=$((i % gpus)))
+      echo "== $plan $(date -u +%T) ${pin[*]}"
+      "${pin[@]}" python3 -m terra_nb.bench pairs --plan "$plan" --ckpt-root "/tmp/ckpt_$i" --out "$OUT/pairs_$plan.json" \
+        ${LEASE:+--lease "$LEASE"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} > "$OUT/log_pairs_$plan.txt" 2>&1 &
+      pids+=($!)
+      [ "$gpus" -gt 1 ] || wait "${pids[-1]}"
+    done
+    rc=0; for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    for plan in "${plans[@]}"; do
+      echo "-- $plan"; grep -E "^port|^\[|Error|error" "$OUT/log_pairs_$plan.txt" | tail -12
     done
     exit $rc ;;
   *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|b32_stock|b32_port|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|seed_static|seed_defaults|seed_flash|seed_eager|hf_probe|toy|toy_par|pairs|bg|poll)"; exit 2 ;;

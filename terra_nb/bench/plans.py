@@ -62,7 +62,7 @@ def seed_plan(preset: str, frames: int, trials: int, seed_kwargs: dict, defaults
 
 def named_plan(name: str) -> Plan:
     if name == "headline_stock":
-        return stock_plan("terra", GPU_SHARED, {1: 22, 32: 6, 128: 6}, trials=5)
+        return stock_plan("terra", GPU_SHARED, {1: 11, 32: 6, 128: 6}, trials=5)
     if name == "headline_seed":
         # 3 + 4 frames, not the seed's 22: a 22-frame video takes HF ~190 s and the eager port ~157 s
         # on an H200, so five interleaved rounds would take half an hour
