@@ -6,15 +6,25 @@
 `record` keeps what a reader needs to judge the times: the machine (CPU model, cores), the load
 average before and after the run (these 2-core machines are often shared), the commit (refused
 when the tree was dirty: a time must name the code it measured), versions, the command and each
-notebook's wall time, kernel start included.
+notebook's wall time, kernel start included, with a digest of the notebook's code cells at that
+commit (`code_digest`): a notebook whose code changed since has no recorded time any more
+(`stale_notebooks`, checked by tests/test_reader_pass.py).
+
+The README's CPU section also says which notebooks start a vLLM engine, read from the notebooks'
+code (`engine_notebooks`: a call of one of `ENGINE_CALLS`), and the table counts the notebooks.
 """
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+import nbformat
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -22,6 +32,82 @@ from terra_nb.workbook.results import rewrite_readme_section  # noqa: E402
 
 RECORD = REPO / "results" / "cpu_reproduce.json"
 README_START, README_END = "<!-- cpu-times:start -->", "<!-- cpu-times:end -->"
+NOTEBOOKS = REPO / "notebooks"
+# Calls that build a vLLM engine in a notebook's code (the kernel's own, or, for
+# `bench_measure.measure`, one `python -m terra_nb.bench run` process per engine).
+ENGINE_CALLS = ("make_llm", "make_session_engine", "bench_measure.measure", "LLM", "vllm.LLM", "AsyncLLM")
+
+
+def notebook_paths(folder: Path = NOTEBOOKS) -> list[Path]:
+    return sorted(Path(folder).glob("[0-9][0-9]_*.ipynb"))
+
+
+def _code_cells(nb) -> list[str]:
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def code_digest(nb_or_path) -> str:
+    """sha256 (first 16 hex digits) of a notebook's code cells, in order: what a wall time measured.
+    Markdown and stored outputs do not count."""
+    nb = nbformat.read(nb_or_path, as_version=4) if isinstance(nb_or_path, (str, Path)) else nb_or_path
+    h = hashlib.sha256()
+    for src in _code_cells(nb):
+        h.update(src.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _calls(src: str) -> set[str]:
+    """Dotted names of the functions called in `src` (IPython magics and shell lines left out)."""
+    src = "\n".join(ln for ln in src.splitlines() if not ln.lstrip().startswith(("%", "!")))
+    names = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Call):
+            f, parts = node.func, []
+            while isinstance(f, ast.Attribute):
+                parts.append(f.attr)
+                f = f.value
+            if isinstance(f, ast.Name):
+                parts.append(f.id)
+            names.add(".".join(reversed(parts)))
+    return names
+
+
+def engine_calls(path: Path) -> list[str]:
+    """The `ENGINE_CALLS` that notebook `path`'s code makes."""
+    calls = set().union(*[_calls(s) for s in _code_cells(nbformat.read(path, as_version=4))])
+    return [c for c in ENGINE_CALLS if c in calls]
+
+
+def engine_notebooks(folder: Path = NOTEBOOKS) -> list[str]:
+    """Numbers ("03", ...) of the notebooks whose code starts a vLLM engine."""
+    return [p.name[:2] for p in notebook_paths(folder) if engine_calls(p)]
+
+
+def number_list(numbers: list[str]) -> str:
+    """["03", "04", "10"] -> "03, 04 and 10"."""
+    return numbers[0] if len(numbers) == 1 else ", ".join(numbers[:-1]) + " and " + numbers[-1]
+
+
+def stale_notebooks(path: Path = RECORD, folder: Path = NOTEBOOKS) -> list[str]:
+    """Notebooks whose time the record does not hold for their present code: missing from the record,
+    recorded without a digest, or with another code digest; and recorded notebooks no longer there."""
+    d = json.loads(Path(path).read_text())
+    rec = {n["notebook"]: n.get("code_sha256") for n in d["notebooks"]}
+    here = {p.stem: code_digest(p) for p in notebook_paths(folder)}
+    out = [f"{s}: not in the record" for s in here if s not in rec]
+    out += [f"{s}: code changed since commit {d['commit']}" for s in here if s in rec and rec[s] != here[s]]
+    out += [f"{s}: recorded, but no such notebook" for s in rec if s not in here]
+    return out
+
+
+def _digest_at(commit: str, stem: str) -> str | None:
+    try:
+        text = subprocess.run(["git", "show", f"{commit}:notebooks/{stem}.ipynb"], cwd=REPO, check=True,
+                              capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError:
+        return None
+    return code_digest(nbformat.reads(text, as_version=4))
 
 
 def record(summary_path: Path, load_before: str | None = None, out: Path = RECORD) -> dict:
@@ -37,7 +123,8 @@ def record(summary_path: Path, load_before: str | None = None, out: Path = RECOR
         "load_average_before": load_before, "load_average_after": ", ".join(f"{x:.2f}" for x in os.getloadavg()),
         "parameters": {k: v for k, v in s["parameters"].items() if k != "out_dir"},
         "total_seconds": s["total_seconds"],
-        "notebooks": [{"notebook": Path(n["notebook"]).stem, "status": n["status"], "seconds": n["seconds"]}
+        "notebooks": [{"notebook": Path(n["notebook"]).stem, "status": n["status"], "seconds": n["seconds"],
+                       "code_sha256": _digest_at(commit, Path(n["notebook"]).stem)}
                       for n in s["notebooks"]],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -67,6 +154,20 @@ def readme_section(path: Path = RECORD) -> str:
         *[f"| `{n['notebook']}` | {n['status']} | {_duration(n['seconds'])} |" for n in d["notebooks"]],
         f"| all {len(d['notebooks'])} | {len(ok)} ok | {_duration(d['total_seconds'])} |",
     ]
+    engines = engine_notebooks()
+    if engines:
+        by_call: dict[str, list[str]] = {}
+        for p in notebook_paths():
+            calls = engine_calls(p)
+            if calls:
+                by_call.setdefault(calls[0], []).append(p.name[:2])
+        how = "; ".join(f"{number_list(nbs)} through `{call}`" + (
+            " (one `python -m terra_nb.bench run` process per engine)" if call == "bench_measure.measure" else "")
+            for call, nbs in by_call.items())
+        lines += ["", f"{len(engines)} of the {len(notebook_paths())} notebooks start a vLLM engine, "
+                      f"{number_list(engines)} ({how})"
+                  + (f"; {number_list(others)} start none." if (others := [p.name[:2] for p in notebook_paths()
+                                                                           if p.name[:2] not in engines]) else ".")]
     return "\n".join(lines)
 
 
