@@ -151,7 +151,7 @@ def readme_section(sweep: dict | None = None, training: dict | None = None, gpu_
         "cv from frames is the same path rendered, tokenized and measured from its frames as a model's are "
         "(`results/toy_frames_baseline_cpu.json`); the tokenized truth is the floor of the measurement:",
         "", markdown_table(sets), "",
-        f"Issue 26's target (at most {TARGET_RATIO}x constant velocity's error on every set) is met on "
+        f"The training target (at most {TARGET_RATIO}x constant velocity's error on every set) is met on "
         f"{', '.join(met) or 'no set'}" + (f" and missed on {', '.join(missed)}." if missed else "."),
         "", *seed_range_lines(ranges),
         "", "Per manoeuvre kind, on the notebook's held-out (reg) and counterfactual (cf) clips:", "",
