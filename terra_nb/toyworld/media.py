@@ -108,8 +108,13 @@ def save_png(img: np.ndarray, path) -> Path:
 
 
 def plot_paths(commanded: np.ndarray, recovered: Mapping[str, np.ndarray] | None = None, ax=None, title=None):
-    """Top-down plot (x forward = up, y left = left) of a commanded path and recovered ones."""
+    """Top-down plot (x forward = up, y left = left) of a commanded path and recovered ones.
+
+    The lateral axis is drawn as seen from above (left of the car on the left of the plot) but
+    labelled in the tables' convention, y with left positive: a path that ends 1.8 m to the left
+    sits at the tick "1.8" on the left side."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     if ax is None:
         _, ax = plt.subplots(figsize=(3.2, 4))
@@ -118,7 +123,8 @@ def plot_paths(commanded: np.ndarray, recovered: Mapping[str, np.ndarray] | None
     for name, r in (recovered or {}).items():
         r = np.asarray(r)
         ax.plot(-r[:, 1], r[:, 0], "-o", ms=2, label=name)
-    ax.set_xlabel("lateral (m, right +)")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{-v:g}" if v else "0"))   # drawn at -y, labelled y
+    ax.set_xlabel("lateral y (m, left +)")
     ax.set_ylabel("forward (m)")
     ax.set_aspect("equal", adjustable="datalim")
     ax.grid(alpha=0.3)
