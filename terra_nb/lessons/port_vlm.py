@@ -211,14 +211,21 @@ def _dummy_text(builder) -> str:
 
 
 WHY = {
-    "tokenizer": "Terra's prompts are image codes, not text: a 262k-entry tokenizer would only add detokenisation",
-    "HF processor call": "actions need no preprocessing; 0.26 would load an `AutoProcessor` anyway, so the compat mixin skips it",
-    "`apply`": "a rollout re-sends its prompt every frame: O(frames) slot ranges instead of a scan per item",
-    "`_get_prompt_updates`": "the action slots are already in the prompt, one run of 6 per frame",
-    "`_get_mm_fields_config`": "every item has the same shape [6, 3]",
+    "tokenizer": "Terra's prompts are image-tokenizer codes (576 per frame), not text: a tokenizer would only add "
+                 "detokenisation",
+    "HF processor call": "Terra's action vectors need no preprocessing; vLLM 0.26 would load an HF `AutoProcessor` "
+                         "anyway, so a compatibility class (`vllm_compat`) skips that call there",
+    "`apply`": "a rollout re-sends its whole prompt every frame, so Terra's `apply` computes where each frame's 6 "
+               "action positions lie from the frame layout (work per frame) instead of vLLM's search of the prompt "
+               "for every item",
+    "`_get_prompt_updates`": "Terra's prompt already holds 6 placeholder ids after every frame (its action slots); "
+                             "nothing is expanded, vLLM only has to find them",
+    "`_get_mm_fields_config`": "every action item has the same shape [6, 3]",
     "dummy text": "no tokenizer: the dummy prompt is token ids",
-    "compat mixins": "tokenizer-free processing differs between 0.26 and 0.32",
-    "decoder": "the position embedding must be added inside the compiled module (CUDA-graph replay)",
+    "compat mixins": "without a tokenizer or an HF processor, vLLM 0.26 and 0.32 need different methods overridden; "
+                     "`TokenizerFreeProcessorMixin` (`terra_nb/port/vllm_compat.py`) holds both",
+    "decoder": "Terra adds a learned position embedding to the hidden states, which must happen inside the compiled "
+               "module (CUDA-graph replay)",
     "weights": "written before the port used `AutoWeightsLoader`; names its mismatches",
     "unfilled placeholders": "Terra's slots are ordinary ids too; both need their own check",
 }
@@ -238,8 +245,8 @@ def side_by_side() -> list[dict[str, str]]:
     T, V = terra_proc.LlamaActionMultiModalProcessor, vlm_proc.TinyVLMMultiModalProcessor
     TM, VM = terra_model.LlamaActionForCausalLM, vlm_model.TinyVLMForConditionalGeneration
     rows = [
-        ("tokenizer", _tokenizer(terra_engine.make_llm), _tokenizer(vlm_engine.make_llm)),
-        ("HF processor call", "none (passthrough data)" if "get_processor_data" in _src(terra_proc)
+        ("tokenizer", _tokenizer(terra_engine.make_llm), _tokenizer(vlm_engine.llm_kwargs)),
+        ("HF processor call", "none (the action vectors pass through unchanged)" if "get_processor_data" in _src(terra_proc)
          else "called", "vLLM's default: `TinyVLMProcessor` on the images"),
         ("`apply`", _apply(T), _apply(V)),
         ("`_get_prompt_updates`", _updates(T), _updates(V)),

@@ -4,17 +4,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def make_llm(checkpoint_dir: str | Path, **overrides):
-    """`vllm.LLM` for a TinyVLM folder: fp32 (vLLM's "auto" would give bf16 on the CPU), prefix
-    caching on, statistics on (for the cache counters), at most 2 images per prompt.
+def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
+    """The keyword arguments `make_llm` passes to `vllm.LLM` for a TinyVLM folder: fp32 (vLLM's
+    "auto" would give bf16 on the CPU), prefix caching on, statistics on (for the cache counters),
+    at most 2 images per prompt.
 
     On the CPU backend also a small KV-cache share, chunked prefill off (as `make_llm` of Terra's
     port, for the same reasons), eager mode (no torch.compile: seconds instead of a minute for a
     model this small) and 32-token KV blocks (the smallest the CPU attention takes), so that short prompts fill whole blocks the prefix
     cache can reuse. On a GPU the settings of Terra's engines (`apply_gpu_settings`: memory cap,
-    full-fp32 attention for a float32 model).
+    full-fp32 attention for a float32 model). `overrides` go over all of these.
     """
-    import vllm
     from vllm.platforms import current_platform
 
     from terra_nb.port.vllm_rollout import apply_gpu_settings
@@ -38,7 +38,46 @@ def make_llm(checkpoint_dir: str | Path, **overrides):
     kwargs.update(overrides)
     if not current_platform.is_cpu():
         apply_gpu_settings(kwargs)
-    return vllm.LLM(**kwargs)
+    return kwargs
+
+
+def make_llm(checkpoint_dir: str | Path, **overrides):
+    """`vllm.LLM(**llm_kwargs(checkpoint_dir, **overrides))`."""
+    import vllm
+
+    return vllm.LLM(**llm_kwargs(checkpoint_dir, **overrides))
+
+
+# Why each argument of `llm_kwargs` is there, for `llm_call_text`'s comments.
+KWARG_NOTES = {
+    "model": "the checkpoint folder: config.json, safetensors, tokenizer, processor config",
+    "dtype": 'fp32 for exact parity with HF ("auto" would pick bf16 on the CPU)',
+    "enable_prefix_caching": "reuse the KV blocks of a prompt that starts the same",
+    "disable_log_stats": "statistics on: the prefix- and processor-cache counters come from them",
+    "max_model_len": "the longest prompt + output a request may have",
+    "limit_mm_per_prompt": "at most this many images per prompt; also sizes the start-up profiling",
+    "seed": "the sampler's seed",
+    "gpu_memory_utilization": "the share of device memory (on the CPU: of host memory) vLLM may take",
+    "max_num_seqs": "requests scheduled together",
+    "enable_chunked_prefill": "off: a prompt is prefilled in one step (as Terra's CPU engines)",
+    "max_num_batched_tokens": "tokens one engine step may process",
+    "block_size": "tokens per KV-cache block; the prefix cache reuses whole blocks",
+    "enforce_eager": "no torch.compile / CUDA graphs: a fast start for a tiny model",
+    "worker_extension_cls": "a class mixed into the worker (here: counts images encoded)",
+}
+
+
+def llm_call_text(kwargs: dict, root: str | Path | None = None) -> str:
+    """`kwargs` as the `vllm.LLM(...)` call it makes, one argument a line, each with its reason;
+    a `model` path under `root` is shown relative to it."""
+    lines = ["llm = vllm.LLM("]
+    for k, v in kwargs.items():
+        if k == "model" and root is not None and Path(v).is_relative_to(root):
+            v = str(Path(v).relative_to(root))
+        arg = f"    {k}={v!r},"
+        note = KWARG_NOTES.get(k)
+        lines.append(f"{arg:<47} # {note}" if note else arg)
+    return "\n".join(lines + [")"])
 
 
 def image_request(text: str, images=()) -> dict:
