@@ -198,7 +198,8 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
   # The headline: interleaved comparisons (terra_nb/bench/plans.py), each plan's sides alive in their own
   # processes, trials in turn; PLANS picks plans, LEASE names the lease in the result files.
   # The headline: interleaved comparisons (terra_nb/bench/plans.py), each plan's sides alive in their own
-  # processes, trials in turn; PLANS picks plans, LEASE names the lease in the result files. With several
+  # processes, trials in turn; PLANS picks plans, LEASE names the lease in the result files, COMMIT the commit
+  # that ran (the device's .git can be stale: pass COMMIT=$(git rev-parse --short HEAD) from here). With several
   # GPUs, plan i runs on GPU i, the plans side by side (each plan's comparisons stay within one GPU).
   pairs) plans=(${PLANS:-headline_stock headline_seed}); gpus=$(nvidia-smi -L | wc -l); pids=()
     for i in "${!plans[@]}"; do
@@ -206,7 +207,7 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
       [ "$gpus" -gt 1 ] && pin=(env CUDA_VISIBLE_DEVICES=$((i % gpus)))
       echo "== $plan $(date -u +%T) ${pin[*]}"
       "${pin[@]}" python3 -m terra_nb.bench pairs --plan "$plan" --ckpt-root "/tmp/ckpt_$i" --out "$OUT/pairs_$plan.json" \
-        ${LEASE:+--lease "$LEASE"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} > "$OUT/log_pairs_$plan.txt" 2>&1 &
+        ${LEASE:+--lease "$LEASE"} ${COMMIT:+--commit "$COMMIT"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} > "$OUT/log_pairs_$plan.txt" 2>&1 &
       pids+=($!)
       [ "$gpus" -gt 1 ] || wait "${pids[-1]}"
     done

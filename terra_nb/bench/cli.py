@@ -26,9 +26,7 @@ trajectory's actions, temperature 0.9 (the public generator's default), warm-up 
 median of repeated trials. Lengths are forced the cheap way: `eos_token_id=None` in HF and
 `ignore_eos=True` in vLLM (never `min_new_tokens` / `min_tokens`: both slow decoding down).
 
-The work is split by job: `bench_workload` (rows, workload, checkpoints), `bench_measure` (timing
-HF, the port and stock vLLM; `measure` from a notebook), `bench_report` (merge, tables, README).
-This module is the command line and re-exports all three, so `bench.<name>` keeps working.
+This module is the command line only (argparse); the package's `__init__` lists what each module does.
 """
 from __future__ import annotations
 
@@ -37,9 +35,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from terra_nb.bench.measure import StepSpec, profile, run, tensor_parallel
-from terra_nb.bench.report import (combine_files, curve_target_lines, lease_id, merge, parts_workload_line,
-                                            seed_lease_notes, tp_lease_notes, update_readme)
+from terra_nb.bench.measure import StepSpec
+from terra_nb.bench.render import curve_target_lines, parts_workload_line, seed_lease_notes, tp_lease_notes, update_readme
+from terra_nb.bench.results import combine_files, lease_id, merge
+from terra_nb.bench.runner import profile, run, tensor_parallel
 from terra_nb.bench.plans import PLAN_NAMES
 from terra_nb.bench.workload import ROW_NAMES, SEED_FIGURES, Workload, checkpoint
 
@@ -103,6 +102,7 @@ def main(argv=None):
                    help="JSON keyword arguments for the engine at either size, e.g. '{\"enforce_eager\": true}'")
     _add_workload_args(t)
     sub.add_parser("readme", help="rewrite the README's benchmark table from results/benchmark_*.json")
+    sub.add_parser("headline", help="rewrite the README's headline block from results/leases/*_headline_*.json")
     m = sub.add_parser("merge", help="merge one lease's parts into one lease's file, e.g. results/leases/h200_<date>_<what>.json")
     m.add_argument("parts", nargs="+")
     m.add_argument("--out", required=True)
@@ -111,12 +111,12 @@ def main(argv=None):
     m.add_argument("--note", action="append", default=[], help="a note on what the file's figures leave out (repeatable)")
     m.add_argument("--curve-notes", action="store_true", help="append notes computed from the parts and rows: the "
                    "workload every part shared (parts_workload_line; refused where the parts differ) and the curve "
-                   "against issue 25's targets (curve_target_lines)")
+                   "against its targets (CURVE_TARGETS, curve_target_lines)")
     m.add_argument("--seed-notes", action="store_true", help="append notes computed from the parts and rows of a "
-                   "seed lease (issue 25): the workload the parts shared and seed_lease_notes (with --earlier, an "
+                   "seed lease: the workload the parts shared and seed_lease_notes (with --earlier, an "
                    "earlier seed lease's file; with --probe, an hf_probe result)")
     m.add_argument("--tp-notes", action="store_true", help="append notes computed from the parts and rows of a "
-                   "`bench tp` lease (issue 25): the workload the parts shared and tp_lease_notes (TP=2 ÷ TP=1 per "
+                   "`bench tp` lease: the workload the parts shared and tp_lease_notes (TP=2 ÷ TP=1 per "
                    "batch and for prefill, greedy codes, why not at 1 rollout)")
     m.add_argument("--earlier", help="an earlier seed lease's file, for --seed-notes")
     m.add_argument("--probe", help="an hf_probe result file (results/hf_probe_<gpu>.json), for --seed-notes")
@@ -136,20 +136,25 @@ def main(argv=None):
     pp.add_argument("--out", required=True, help="the result file, rewritten after every round")
     pp.add_argument("--lease", help="which machine lease ran it, e.g. 'H200 lease 1 of 2026-11-26'")
     pp.add_argument("--deadline-s", type=float, default=None, help="skip rounds that would start after this many seconds")
+    pp.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale (pairs.with_commit)")
     rm = sub.add_parser("remake", help="run a result file's plan again (the plan it recorded), into --out")
     rm.add_argument("result")
     rm.add_argument("--ckpt-root", default="checkpoints")
     rm.add_argument("--out", required=True)
     rm.add_argument("--lease")
     rm.add_argument("--deadline-s", type=float, default=None)
+    rm.add_argument("--commit")
     a = ap.parse_args(argv)
     if a.cmd in ("pairs", "remake"):
-        from terra_nb.bench.pairs import plan_of, run_plan
+        from terra_nb.bench.pairs import plan_of, run_plan, with_commit
         from terra_nb.bench.plans import named_plan
 
         plan = named_plan(a.plan) if a.cmd == "pairs" else plan_of(json.loads(Path(a.result).read_text()))
         ckpt = checkpoint(Path(a.ckpt_root), Workload(preset=plan.preset))
         res = run_plan(plan, ckpt, Path(a.out), a.lease, a.deadline_s)
+        if a.commit:
+            res = with_commit(res, a.commit)
+            Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
         for c in res["analysis"]:
             print(f"{c['name']}: {c['speedup']:.3f}x [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}], "
                   f"{c['trials']} trials a side, verdict {c['verdict']}")
@@ -183,6 +188,10 @@ def main(argv=None):
 
         port, stock = (json.loads(Path(f).read_text()) for f in (a.port, a.stock))
         print(json.dumps(compare(port, stock), indent=2))
+    elif a.cmd == "headline":
+        from terra_nb.bench.headline import update_readme as update_headline
+
+        print("README headline updated" if update_headline() else "README headline already up to date")
     elif a.cmd == "readme":
         print("README updated" if update_readme() else "README already up to date")
     elif a.cmd == "tp":

@@ -54,12 +54,12 @@ def stock_engine(ckpt: Path, **engine_kwargs):
     builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
     import vllm
 
-    from terra_nb.port.vllm_rollout import _config_dtype, apply_gpu_settings
+    from terra_nb.port.vllm_rollout import config_dtype, apply_gpu_settings
 
     stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
     cfg = LlamaActionConfig.from_pretrained(str(ckpt))
     kwargs = dict(model=str(stock), skip_tokenizer_init=True, enable_prefix_caching=True,
-                  max_model_len=FrameLayout.from_config(cfg).max_len, dtype=_config_dtype(cfg))
+                  max_model_len=FrameLayout.from_config(cfg).max_len, dtype=config_dtype(cfg))
     if not torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = 0.2  # see make_llm
     kwargs.update(engine_kwargs)

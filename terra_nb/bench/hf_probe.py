@@ -1,7 +1,7 @@
-"""Does HF's decode step pay a one-time cost for every KV length new to the process? (issue 25, `hf_seed`)
+"""Does HF's decode step pay a one-time cost for every KV length new to the process? (row `hf_seed`)
 
-Row `hf_seed` warms up on one frame, then times whole videos. On an H200 its first trial took 601 s
-and its second 173 s over the same lengths; frame 1 of trial 1 (lengths the warm-up had visited) was
+Row `hf_seed` warms up on one frame, then times whole videos. Its trials over the same lengths can
+disagree several-fold, the first the slow one, while a frame at lengths the warm-up visited is
 nearly fast. The hypothesis: something in a decode step (an SDPA execution plan, a cuBLAS heuristic,
 the allocator) is built once per new key/value length and cached afterwards.
 

@@ -1,33 +1,27 @@
-"""Measuring the benchmark's rows: HF `generate`, our vLLM port, stock vLLM Llama, in this process.
+"""Measuring the benchmark's rows in this process: HF `generate`, our vLLM port, stock vLLM Llama.
 
-Each engine runs in its own process (a vLLM engine does not hand its GPU memory back reliably):
-`measure` starts `python -m terra_nb.bench run` once per engine group and merges the
-parts (`bench_report.merge`); `run` is what such a process does. Lengths are forced the cheap way:
+One function a row group (`bench_hf`, `bench_vllm`, `bench_stock`, `bench_session`,
+`bench_seed_rows`, `bench_prefill`), each adding its rows to a `timing.Progress`, plus the probes
+a row carries (`decode_probe`, `greedy_tokens`, a profile of the engine or of its frame steps).
+Which rows run in which process is `runner`'s job. Lengths are forced the cheap way:
 `eos_token_id=None` in HF and `ignore_eos=True` in vLLM (never `min_new_tokens` / `min_tokens`).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import json
-import shlex
 import statistics
-import sys
 import time
-import traceback
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from terra_nb.port.config import LlamaActionConfig
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
-from terra_nb.bench.report import merge
-from terra_nb.bench.workload import (PREFILL, SEED_ENGINE, SEED_ROWS, SEED_TEMPERATURE, Workload, checkpoint, engine_groups,
-                                              row_batch, row_engine, stock_llama_checkpoint, tp_row)
+from terra_nb.bench.workload import SEED_ENGINE, SEED_ROWS, SEED_TEMPERATURE, Workload, row_batch, row_engine
 from terra_nb.workbook.data import load_sample
-from terra_nb.bench.engines import NO_MULTICAST_TP_KWARGS, engine_core_process, load_hf, port_engine, shutdown, stock_engine
+from terra_nb.bench.engines import engine_core_process, load_hf, port_engine, shutdown, stock_engine
 from terra_nb.bench.timing import Progress, cpu_usage, device_allocs, sdpa_backends, sync, timed, trial_row
 
 
@@ -71,8 +65,8 @@ HF_STATIC_NEEDS = (
     "Terra's forward inserts 6 action positions after every frame, so that cache is too short: the row "
     "passes a StaticCache of a whole round (static_cache: 25 frames x 582 positions) instead, and the "
     "forward reads the cache's length with int() (a StaticCache reports a tensor).")
-"""What `hf_static` needs from Terra's HF model (transformers 5.17), found on the CPU (2026-11-25); a
-failure of the row is recorded with it."""
+"""What `hf_static` needs from Terra's HF model (transformers 5.17); a failure of the row is recorded
+with it."""
 
 
 def static_cache(model, layout: FrameLayout):
@@ -123,8 +117,8 @@ def bench_hf_seed(ckpt: Path, wl: Workload, static: bool = False, sdpa: tuple[st
 
 
 def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool, sdpa: tuple[str, ...] | None) -> dict:
-    # HF's documented mode is "reduce-overhead" (CUDA graphs); $HF_COMPILE_MODE picks another
-    # (2026-11-26, H200: that mode's process died with SIGSEGV in the warm-up video)
+    # HF's documented mode is "reduce-overhead" (CUDA graphs); $HF_COMPILE_MODE picks another where
+    # that one fails (the seed lease's `errors` record how)
     mode = os.environ.get("HF_COMPILE_MODE", "reduce-overhead") if static else None
     engine = dict(cache="static" if static else "dynamic", compile=static, compile_mode=mode,
                   cache_len=None, **({"sdpa": list(sdpa)} if sdpa else {}))
@@ -150,7 +144,7 @@ def _bench_hf_seed(ckpt: Path, wl: Workload, static: bool, sdpa: tuple[str, ...]
         before, (cpu0, sw0) = device_allocs(), cpu_usage()
         trials.append(timed(lambda: seed_video(model, wl, sample, layout, sampling, per_frame[-1], cache=cache)))
         allocs.append(None if before is None else device_allocs() - before)
-        # CPU seconds near the trial's seconds: the decode loop is CPU-bound (issue 25: 100% of a core)
+        # CPU seconds near the trial's seconds: the decode loop is CPU-bound (one core kept busy)
         cpu1, sw1 = cpu_usage()
         cpu_s.append(round(cpu1 - cpu0, 3))
         nivcsw.append(sw1 - sw0)
@@ -442,51 +436,6 @@ def greedy_tokens(llm, wl: Workload, frames: int = 3) -> list[list[int]]:
     return out.tolist()
 
 
-def run(rows: list[str], wl: Workload, ckpt_root: Path, engine_kwargs: dict | None = None,
-        partial: Path | None = None, deadline_s: float | None = None, profile_spec=None,
-        steps: StepSpec | None = None) -> dict:
-    """Measure `rows` in this process; `engine_kwargs` go to every vLLM engine (e.g. max_num_seqs).
-
-    With `partial`, the part is rewritten after every row; rows that would start after
-    `deadline_s` seconds are skipped (listed in `errors`); with `profile_spec` (a
-    `profiling.ProfileSpec`), each vLLM engine is also profiled before its rows (key `profile`);
-    with `steps` (a `StepSpec`), the rows of its batches get a profile of their frame steps.
-    """
-    engines = {row_engine(r) for r in rows}  # raises on an unknown row
-    ckpt = checkpoint(ckpt_root, wl)
-    kw = dict(engine_kwargs or {})
-    progress = Progress(partial, deadline_s, part_header(ckpt, wl, kw))
-    groups = [
-        ("hf", lambda: [progress.add(r) for r in bench_hf(ckpt, wl)] if not progress.out_of_time("hf") else []),
-        ("vllm", lambda: bench_vllm(ckpt, wl, rows, progress, profile_spec, steps, **kw)),
-        ("stock_llama", lambda: bench_stock(ckpt, wl, rows, progress, profile_spec, steps, **kw)),
-        ("session", lambda: bench_session(ckpt, wl, rows, progress, steps, **kw)),
-        ("seed", lambda: bench_seed_rows(ckpt, wl, rows, progress, steps)),
-    ]
-    for prefix, measure in groups:
-        wanted = {prefix} & engines or (prefix == "vllm" and "vllm_eager" in engines) or (
-            prefix == "seed" and engines & set(SEED_ROWS))
-        if not wanted:
-            continue
-        try:  # a device lease is scarce: one broken group must not lose the others' figures
-            measure()
-        except Exception as e:  # noqa: BLE001
-            traceback.print_exc()
-            progress.errors.append(dict(group=prefix, error=f"{type(e).__name__}: {e}"))
-    progress.flush()
-    return dict(progress.header, rows=progress.rows, errors=progress.errors, **progress.extra)
-
-
-def part_header(ckpt: Path, wl: Workload, engine_kwargs: dict) -> dict:
-    """What a part says of itself beside its rows: device and versions, workload, the checkpoint's
-    dtype, the engine settings asked for, and the command line."""
-    from terra_nb.workbook.show import environment_info
-
-    return dict(env=environment_info(), workload=dataclasses.asdict(wl),
-                dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype), engine_kwargs=engine_kwargs,
-                command=" ".join(shlex.quote(a) for a in sys.argv))
-
-
 def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dict:
     """`profiling.profile_engine` on a built engine: our port (`engine="port"`, requests with
     actions) or stock vLLM Llama (`"stock"`, plain token prompts); the benchmark's context and
@@ -504,64 +453,6 @@ def profile_on(llm, engine: str, wl: Workload, spec, layout: FrameLayout) -> dic
     else:
         raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
     return dict(engine=engine, **profile_engine(llm, lambda b: request, layout, spec, _suppress(layout)))
-
-
-def profile(engine: str, wl: Workload, ckpt_root: Path, spec, engine_kwargs: dict | None = None) -> dict:
-    """Build one engine (port or stock) and profile it; the file records device and versions."""
-    ckpt = checkpoint(ckpt_root, wl)
-    kw = dict(engine_kwargs or {})
-    if engine not in ("port", "stock"):
-        raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
-    llm, start = port_engine(ckpt, **kw) if engine == "port" else stock_engine(ckpt, **kw)
-    res = profile_on(llm, engine, wl, spec, FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt))))
-    return dict(engine_start_s=round(start, 1), **part_header(ckpt, wl, kw), **res)
-
-
-def tensor_parallel(wl: Workload, ckpt_root: Path, tp: int, ref: dict | None, batches=(1,), prefill_prompts: int = 0,
-                    partial: Path | None = None, deadline_s: float | None = None, engine_kwargs: dict | None = None) -> dict:
-    """Our default engine with `tensor_parallel_size=tp` (`bench tp`): its greedy tokens (against
-    TP=1's in `ref`, a part or results file holding them), a row of the frame loop per batch of
-    `batches` (`tp_row`: `vllm_tp2`, `vllm_tp2_b32`, ...) and, with `prefill_prompts`, a row of
-    prefill alone (`vllm_tp2_prefill`, `bench_prefill`). Run TP=1 and TP=2 on one machine and each
-    row has its like at the other size (`bench_report.lease_ratios`: `tp2_vs_tp1_b<N>`).
-
-    With `partial`, the part is rewritten after every row (a call cut short keeps what it
-    measured); rows that would start after `deadline_s` seconds are skipped (listed in `errors`);
-    `engine_kwargs` go to the engine at either size (e.g. `enforce_eager` on the CPU).
-    """
-    ckpt = checkpoint(ckpt_root, wl)
-    # The no-multicast settings at TP=1 too (nothing to all-reduce there): the two sides of a
-    # tp2_vs_tp1 ratio then differ in tensor_parallel_size alone.
-    kw = dict(NO_MULTICAST_TP_KWARGS, **(engine_kwargs or {}), tensor_parallel_size=tp)
-    progress = Progress(partial, deadline_s, part_header(ckpt, wl, kw))
-    llm, start = port_engine(ckpt, **kw)
-    try:
-        greedy = greedy_vs_ref(greedy_tokens(llm, wl), ref)
-        for batch in batches:
-            name = tp_row(tp, batch)
-            extra = dict(tp=tp, **(greedy if not progress.rows else {}))   # the tokens once, on the first row
-            _row_into(progress, name, lambda: port_rollout_row(llm, ckpt, wl, name, batch, start, **extra))
-        if prefill_prompts > 0:
-            name = tp_row(tp, PREFILL)
-            _row_into(progress, name, lambda: bench_prefill(llm, wl, name, prefill_prompts, tp=tp,
-                                                            engine_start_s=round(start, 1)))
-    finally:
-        shutdown(llm)
-    progress.flush()
-    return dict(progress.header, rows=progress.rows, errors=progress.errors)
-
-
-def _row_into(progress: Progress, name: str, measure: Callable[[], dict]) -> None:
-    """`measure()`'s row into `progress` unless it would start past the deadline; a row that fails
-    is listed in `errors` and the next one still runs (a device lease is scarce)."""
-    if progress.out_of_time(name):
-        return
-    try:
-        progress.add(measure())
-    except Exception as e:  # noqa: BLE001
-        traceback.print_exc()
-        progress.errors.append(dict(group=name, error=f"{type(e).__name__}: {e}"))
-        progress.flush()
 
 
 def greedy_vs_ref(tokens: list, ref: dict | None) -> dict:
@@ -620,32 +511,3 @@ def bench_prefill(llm, wl: Workload, name: str, prompts: int, trials: int = 2, *
     return dict(name=name, prompts=prompts, prompt_frames=frames, prompt_tokens=tokens, repeats=trials,
                 trials_s=[round(t, 4) for t in seconds], s=med, prefill_tokens_per_s=prompts * tokens / med,
                 cached_prompt_tokens=[c for _, c in timed], **extra)
-
-
-def measure(rows: list[str], wl: Workload, ckpt_root: Path | str, work_dir: Path | str,
-            timeout: float | None = None) -> dict:
-    """Run `rows` with `python -m terra_nb.bench run`, one fresh process per engine group
-    (`engine_groups`), and merge the parts (see `merge`). Part files land in `work_dir`.
-
-    A process that fails raises `RuntimeError` with the end of its output; a row group that fails
-    inside a process is listed in the result's `errors` (as `run` records it).
-    """
-    import subprocess
-
-    work_dir = Path(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    parts = []
-    for i, group in enumerate(engine_groups(rows)):
-        out = work_dir / f"part_{i}.json"
-        out.unlink(missing_ok=True)  # a stale part must not pass for this run's
-        cmd = [sys.executable, "-m", "terra_nb.bench", "run", "--rows", ",".join(group), "--preset", wl.preset,
-               "--ckpt-root", str(ckpt_root), "--out", str(out)]
-        for f in dataclasses.fields(Workload):
-            if f.name != "preset":
-                cmd += ["--" + f.name.replace("_", "-"), str(getattr(wl, f.name))]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0 or not out.exists():
-            tail = (proc.stdout + proc.stderr)[-3000:]
-            raise RuntimeError(f"benchmark process for rows {group} failed (exit {proc.returncode}):\n{tail}")
-        parts.append(json.loads(out.read_text()))
-    return merge(parts)

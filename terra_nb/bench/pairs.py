@@ -213,6 +213,16 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
     return res
 
 
+VERSIONS = ("vllm", "torch", "transformers", "python")
+
+
+def with_commit(res: dict, commit: str) -> dict:
+    """`res` naming `commit` as the code that ran, where the machine's own git was stale (a device
+    copy of the tree can carry an old `.git`): its word stays in `env.device_git_commit`."""
+    env = dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=commit)
+    return dict(res, env=env, commit=commit)
+
+
 def header(plan: Plan, ckpt: Path, lease: str | None) -> dict:
     """What a result says of itself: device, versions, date, commit, command, preset, dtype, context."""
     from terra_nb.port.config import LlamaActionConfig
@@ -220,7 +230,7 @@ def header(plan: Plan, ckpt: Path, lease: str | None) -> dict:
 
     env = environment_info()
     return dict(kind="interleaved", lease=lease, date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                device=env.get("device"), versions=env.get("versions"), env=env, commit=env.get("git_commit"),
+                device=env["device"], versions={k: env[k] for k in VERSIONS}, env=env, commit=env["git_commit"],
                 command=" ".join(shlex.quote(a) for a in sys.argv), preset=plan.preset, n_ctx=plan.n_ctx,
                 dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype).removeprefix("torch."),
                 plan=plan_dict(plan),

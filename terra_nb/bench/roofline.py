@@ -8,7 +8,7 @@ the weights dominate (about 3 GB a step in bf16, mostly the 262,145-code output 
 rollouts deep into the 25-frame window the KV caches do.
 
 What this is for: an engine change that removes work outside the model (the frame loop's
-re-submitted prompts, issue 24's sessions) can at most close the gap between a measured rollout and
+re-submitted prompts, the sessions) can at most close the gap between a measured rollout and
 its floor; it cannot go under the floor.
 """
 from __future__ import annotations

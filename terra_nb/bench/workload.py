@@ -3,8 +3,8 @@
 A *row* names an engine and a batch (`hf`, `vllm_eager`, `vllm`, `vllm_b<N>`, `stock_llama`,
 `stock_llama_b<N>`, and `session`, `session_b<N>`: our port with one engine session per rollout,
 `port.session_rollout`; `bench tp`'s rows, off the curve, are `tp_row`'s); `Workload` says how
-much is generated and how often. Measuring is `bench_measure`, merging and the README table
-`bench_report`, the command line `bench`.
+much is generated and how often. Measuring is `measure` (and `runner`), the files `results`, the
+figures `analysis`, the tables and sentences `render`, the command line `cli`.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ CURVE_BATCHES = (1, 8, 32, 64, 128)
 _ROW_RE = re.compile(r"^(hf|vllm_eager|vllm|stock_llama|session)(?:_b([1-9][0-9]*))?$")
 
 SEED_ROWS = ("hf_seed", "hf_seed_flash", "hf_static", "vllm_seed", "vllm_seed_defaults")
-"""Rows in the seed's setting (issue 25): one video of `long_frames` (22) after `n_ctx` (3) context
+"""Rows in the seed's setting: one video of `long_frames` (22) after `n_ctx` (3) context
 frames, batch 1, temperature `SEED_TEMPERATURE`, one call per frame (576 new tokens). `hf_seed`: HF
 `generate` with its dynamic KV cache; `hf_seed_flash`: the same with cuDNN's attention kernel
 ruled out (`HF_FLASH_BACKENDS`); `hf_static`: the same with a static cache and
@@ -67,7 +67,7 @@ _TP_ROW_RE = re.compile(r"^vllm_tp([1-9][0-9]*)(?:_b([1-9][0-9]*)|_(prefill))?$"
 
 
 def tp_row(tp: int, batch: int | str = 1) -> str:
-    """The name of a `bench tp` row (`bench_measure.tensor_parallel`): `vllm_tp2` (1 rollout),
+    """The name of a `bench tp` row (`runner.tensor_parallel`): `vllm_tp2` (1 rollout),
     `vllm_tp2_b32` (32 rollouts at once), `vllm_tp2_prefill` (`batch` = `PREFILL`)."""
     return f"vllm_tp{tp}" + ("" if batch == 1 else f"_{PREFILL}" if batch == PREFILL else f"_b{batch}")
 

@@ -1,348 +1,17 @@
-"""The benchmark's results: merging parts into one file, the Markdown table, the README section.
+"""The benchmark in words: Markdown tables, the sentences and notes of a lease (computed from its
+rows, as `bench merge --curve-notes / --seed-notes / --tp-notes` write them), and the README's
+benchmark section and profile findings. Figures come from `analysis`, files from `results`.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
-from terra_nb.bench.workload import PREFILL, SEED_FIGURES, SEED_ROWS, row_batch, row_engine, tp_row, tp_row_parts
-
-
-def merge(parts: list[dict]) -> dict:
-    """One results file from the parts of one lease; each row says which call measured it."""
-    env = parts[0]["env"]
-    rows, errors = [], []
-    for i, p in enumerate(parts):
-        errors += [dict(e, part=i) for e in p.get("errors", [])]
-        for r in p["rows"]:
-            rows.append(dict(r, part=i, command=p["command"]))
-    by = {r["name"]: r for r in rows}
-    speedup = by["hf"]["s_per_frame"] / by["vllm"]["s_per_frame"] if {"hf", "vllm"} <= by.keys() else None
-    hit = by["vllm"].get("prefix_cache_hit_rate") if "vllm" in by else None
-    return dict(
-        device=env["device"],
-        versions={k: env[k] for k in ("vllm", "torch", "transformers", "python")},
-        dtype=parts[0]["dtype"],
-        workload=parts[0]["workload"],
-        command=[p["command"] for p in parts],
-        date=env["date"],
-        env=env,
-        rows=rows,
-        errors=errors,
-        speedup_vs_hf=speedup,
-        prefix_cache_hit_rate=hit,
-        # what each divides: RATIOS (the first, speedup_vs_hf, is the key above)
-        ratios={r.name: r.value(by) for r in RATIOS[1:]},
-        commit=env.get("git_commit"),   # the code that ran; a results file holds one commit and one lease
-        lease=None,                      # set when committing: which machine lease measured the parts
-        curve=with_floor(throughput_curve(rows), parts[0]["workload"], env["device"]),
-        profile=profile_digest({p["profile"]["engine"]: p["profile"] for p in parts if "profile" in p}),
-        step_profiles=step_digest(rows),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class Ratio:
-    """One ratio of two rows of one lease: `numerator`'s `quantity` over `denominator`'s."""
-    name: str
-    numerator: str     # row names
-    denominator: str
-    quantity: str      # the row key divided: "s_per_frame", "frames_per_s" or "prefill_tokens_per_s"
-
-    def value(self, by: dict[str, dict]) -> float | None:
-        """The ratio among `by` (one lease's rows by name), or None unless both rows are there."""
-        if {self.numerator, self.denominator} <= by.keys():
-            return by[self.numerator][self.quantity] / by[self.denominator][self.quantity]
-        return None
-
-    def divides(self) -> str:
-        """What is divided, in words: 's/frame of HF ÷ s/frame of the port (defaults)', or for two
-        curve rows of one batch 'frames/s (all rollouts) of the port ÷ frames/s of stock vLLM Llama,
-        8 rollouts at once each'."""
-        unit, short = QUANTITY_WORDS[self.quantity], {"s_per_frame": "s/frame", "frames_per_s": "frames/s",
-                                                      "prefill_tokens_per_s": "prompt tokens/s"}[self.quantity]
-        a, b = self.numerator, self.denominator
-        if _curve_engine(a) in CURVE_WHO and _curve_engine(b) in CURVE_WHO and row_batch(a) == row_batch(b) > 1:
-            return (f"{unit} of {CURVE_WHO[_curve_engine(a)]} ÷ {short} of {CURVE_WHO[_curve_engine(b)]}, "
-                    f"{row_batch(a)} rollouts at once each")
-        return f"{unit} of {_who(a)} ÷ {short} of {_who(b)}"
-
-
-QUANTITY_WORDS = {"s_per_frame": "s/frame", "frames_per_s": "frames/s (all rollouts)",
-                  "prefill_tokens_per_s": "prompt tokens prefilled/s (all prompts)"}
-CURVE_WHO = {"vllm": "the port", "session": "the port's sessions", "stock_llama": "stock vLLM Llama"}
-WHO = {"hf": "HF", "hf_seed": "HF", "hf_seed_flash": "HF (cuDNN attention off)",
-       "hf_static": "HF (static cache + torch.compile)", "vllm": "the port (defaults)",
-       "vllm_eager": "the port (eager)", "vllm_seed": "the port as the seed ran it (eager, no prefix caching)",
-       "vllm_seed_defaults": "the port (today's defaults)", "stock_llama": "stock vLLM Llama"}
-
-
-def _who(name: str) -> str:
-    """A row in a ratio's words: `WHO`, 'the port, 8 rollouts at once' for curve rows, or 'the port
-    at TP=2, 32 rollouts at once' / 'the port at TP=2, prefill of long prompts' for `bench tp`'s."""
-    return WHO.get(name) or _tp_who(name, "the port") or f"{CURVE_WHO[row_engine(name)]}, {_at_once(row_batch(name))}"
-
-
-def _tp_who(name: str, port: str) -> str | None:
-    """A `bench tp` row in words, `port` naming the port ('the port', 'our port'): '<port> at TP=2,
-    32 rollouts at once' or '<port> at TP=2, prefill of long prompts'; None for any other row."""
-    parts = tp_row_parts(name)
-    if parts is None:
-        return None
-    tp, batch = parts
-    return f"{port} at TP={tp}, " + ("prefill of long prompts" if batch == PREFILL else _at_once(batch))
-
-
-def rollouts_text(n: int) -> str:
-    """'1 rollout', '32 rollouts'."""
-    return f"{n} rollout{'s' if n > 1 else ''}"
-
-
-def _at_once(n: int) -> str:
-    return f"{rollouts_text(n)} at once"
-
-
-RATIOS = (
-    Ratio("speedup_vs_hf", "hf", "vllm", "s_per_frame"),
-    Ratio("vllm_vs_stock", "vllm", "stock_llama", "s_per_frame"),      # above 1: the port is slower
-    Ratio("eager_vs_hf", "hf", "vllm_eager", "s_per_frame"),
-    # the seed's setting (issue 25): HF's s/frame over the port's, as the seed's 11.03 / 4.25
-    Ratio("seed_setting_vs_hf", "hf_seed", "vllm_seed", "s_per_frame"),
-    Ratio("seed_defaults_vs_hf", "hf_seed", "vllm_seed_defaults", "s_per_frame"),
-    # the same with HF's attention kept off cuDNN (no plan built per new key length)
-    Ratio("seed_setting_vs_hf_flash", "hf_seed_flash", "vllm_seed", "s_per_frame"),
-    Ratio("seed_defaults_vs_hf_flash", "hf_seed_flash", "vllm_seed_defaults", "s_per_frame"),
-    # HF's fast path (static cache + torch.compile) over the port with today's defaults
-    Ratio("seed_defaults_vs_hf_static", "hf_static", "vllm_seed_defaults", "s_per_frame"),
-)
-"""The fixed ratios a lease's rows can give; `lease_ratios` adds the curve's, batch by batch."""
-
-
-def lease_ratios(rows: list[dict]) -> list[Ratio]:
-    """The ratios one lease's rows give: each of `RATIOS` whose two rows are there, then per batch
-    of the curve the port's and the sessions' frames/s over stock's (`port_vs_stock_b<N>`,
-    `session_vs_stock_b<N>`), except where a fixed ratio already divides the same two rows, then
-    TP=2 over TP=1 (`tp_ratios`)."""
-    names = {r["name"] for r in rows}
-    out = [r for r in RATIOS if {r.numerator, r.denominator} <= names]
-    pairs = {frozenset((r.numerator, r.denominator)) for r in out}
-    batches = sorted({row_batch(n) for n in names if _curve_engine(n) == "stock_llama"})
-    for who, label in (("vllm", "port"), ("session", "session")):
-        for b in batches:
-            num, den = (e if b == 1 else f"{e}_b{b}" for e in (who, "stock_llama"))
-            if num in names and frozenset((num, den)) not in pairs:
-                out.append(Ratio(f"{label}_vs_stock_b{b}", num, den, "frames_per_s"))
-    return out + tp_ratios(names)
-
-
-def tp_ratios(names: set[str]) -> list[Ratio]:
-    """`bench tp`'s rows at TP=2 over their like at TP=1, wherever a lease has both: frames/s at each
-    batch (`tp2_vs_tp1_b<N>`; above 1, TP=2 makes more frames a second) and prompt tokens/s of
-    prefill alone (`tp2_vs_tp1_prefill`)."""
-    sides = {tp_row_parts(n) for n in names} - {None}
-    both = {b for tp, b in sides if tp == 1 and (2, b) in sides}
-    out = [Ratio(f"tp2_vs_tp1_b{b}", tp_row(2, b), tp_row(1, b), "frames_per_s")
-           for b in sorted(b for b in both if b != PREFILL)]
-    if PREFILL in both:
-        out.append(Ratio("tp2_vs_tp1_prefill", tp_row(2, PREFILL), tp_row(1, PREFILL), "prefill_tokens_per_s"))
-    return out
-
-
-def _curve_engine(name: str) -> str | None:
-    try:
-        return row_engine(name)
-    except ValueError:   # rows off the curve (e.g. `vllm_tp2`)
-        return None
-
-
-def _per_trial(row: dict, quantity: str) -> list[float] | None:
-    """A row's `quantity` trial by trial (from `trials_s`), or None without trials."""
-    trials = row.get("trials_s")
-    if not trials:
-        return None
-    if quantity == "s_per_frame":
-        return [t / row["frames"] for t in trials]
-    if quantity == "prefill_tokens_per_s":
-        return [row["prompts"] * row["prompt_tokens"] / t for t in trials]
-    return [row["batch"] * row["frames"] / t for t in trials]
-
-
-def ratio_entry(ratio: Ratio, by: dict[str, dict]) -> dict:
-    """A ratio as a combined results file keeps it: its value, the two rows and what is divided, and
-    (both rows with trials) `trials_spread`, the larger of the two rows' slowest over fastest trial,
-    with `trials_range`, the lowest and highest ratio of one of that row's (`trials_of`) trials to
-    the other row's median (as `seed_setting_lines` quotes HF's trials against the port's median)."""
-    num, den = by[ratio.numerator], by[ratio.denominator]
-    entry = dict(name=ratio.name, value=ratio.value(by), numerator=ratio.numerator, denominator=ratio.denominator,
-                 quantity=ratio.quantity, divides=ratio.divides(),
-                 frames=[num.get("frames"), den.get("frames")])
-    a, b = _per_trial(num, ratio.quantity), _per_trial(den, ratio.quantity)
-    if a and b:
-        if _trial_spread(num) >= _trial_spread(den):
-            ends, of = [t / den[ratio.quantity] for t in (min(a), max(a))], ratio.numerator
-        else:
-            ends, of = [num[ratio.quantity] / t for t in (max(b), min(b))], ratio.denominator
-        entry.update(trials_range=ends, trials_of=of, trials_spread=max(_trial_spread(num), _trial_spread(den)))
-    return entry
-
-
-LEASE_OWN = ("commit", "lease", "date", "versions", "dtype", "workload", "command", "notes", "errors", "env",
-             "speedup_vs_hf", "prefix_cache_hit_rate", "profile", "step_profiles")
-"""What a combined file keeps of each lease file besides its rows (its `ratios` and `curve` are recomputed)."""
-
-
-def combine(leases: dict[str, dict], files: dict[str, str] | None = None) -> dict:
-    """One results file from several leases' (each as `merge` wrote it, keyed by lease id, e.g. the
-    file's stem): `device` (the same for all, else ValueError), `leases` (id -> what the lease file
-    said about itself, with its `curve` and memory floors), `rows` (every row, with its `lease` id
-    and `commit`; a row name may recur in several leases) and `ratios` (`ratio_entry`s, each computed
-    between two rows of one lease, which it names: a ratio whose rows are in different leases is not
-    computed). `files`: lease id -> the file it came from, kept as the lease's `file`."""
-    files = files or {}
-    if not leases:
-        raise ValueError("no leases to combine")
-    devices = {lid: res["device"] for lid, res in leases.items()}
-    if len(set(devices.values())) > 1:
-        raise ValueError("leases measured on different devices cannot share one results file: "
-                         + "; ".join(f"{files.get(lid, lid)}: {d}" for lid, d in devices.items()))
-    device = next(iter(devices.values()))
-    out_leases, rows, ratios = {}, [], []
-    for lid, res in leases.items():
-        commit = res.get("commit") or (res.get("env") or {}).get("git_commit")
-        own = [dict(r, lease=lid, commit=commit) for r in res["rows"]]
-        meta = {k: res[k] for k in LEASE_OWN if k in res}
-        meta.update(commit=commit, curve=with_floor(throughput_curve(own), res["workload"], device))
-        if lid in files:
-            meta["file"] = str(files[lid])
-        out_leases[lid] = meta
-        by = {r["name"]: r for r in own}
-        if len(by) < len(own):
-            raise ValueError(f"lease {lid} ({files.get(lid, lid)}) has a row name twice: one lease, one row per name")
-        rows += own
-        ratios += [dict(ratio_entry(r, by), lease=lid, commit=commit) for r in lease_ratios(own)]
-    return dict(device=device, leases=out_leases, rows=rows, ratios=ratios)
-
-
-def lease_id(path: Path | str) -> str:
-    """A lease file's id in a combined file: its stem (results/leases/h200_2026-11-25_seed.json ->
-    h200_2026-11-25_seed), short and stable as long as the file keeps its name."""
-    return Path(path).stem
-
-
-def combine_files(paths: list[Path]) -> dict:
-    """`combine` of lease files (as `merge` wrote them), each under its `lease_id`, recording its path
-    relative to the repository (so `recombine` can rebuild the combined file from it)."""
-    from terra_nb.workbook.paths import REPO
-
-    def rel(p: Path) -> str:
-        p = Path(p).resolve()
-        return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
-
-    ids = [lease_id(p) for p in paths]
-    if len(set(ids)) < len(ids):
-        raise ValueError(f"two lease files share a stem (a lease id): {[str(p) for p in paths]}")
-    leases = {lid: json.loads(Path(p).read_text()) for lid, p in zip(ids, paths)}
-    files = {lid: rel(p) for lid, p in zip(ids, paths)}
-    return dict(combine(leases, files), combined_by="python -m terra_nb.bench combine " + " ".join(files.values()))
-
-
-def recombine(res: dict) -> dict:
-    """A combined file rebuilt from the lease files it names (each lease's `file`)."""
-    from terra_nb.workbook.paths import REPO
-
-    return combine_files([REPO / meta["file"] for meta in res["leases"].values()])
-
-
-def is_combined(res: dict) -> bool:
-    """True for a file of several leases (`combine`), False for one lease's (`merge`)."""
-    return "leases" in res
-
-
-def lease_results(res: dict, lid: str) -> dict:
-    """One lease of a combined file in `merge`'s layout (so every one-lease renderer reads it): the
-    lease's own keys, the device, its rows, and `ratios` {name: value} of its ratio entries."""
-    rows = [r for r in res["rows"] if r["lease"] == lid]
-    ratios = {e["name"]: e["value"] for e in res["ratios"] if e["lease"] == lid}
-    return dict(res["leases"][lid], device=res["device"], rows=rows, ratios=ratios, lease_id=lid)
-
-
-def by_lease(res: dict) -> list[tuple[str | None, dict]]:
-    """[(lease id, that lease in `merge`'s layout)] for a combined file; [(None, res)] for one lease's."""
-    if not is_combined(res):
-        return [(None, res)]
-    return [(lid, lease_results(res, lid)) for lid in res["leases"]]
-
-
-def step_digest(rows: list[dict]) -> dict | None:
-    """Per batch (a string key, as JSON has it): each engine's frame-step profile (rows measured
-    with `--step-batches`), and the session's against stock's frame loop where both ran."""
-    from terra_nb.bench.step_profile import compare_steps
-
-    by_batch: dict[str, dict] = {}
-    for r in rows:
-        if "step_profile" in r:
-            by_batch.setdefault(str(r["batch"]), {})[row_engine(r["name"])] = r["step_profile"]
-    for profiles in by_batch.values():
-        if {"stock_llama", "session"} <= profiles.keys():
-            profiles["session_vs_stock"] = compare_steps(profiles["stock_llama"], profiles["session"])
-    return by_batch or None
-
-
-def profile_digest(profiles: dict[str, dict]) -> dict | None:
-    """What a results file keeps of the parts' profiles: per engine, each section's wall time and
-    phases and each decode's kernels per step; port vs stock section by section when both ran.
-    (The full profiles go beside the results file, see `main`.)"""
-    from terra_nb.bench.profiling import compare
-
-    if not profiles:
-        return None
-    out = {e: dict(sections=[dict(label=s["label"], wall_s=s["wall_s"], phases=s["phases"]) for s in p["sections"]],
-                   kernels=[{k: v for k, v in k_.items() if not k.startswith("top_")} for k_ in p.get("kernels", [])])
-           for e, p in profiles.items()}
-    if {"port", "stock"} <= profiles.keys():
-        out["port_vs_stock"] = compare(profiles["port"], profiles["stock"])
-    return out
-
-
-def throughput_curve(rows: list[dict]) -> list[dict]:
-    """Frames per second of the port and of stock at each batch both measured, and their ratio;
-    with session rows (`session_b<N>`), also the sessions' frames per second and their ratio to
-    stock's frame loop."""
-    def fps(kind: str) -> dict:
-        return {r["batch"]: r["frames_per_s"] for r in rows if _curve_engine(r["name"]) == kind and "tp" not in r}
-
-    port, stock, session = fps("vllm"), fps("stock_llama"), fps("session")
-    ratio = lambda a, b: round(a / b, 3) if a is not None and b else None  # noqa: E731
-    out = []
-    for b in sorted(port.keys() | stock.keys() | session.keys()):
-        row = dict(batch=b, port_frames_per_s=port.get(b), stock_frames_per_s=stock.get(b),
-                   port_vs_stock=ratio(port.get(b), stock.get(b)))
-        if session:
-            row.update(session_frames_per_s=session.get(b), session_vs_stock=ratio(session.get(b), stock.get(b)))
-        out.append(row)
-    return out
-
-
-def with_floor(curve: list[dict], workload: dict, device: str) -> list[dict]:
-    """The curve with each batch's memory floor (`terra_nb.bench.roofline`: the frames/s no engine
-    can pass on this device, model and rollout length) and what share of it each engine reached.
-    Unchanged when the workload names no preset or the device has no bandwidth on record."""
-    from terra_nb.port.checkpoints import preset_config
-    from terra_nb.bench.roofline import bandwidth_of, floor_frames_per_s
-
-    try:
-        config, frames = preset_config(workload["preset"]), workload["long_frames"]
-        bandwidth_of(device)
-    except (KeyError, ValueError):
-        return curve
-    out = []
-    for row in curve:
-        floor = floor_frames_per_s(config, row["batch"], workload["n_ctx"], frames, device)
-        shares = {f"{who}_of_floor": round(row[f"{who}_frames_per_s"] / floor, 3)
-                  for who in ("port", "stock", "session") if row.get(f"{who}_frames_per_s") is not None}
-        out.append(dict(row, floor_frames_per_s=round(floor, 3), **shares))
-    return out
+from terra_nb.bench.analysis import (CURVE_TARGETS, QUANTITY_WORDS, TRIALS_DISAGREE, WHO, curve_engine, curve_pairs,
+                                     curve_quantity, overhead_ceiling, rollouts_text, target_met, tp_ratios, tp_who,
+                                     trial_ratios, trial_spread)
+from terra_nb.bench.results import by_lease, is_combined, load_results, ratio_entries
+from terra_nb.bench.workload import SEED_FIGURES, SEED_ROWS, row_batch, row_engine, tp_row, tp_row_parts
 
 
 ROW_LABELS = {
@@ -365,17 +34,9 @@ def row_label(name: str) -> str:
     if name in ROW_LABELS:
         return ROW_LABELS[name]
     if tp_row_parts(name):
-        return _tp_who(name, "our port")
+        return tp_who(name, "our port")
     who = {"vllm": "our port", "session": "our port, one session per rollout"}.get(row_engine(name), "stock vLLM Llama")
     return f"{who}, {row_batch(name)} rollouts at once"
-
-
-def load_results(results_dir: Path | None = None, pattern: str = "benchmark_*.json") -> dict[str, dict]:
-    """Committed GPU results: {file stem: results}, from results/benchmark_*.json (or `pattern`)."""
-    from terra_nb.workbook.paths import RESULTS
-
-    folder = Path(results_dir) if results_dir is not None else RESULTS
-    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob(pattern))}
 
 
 RATIO_LABEL = "frames/s ÷ HF's frames/s"
@@ -389,33 +50,6 @@ def _hf_basis(res: dict) -> str:
 
 
 STEP_ENGINES = {"stock_llama": "stock, frame loop", "vllm": "our port, frame loop", "session": "our port, sessions"}
-
-
-def overhead_ceiling(profile: dict) -> float:
-    """The most an engine could gain on a frame step by removing all of its overhead: wall time over
-    decode time (`step_profile`'s wall minus overhead)."""
-    return profile["wall_ms"] / (profile["wall_ms"] - profile["overhead_ms"])
-
-
-def decode_floor_share(res: dict, batch: int | str, engine: str = "stock_llama") -> dict:
-    """How close an engine's profiled decode step came to its memory floor (`roofline.decode_step_floor_s`)
-    at `batch` rollouts: the floor of a step at the profiled frames' median context (the window of
-    `n_ctx` frames, plus a frame per earlier profiled step, plus half of the frame being decoded),
-    in ms, beside the measured step and their ratio (`share`: 1 = at the floor)."""
-    import statistics
-
-    from terra_nb.port.checkpoints import preset_config
-    from terra_nb.port.layout import FrameLayout
-    from terra_nb.bench.roofline import bandwidth_of, decode_step_floor_s
-
-    p = res["step_profiles"][str(batch)][engine]
-    config, w = preset_config(res["workload"]["preset"]), res["workload"]
-    layout = FrameLayout.from_config(config)
-    index = statistics.median(f["index"] for f in p["by_frame"])   # frame k follows n_ctx + k frames
-    context = (w["n_ctx"] + index) * layout.frame_len + layout.image_tokens / 2
-    floor_ms = 1000 * decode_step_floor_s(config, int(batch), context, bandwidth_of(res["device"]))
-    return dict(context_tokens=context, floor_ms=round(floor_ms, 3), decode_step_ms=p["decode_step_ms"],
-                share=round(floor_ms / p["decode_step_ms"], 3))
 
 
 def steps_table(res: dict) -> str:
@@ -434,23 +68,13 @@ def steps_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-TRIALS_DISAGREE = 1.5
-"""Slowest over fastest trial above which a row's median hides more than it says (two trials: their mean)."""
-
-
-def _trial_spread(row: dict | None) -> float:
-    """A row's slowest trial over its fastest (1.0 for one trial or no row)."""
-    trials = (row or {}).get("trials_s") or [1.0]
-    return max(trials) / min(trials)
-
-
 HF_SEED_ROWS = {"hf_seed": "HF", "hf_seed_flash": "HF with cuDNN attention off"}
 """HF's rows in the seed's setting and their words: `hf_seed` as torch chooses its attention kernel,
-`hf_seed_flash` with cuDNN's left out (`bench_measure.HF_FLASH_BACKENDS`)."""
+`hf_seed_flash` with cuDNN's left out (`measure.HF_FLASH_BACKENDS`)."""
 
 
 def seed_setting_lines(res: dict) -> list[str]:
-    """Sentences on the seed's setting (issue 25), every figure from `res`'s seed rows: the ratio
+    """Sentences on the seed's setting, every figure from `res`'s seed rows: the ratio
     against the seed's 2.6x, what HF pays per frame as its context grows (`frame_s`; when HF's trials
     disagree by over `TRIALS_DISAGREE`, the range of ratios instead, since the per-frame medians then
     mix a slow and a fast video), what eager mode costs per code (the port's seed rows'
@@ -473,7 +97,7 @@ def seed_setting_lines(res: dict) -> list[str]:
     if failed and not static:
         lines.append("HF's static cache + torch.compile gave no row: "
                      + "; ".join(e["error"] for e in failed) + ".")
-    hf = next((by[n] for n in HF_SEED_ROWS if n in by and _trial_spread(by[n]) <= TRIALS_DISAGREE), None)
+    hf = next((by[n] for n in HF_SEED_ROWS if n in by and trial_spread(by[n]) <= TRIALS_DISAGREE), None)
     if hf and eager and defaults and all("tokens_per_call" in r for r in (hf, eager, defaults)):
         lines.append(_per_code_line(hf, eager, defaults))
     if eager and defaults and "step_profile" in eager and "step_profile" in defaults:
@@ -516,7 +140,7 @@ def _hf_seed_lines(hf: dict, who: str, eager: dict | None, defaults: dict | None
     if defaults:
         lines.append(f"With today's defaults (CUDA graphs, prefix caching) the port takes {defaults['s_per_frame']:.2f} s "
                      f"per frame: {hf['s_per_frame'] / defaults['s_per_frame']:.2f}x {who}.")
-    spread = _trial_spread(hf)
+    spread = trial_spread(hf)
     if eager and spread > TRIALS_DISAGREE:
         slow, fast = max(hf["trials_s"]) / hf["frames"], min(hf["trials_s"]) / hf["frames"]
         also = (f" (the default port: {fast / defaults['s_per_frame']:.2f}x to {slow / defaults['s_per_frame']:.2f}x)"
@@ -553,7 +177,7 @@ def seed_lease_notes(res: dict, earlier: dict | None = None, probe: dict | None 
             if r:
                 allocs = r.get("device_allocs")
                 lines.append(f"{who} ({where}): trials " + " and ".join(f"{t:.1f}" for t in r["trials_s"])
-                             + f" s, slowest ÷ fastest {_trial_spread(r):.2f}x"
+                             + f" s, slowest ÷ fastest {trial_spread(r):.2f}x"
                              + (f"; the CUDA allocator asked the driver for memory {', '.join(map(str, allocs))} "
                                 "times per trial" if allocs and None not in allocs else "") + ".")
     for name in ("vllm_seed", "vllm_seed_defaults"):
@@ -598,15 +222,6 @@ def seed_section(stem: str, res: dict) -> str:
     return "\n\n".join(blocks)
 
 
-def ratio_entries(res: dict, lid: str | None = None) -> list[dict]:
-    """A lease's ratio entries (`ratio_entry`): a combined file's own, those of lease `lid`; for one
-    lease's file (`merge`), computed from its rows."""
-    if is_combined(res):
-        return [e for e in res["ratios"] if e["lease"] == lid]
-    by = {r["name"]: r for r in res["rows"]}
-    return [ratio_entry(r, by) for r in lease_ratios(res["rows"])]
-
-
 def ratio_line(entry: dict) -> str:
     """One ratio in words: its name and value, what it divides, which rows (and their frames per
     trial); where the rows' trials disagree by over `TRIALS_DISAGREE`, the trial-by-trial range."""
@@ -623,41 +238,14 @@ def ratio_line(entry: dict) -> str:
     return line
 
 
-CURVE_TARGETS = {1: 1.03, 32: 0.95, 128: 0.95}
-"""Issue 25's targets for the port against stock vLLM Llama (H200, both rows of one lease), by batch:
-the bound on the port's ÷ stock's `curve_quantity`. At 1 rollout s/frame, so at most 1.03x; at 32
-and 128 rollouts frames/s, so at least 0.95x."""
-
 TRIALS_NOTE = 1.05
 """Slowest over fastest trial above which `curve_target_lines` gives the ratio trial by trial."""
-
-
-def curve_quantity(batch: int) -> str:
-    """What a curve ratio divides at `batch` (as `lease_ratios` and `RATIOS` do): s/frame at 1
-    rollout (`vllm_vs_stock`), frames/s above (`port_vs_stock_b<N>`)."""
-    return "s_per_frame" if batch == 1 else "frames_per_s"
-
-
-def _curve_pairs(rows: list[dict]) -> list[tuple[int, dict, dict]]:
-    """[(batch, the port's row, stock's row)] for every batch where one lease measured both."""
-    by = {r["name"]: r for r in rows if "tp" not in r}
-    stock = {row_batch(n): r for n, r in by.items() if _curve_engine(n) == "stock_llama"}
-    port = {row_batch(n): r for n, r in by.items() if _curve_engine(n) == "vllm"}
-    return [(b, port[b], stock[b]) for b in sorted(stock.keys() & port.keys())]
-
-
-def _verdict(ratio: float, batch: int) -> bool | None:
-    """Whether `ratio` (the port's ÷ stock's `curve_quantity`) meets `CURVE_TARGETS` at `batch`."""
-    bound = CURVE_TARGETS.get(batch)
-    if bound is None:
-        return None
-    return ratio <= bound if curve_quantity(batch) == "s_per_frame" else ratio >= bound
 
 
 def _target_words(ratio: float, batch: int) -> str:
     """'target at most 1.03x: met, 0.159 under', 'target at least 0.95x: missed, 0.007 short', or
     'no target at this batch'."""
-    bound, ok = CURVE_TARGETS.get(batch), _verdict(ratio, batch)
+    bound, ok = CURVE_TARGETS.get(batch), target_met(ratio, batch)
     if ok is None:
         return "no target at this batch"
     if curve_quantity(batch) == "s_per_frame":
@@ -665,18 +253,10 @@ def _target_words(ratio: float, batch: int) -> str:
     return f"target at least {bound:.2f}x: " + (f"met, {ratio - bound:.3f} over" if ok else f"missed, {bound - ratio:.3f} short")
 
 
-def _trial_ratios(port: dict, stock: dict, quantity: str, vary) -> list[float]:
-    """The port's ÷ stock's `quantity` trial by trial: each trial of a side named in `vary` ('the
-    port', 'stock'), the median of the other; both named: every pair of trials."""
-    a = (_per_trial(port, quantity) or [port[quantity]]) if "the port" in vary else [port[quantity]]
-    d = (_per_trial(stock, quantity) or [stock[quantity]]) if "stock" in vary else [stock[quantity]]
-    return [x / y for x in a for y in d]
-
-
 def _range_words(ratios: list[float], batch: int) -> str:
     """'0.805x to 0.950x, met with each' (or 'missed with each', 'met with some and missed with
     others'; no verdict where `batch` has no target)."""
-    ok = {_verdict(r, batch) for r in ratios}
+    ok = {target_met(r, batch) for r in ratios}
     verdict = ("" if None in ok else ", met with each" if ok == {True} else ", missed with each" if ok == {False}
                else ", met with some and missed with others")
     return f"{min(ratios):.3f}x to {max(ratios):.3f}x{verdict}"
@@ -688,7 +268,7 @@ def _trials_text(row: dict) -> str:
 
 
 def curve_target_lines(res: dict) -> list[str]:
-    """Sentences on one lease's batch curve, every figure from its rows (issue 25): which of
+    """Sentences on one lease's batch curve, every figure from its rows: which of
     `CURVE_TARGETS` the port ÷ stock ratio meets; per batch both rows' figures, their ratio against
     the target (met or missed, by how much), each side's trials in seconds, and where a side's
     slowest trial is over `TRIALS_NOTE` times its fastest, the ratio from each of its trials (against
@@ -697,13 +277,13 @@ def curve_target_lines(res: dict) -> list[str]:
     One lease at a time (a combined file's leases through `by_lease`)."""
     if is_combined(res):
         raise ValueError("curve_target_lines reads one lease: pass lease_results(res, lid), see by_lease")
-    pairs = _curve_pairs(res["rows"])
+    pairs = curve_pairs(res["rows"])
     if not pairs:
         return []
     ratios = {b: port[curve_quantity(b)] / stock[curve_quantity(b)] for b, port, stock in pairs}
-    verdicts = [f"{rollouts_text(b)} " + ("not measured" if b not in ratios else "met" if _verdict(ratios[b], b) else "missed")
+    verdicts = [f"{rollouts_text(b)} " + ("not measured" if b not in ratios else "met" if target_met(ratios[b], b) else "missed")
                 for b in CURVE_TARGETS]
-    met = sum(b in ratios and _verdict(ratios[b], b) for b in CURVE_TARGETS)
+    met = sum(b in ratios and target_met(ratios[b], b) for b in CURVE_TARGETS)
     lines = [f"Issue 25's targets, the port ÷ stock vLLM Llama in this lease: {met} of {len(CURVE_TARGETS)} met ("
              + ", ".join(verdicts) + ")."]
     for b, port, stock in pairs:
@@ -714,19 +294,19 @@ def curve_target_lines(res: dict) -> list[str]:
                 + ("One trial each, in" if len(port["trials_s"]) == len(stock["trials_s"]) == 1 else "Trials in")
                 + f" seconds (a trial: {rollouts_text(b)} x {port['frames']} frames): the port {_trials_text(port)}; stock {_trials_text(stock)}")
         sides = (("the port", port), ("stock", stock))
-        wide = [who for who, r in sides if _trial_spread(r) > TRIALS_NOTE]
+        wide = [who for who, r in sides if trial_spread(r) > TRIALS_NOTE]
         if wide:   # a side's trials disagree: the ratio from each of them against the other side's median
-            each = _trial_ratios(port, stock, q, vary=wide)
-            spread = "; ".join(f"{who}'s slowest {_trial_spread(r) - 1:.1%} over its fastest" for who, r in sides if who in wide)
+            each = trial_ratios(port, stock, q, vary=wide)
+            spread = "; ".join(f"{who}'s slowest {trial_spread(r) - 1:.1%} over its fastest" for who, r in sides if who in wide)
             whose = " and ".join(f"{w}'s" for w in wide)
             against = "against the other's median" if len(wide) == 1 else "against each other"
             line += f" ({spread}: from each of {whose} trials {against} the ratio is {_range_words(each, b)})"
-        elif b in CURVE_TARGETS and len({_verdict(r, b) for r in _trial_ratios(port, stock, q, ("the port", "stock"))}) > 1:
+        elif b in CURVE_TARGETS and len({target_met(r, b) for r in trial_ratios(port, stock, q, ("the port", "stock"))}) > 1:
             # trials that agree within TRIALS_NOTE, but the verdict still turns on which trial is taken
             line += (" (trial by trial, every trial of the port's against every one of stock's, the ratio is "
-                     f"{_range_words(_trial_ratios(port, stock, q, ('the port', 'stock')), b)})")
+                     f"{_range_words(trial_ratios(port, stock, q, ('the port', 'stock')), b)})")
         lines.append(line + ".")
-    best = {who: max((r for r in res["rows"] if _curve_engine(r["name"]) == engine and "tp" not in r),
+    best = {who: max((r for r in res["rows"] if curve_engine(r["name"]) == engine and "tp" not in r),
                      key=lambda r: r["frames_per_s"]) for who, engine in (("the port", "vllm"), ("stock", "stock_llama"))}
     lines.append("Most frames/s of each engine: " + ", ".join(
         f"{who} {r['frames_per_s']:.2f} at {rollouts_text(r['batch'])}" for who, r in best.items())
@@ -743,7 +323,7 @@ def curve_target_lines(res: dict) -> list[str]:
 
 
 def tp_lease_notes(res: dict) -> list[str]:
-    """Sentences on one lease's `bench tp` rows (issue 25), every figure from the rows: TP=2 ÷ TP=1
+    """Sentences on one lease's `bench tp` rows, every figure from the rows: TP=2 ÷ TP=1
     per batch and for prefill (`tp_ratios`), with each side's trials; whether prefill was served from
     the prefix cache; TP=2's greedy codes against TP=1's; and at 1 rollout, what TP=2 adds per code
     spread over the all-reduces of a decode step (two a layer: attention's output and the MLP's).
@@ -846,7 +426,7 @@ def _rows_table(res: dict, seed: bool) -> list[str]:
     """The lines of one lease's table; `seed`: the seed's two figures as its last rows."""
     hf = next((r["frames_per_s"] for r in res["rows"] if r["name"] == "hf"), None)
     ratio_col = seed or hf is not None   # a lease without an `hf` row: its ratios are listed under the table
-    lines = [f"| row | batch | frames per trial | s / frame (per rollout) | frames / s (all rollouts) |"
+    lines = ["| row | batch | frames per trial | s / frame (per rollout) | frames / s (all rollouts) |"
              + (f" {RATIO_LABEL} ({_hf_basis(res)}) |" if ratio_col else ""),
              "|---|---:|---:|---:|---:|" + ("---:|" if ratio_col else "")]
     for r in res["rows"]:
@@ -917,7 +497,11 @@ def readme_section(results: dict[str, dict]) -> str:
 
 
 PROFILE_START, PROFILE_END = "<!-- profile-findings:start -->", "<!-- profile-findings:end -->"
+
+
 PROFILE_FILES = ("profile_h200_port", "profile_h200_stock", "profile_h200_lean_port", "profile_h200_lean_stock")
+"""The committed profiles `profile_findings` quotes: the port's and stock's, before and after the port's
+decode step became one embedding gather."""
 
 
 def _section_s(profile: dict, label: str, phase: str | None = None) -> float:
@@ -971,7 +555,7 @@ def update_readme(readme: Path | None = None, results: dict[str, dict] | None = 
 
 def report_rows(res: dict) -> list[dict]:
     """The seed's two figures followed by a results file's rows, as plain dicts for
-    `results.record_result` (the report renders them as one table). `x_hf` is `RATIO_LABEL`: a
+    `terra_nb.workbook.results.record_result` (the report renders them as one table). `x_hf` is `RATIO_LABEL`: a
     row's frames/s ÷ its lease's HF row's (the seed's rows: ÷ the seed's HF). A combined file's rows
     also say their `lease`. Rows without frames (`bench tp`'s prefill rows) are left out."""
     s_hf = SEED_FIGURES["seed HF (11.03 s)"]
@@ -985,11 +569,6 @@ def report_rows(res: dict) -> list[dict]:
                         "x_hf": round(r["frames_per_s"] / hf["frames_per_s"], 2) if hf else None,
                         **({"lease": lid} if lid else {})})
     return out
-
-
-def load_sessions(results_dir: Path | None = None) -> dict[str, dict]:
-    """Committed session-vs-frame-loop results (issue 24): {file stem: results}, results/sessions_*.json."""
-    return load_results(results_dir, "sessions_*.json")
 
 
 def sessions_table(res: dict) -> str:
