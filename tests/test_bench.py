@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from terra_nb.bench import measure as bench_measure, report as bench_report, timing as bench_timing, workload as bench_workload
+from terra_nb.bench import (analysis as bench_analysis, measure as bench_measure, render as bench_render,
+                            results as bench_results, timing as bench_timing, workload as bench_workload)
 from terra_nb.port.vllm_rollout import RolloutStats
 
 
@@ -29,7 +30,7 @@ def test_merge_ratios_and_sources():
     a = _part([_row("hf", 1, 4, [36.0, 34.0])], "cmd a")
     b = _part([_row("vllm", 1, 22, [22.0, 24.2, 26.0]), _row("stock_llama", 1, 22, [22.0, 22.0, 22.0])], "cmd b")
     b["rows"][0]["prefix_cache_hit_rate"] = 0.99
-    res = bench_report.merge([a, b])
+    res = bench_results.merge([a, b])
     assert res["speedup_vs_hf"] == pytest.approx((35.0 / 4) / (24.2 / 22))
     assert res["ratios"]["vllm_vs_stock"] == pytest.approx(24.2 / 22.0)
     assert [r["part"] for r in res["rows"]] == [0, 1, 1] and res["rows"][0]["command"] == "cmd a"
@@ -44,46 +45,45 @@ def test_hit_rate_skips_first_step_and_weights_by_tokens():
 
 
 def test_readme_section_is_generated_from_results(tmp_path):
-    res = bench_report.merge([_part([_row("hf", 1, 4, [36.0]), _row("vllm", 1, 22, [22.0])])])
+    res = bench_results.merge([_part([_row("hf", 1, 4, [36.0]), _row("vllm", 1, 22, [22.0])])])
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{bench_report.README_START}\nstale\n{bench_report.README_END}\nend\n")
-    assert bench_report.update_readme(readme, {"benchmark_h200": res})
+    readme.write_text(f"intro\n{bench_render.README_START}\nstale\n{bench_render.README_END}\nend\n")
+    assert bench_render.update_readme(readme, {"benchmark_h200": res})
     text = readme.read_text()
     assert "stale" not in text and "| our port, CUDA graphs + prefix caching (default) | 1 | 22 | 1.000 |" in text
     assert "9.0x" in text and "11.03" in text
-    assert not bench_report.update_readme(readme, {"benchmark_h200": res})  # idempotent
+    assert not bench_render.update_readme(readme, {"benchmark_h200": res})  # idempotent
 
 
 def test_committed_readme_matches_committed_results():
     from terra_nb.workbook.paths import REPO
 
     text = (REPO / "README.md").read_text()
-    a = text.index(bench_report.README_START) + len(bench_report.README_START)
-    assert text[a:text.index(bench_report.README_END)].strip() == bench_report.readme_section(bench_report.load_results()).strip(), \
+    a = text.index(bench_render.README_START) + len(bench_render.README_START)
+    assert text[a:text.index(bench_render.README_END)].strip() == bench_render.readme_section(bench_results.load_results()).strip(), \
         "README's benchmark table is stale: run `python -m terra_nb.bench readme`"
 
 
 def test_readme_profile_findings_are_read_from_the_committed_profiles():
-    from terra_nb.bench import report as bench_report
     from terra_nb.workbook.paths import REPO
 
     text = (REPO / "README.md").read_text()
-    a = text.index(bench_report.PROFILE_START) + len(bench_report.PROFILE_START)
-    assert text[a:text.index(bench_report.PROFILE_END)].strip() == bench_report.profile_findings().strip(), \
+    a = text.index(bench_render.PROFILE_START) + len(bench_render.PROFILE_START)
+    assert text[a:text.index(bench_render.PROFILE_END)].strip() == bench_render.profile_findings().strip(), \
         "README's profile findings are stale: run `python -m terra_nb.bench readme`"
     # on hand-made profiles: the figures are the sections' seconds (or the phase's) in ms
     def prof(front_proc, decode1):
         return {"env": {"git_commit": "abc"}, "sections": [
             {"label": "front end: 32 requests, 1 token", "wall_s": 1.0, "phases": {"our_processor": front_proc}},
             {"label": "decode: 1 x 64 tokens", "wall_s": decode1, "phases": {}}]}
-    made = dict(zip(bench_report.PROFILE_FILES, (prof(0.00123, 0.2), prof(0.0, 0.1), prof(0.0, 0.0305), prof(0.0, 0.03))))
-    body = bench_report.profile_findings(made)
+    made = dict(zip(bench_render.PROFILE_FILES, (prof(0.00123, 0.2), prof(0.0, 0.1), prof(0.0, 0.0305), prof(0.0, 0.03))))
+    body = bench_render.profile_findings(made)
     assert "1.2 ms for 32 requests" in body and "200.0 ms vs stock's 100.0 ms" in body
     assert "30.5 ms vs 30.0 ms" in body and "`env.git_commit`, abc," in body
 
 
 def test_committed_results_have_the_required_fields():
-    results = bench_report.load_results()
+    results = bench_results.load_results()
     assert set(results) == {"benchmark_h200"}, "a results file was added or lost: say so here"
     for stem, res in results.items():
         assert {"device", "leases", "rows", "ratios"} <= res.keys(), stem
@@ -110,14 +110,14 @@ def test_row_names_include_the_batch_curve():
     assert bench_workload.curve_rows("vllm", (1, 8, 64)) == ["vllm", "vllm_b8", "vllm_b64"]
     assert bench_workload.engine_groups(["vllm_b64", "hf", "stock_llama_b128", "vllm"]) == [
         ["hf", "vllm", "vllm_b64"], ["stock_llama_b128"]]
-    assert bench_report.row_label("vllm_b64") == "our port, 64 rollouts at once"
-    assert bench_report.row_label("stock_llama_b128") == "stock vLLM Llama, 128 rollouts at once"
+    assert bench_render.row_label("vllm_b64") == "our port, 64 rollouts at once"
+    assert bench_render.row_label("stock_llama_b128") == "stock vLLM Llama, 128 rollouts at once"
 
 
 def test_merge_builds_the_throughput_curve():
     rows = [_row("vllm", 1, 22, [22.0]), _row("vllm_b64", 64, 22, [44.0]), _row("stock_llama", 1, 22, [20.0]),
             _row("stock_llama_b64", 64, 22, [40.0]), _row("stock_llama_b128", 128, 22, [60.0])]
-    curve = {c["batch"]: c for c in bench_report.merge([_part(rows)])["curve"]}
+    curve = {c["batch"]: c for c in bench_results.merge([_part(rows)])["curve"]}
     assert curve[64]["port_frames_per_s"] == pytest.approx(32.0) and curve[64]["stock_frames_per_s"] == pytest.approx(35.2)
     assert curve[64]["port_vs_stock"] == pytest.approx(32.0 / 35.2, abs=1e-3)
     assert curve[1]["port_vs_stock"] == pytest.approx(20 / 22, abs=1e-3)
@@ -129,10 +129,10 @@ def test_session_rows_join_the_curve_against_stocks_frame_loop():
     assert bench_workload.engine_groups(["session_b8", "stock_llama", "session"]) == [["stock_llama"], ["session", "session_b8"]]
     rows = [dict(name="stock_llama_b128", batch=128, frames_per_s=23.4), dict(name="session_b128", batch=128, frames_per_s=31.0),
             dict(name="session", batch=1, frames_per_s=0.7), dict(name="vllm_tp2", batch=1, frames_per_s=0.6, tp=2)]
-    curve = {c["batch"]: c for c in bench_report.throughput_curve(rows)}
+    curve = {c["batch"]: c for c in bench_analysis.throughput_curve(rows)}
     assert curve[128]["session_vs_stock"] == pytest.approx(31.0 / 23.4, abs=1e-3)
     assert curve[1]["session_frames_per_s"] == 0.7 and curve[1]["session_vs_stock"] is None
-    assert bench_report.row_label("session_b64") == "our port, one session per rollout, 64 rollouts at once"
+    assert bench_render.row_label("session_b64") == "our port, one session per rollout, 64 rollouts at once"
 
 
 def test_merge_puts_the_memory_floor_beside_each_batch_of_the_curve():
@@ -142,20 +142,21 @@ def test_merge_puts_the_memory_floor_beside_each_batch_of_the_curve():
     rows = [_row("stock_llama", 1, 22, [33.0]), _row("stock_llama_b128", 128, 22, [146.0]), _row("session_b128", 128, 22, [140.0])]
     part = _part(rows)
     part["workload"].update(preset="terra", long_frames=22)
-    curve = {c["batch"]: c for c in bench_report.merge([part])["curve"]}
+    curve = {c["batch"]: c for c in bench_results.merge([part])["curve"]}
     floor = floor_frames_per_s(preset_config("terra"), 128, 3, 22, "NVIDIA H200")
     assert curve[128]["floor_frames_per_s"] == pytest.approx(floor, abs=1e-3)
     assert curve[128]["stock_of_floor"] == pytest.approx(128 * 22 / 146.0 / floor, abs=1e-3)
     assert curve[128]["session_of_floor"] == pytest.approx(128 * 22 / 140.0 / floor, abs=1e-3)
     assert "port_of_floor" not in curve[128] and curve[1]["stock_of_floor"] < curve[128]["stock_of_floor"]
     # no preset, or a device without a bandwidth on record: the curve as it was
-    assert "floor_frames_per_s" not in bench_report.merge([_part(rows)])["curve"][0]
+    assert "floor_frames_per_s" not in bench_results.merge([_part(rows)])["curve"][0]
 
 
 def test_committed_session_results_compare_like_with_like_and_render_their_curve():
     """results/sessions_*.json: every ratio's two rows from one commit, with the engine core in the same
     place; notebook 11's table shows the curve's own figures."""
-    from terra_nb.bench.report import load_sessions, sessions_table
+    from terra_nb.bench.render import sessions_table
+    from terra_nb.bench.results import load_sessions
 
     committed = load_sessions()
     assert committed
@@ -170,7 +171,8 @@ def test_committed_session_results_compare_like_with_like_and_render_their_curve
             assert f"| {c['batch']} | {c['stock_frames_per_s']:.2f} | {c['session_frames_per_s']:.2f} | {c['session_vs_stock']:.3f} |" in table
             assert c["session_vs_stock"] == pytest.approx(c["session_frames_per_s"] / c["stock_frames_per_s"], abs=1e-3)
         assert res["commit"] in table and res["device"] in table
-        from terra_nb.bench.report import overhead_ceiling, steps_table
+        from terra_nb.bench.analysis import overhead_ceiling
+        from terra_nb.bench.render import steps_table
 
         steps = steps_table(res)
         for batch, profiles in (res.get("step_profiles") or {}).items():
@@ -181,7 +183,7 @@ def test_committed_session_results_compare_like_with_like_and_render_their_curve
 
 def test_seed_setting_lines_and_plot_read_the_seed_rows():
     """Issue 25's explanation, computed from the seed rows (figures made up here, ratios by hand)."""
-    from terra_nb.bench.report import seed_setting_lines
+    from terra_nb.bench.render import seed_setting_lines
     from terra_nb.workbook.viz import seed_frames_plot
 
     prof = lambda decode, overhead: dict(decode_step_ms=decode, overhead_ms=overhead,  # noqa: E731
@@ -236,10 +238,11 @@ def test_committed_seed_results_name_their_lease_and_render_in_notebook_07():
     """The seed setting's leases (issue 25) in results/benchmark_*.json: one commit and one lease each,
     both sides of the ratio in that lease, and seed_section quotes the lease's own figures and notes
     under its id and commit."""
-    from terra_nb.bench.report import by_lease, seed_section
+    from terra_nb.bench.render import seed_section
+    from terra_nb.bench.results import by_lease
 
     seen = 0
-    for stem, res in bench_report.load_results().items():
+    for stem, res in bench_results.load_results().items():
         text = seed_section(stem, res)
         for lid, lease in by_lease(res):
             by = {r["name"]: r for r in lease["rows"]}

@@ -1,11 +1,12 @@
-"""One results file from several leases (issue 25): `bench_report.combine` keeps every row with its
+"""One results file from several leases (issue 25): `bench_results.combine` keeps every row with its
 lease, computes each ratio only between two rows of one lease, and the renderers group by lease."""
 import json
 
 import pytest
 
-from terra_nb.bench import cli as bench_cli, report as bench_report, timing as bench_timing
-from terra_nb.bench.report import by_lease, combine, ratio_entries, seed_section, seed_setting_lines
+from terra_nb.bench import cli as bench_cli, render as bench_render, results as bench_results, timing as bench_timing
+from terra_nb.bench.render import seed_section, seed_setting_lines
+from terra_nb.bench.results import by_lease, combine, ratio_entries
 
 
 def _lease(rows, commit, lease, device="NVIDIA H200", date="2026-11-27 10:00 UTC"):
@@ -14,7 +15,7 @@ def _lease(rows, commit, lease, device="NVIDIA H200", date="2026-11-27 10:00 UTC
                git_commit=commit)
     part = dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16", command=f"run {lease}",
                 rows=rows, errors=[])
-    return dict(bench_report.merge([part]), lease=lease, notes=[f"note of {lease}"])
+    return dict(bench_results.merge([part]), lease=lease, notes=[f"note of {lease}"])
 
 
 def _row(name, batch, frames, trials, **extra):
@@ -76,7 +77,7 @@ def test_a_ratio_whose_rows_sit_in_two_leases_is_not_computed():
     hf = _lease([_row("hf_seed", 1, 22, [88.0])], "c2", "lease two")
     res = combine({"one": eager, "two": hf})
     assert res["ratios"] == [] and {r["lease"] for r in res["rows"]} == {"one", "two"}
-    assert "seed_setting_vs_hf" not in bench_report.results_table(res)
+    assert "seed_setting_vs_hf" not in bench_render.results_table(res)
     # the same two rows in one lease: computed
     both = combine({"one": _lease(eager["rows"] + hf["rows"], "c1", "lease one")})
     assert [e["name"] for e in both["ratios"]] == ["seed_setting_vs_hf"] and both["ratios"][0]["value"] == 2.0
@@ -93,12 +94,12 @@ def test_combine_refuses_leases_of_other_devices_and_twice_named_rows(tmp_path):
         paths.append(tmp_path / f"{lid}.json")
         paths[-1].write_text(json.dumps(res))
     with pytest.raises(ValueError, match=r"h100\.json: NVIDIA H100"):
-        bench_report.combine_files(paths)
+        bench_results.combine_files(paths)
     other = tmp_path / "again"
     other.mkdir()
     (other / "h200_seed.json").write_text(json.dumps(leases["h200_seed"]))
     with pytest.raises(ValueError, match="share a stem"):
-        bench_report.combine_files(paths[:2] + [other / "h200_seed.json"])
+        bench_results.combine_files(paths[:2] + [other / "h200_seed.json"])
     twice = _lease([_row("vllm", 1, 22, [22.0])], "c4", "twice")
     twice["rows"].append(dict(twice["rows"][0]))
     with pytest.raises(ValueError, match="row name twice"):
@@ -118,19 +119,19 @@ def test_the_combine_command_names_leases_by_their_files_stems(tmp_path):
     res = json.loads(out.read_text())
     assert list(res["leases"]) == ["h200_curve_2026-11-27", "h200_seed_2026-11-27"]
     assert [res["leases"][lid]["file"] for lid in res["leases"]] == [str(p) for p in paths]
-    assert res == json.loads(json.dumps(bench_report.combine_files(paths)))
+    assert res == json.loads(json.dumps(bench_results.combine_files(paths)))
     assert res["combined_by"].startswith("python -m terra_nb.bench combine ")
 
 
 def test_renderers_group_the_combined_file_by_lease():
     res = combine(_two_leases())
-    table = bench_report.results_table(res)
+    table = bench_render.results_table(res)
     curve_at, seed_at = table.index("**Lease `h200_curve`**: Commit aaa1111; curve lease."), table.index(
         "**Lease `h200_seed`**: Commit bbb2222; seed lease.")
     assert table.index("seed: HF (GPU not stated)") < curve_at < seed_at
     curve_block, seed_block = table[curve_at:seed_at], table[seed_at:]
     # the repeated row: each lease's own figure under its own heading
-    label = bench_report.row_label("hf_seed")
+    label = bench_render.row_label("hf_seed")
     assert f"| {label} | 1 | 22 | 4.000 |" in curve_block and f"| {label} | 1 | 22 | 6.000 |" in seed_block
     assert "`vllm_vs_stock` = **1.100x**: s/frame of the port (defaults) ÷ s/frame of stock vLLM Llama" in curve_block
     assert "`vllm_vs_stock`" not in seed_block and "`seed_setting_vs_hf` = **3.000x**" in seed_block
@@ -138,10 +139,10 @@ def test_renderers_group_the_combined_file_by_lease():
     assert "`hf_seed`'s trials disagree (3.00x slowest ÷ fastest): 1.500x to 4.500x" in seed_block
     assert "note of seed lease" in seed_block and "note of seed lease" not in curve_block
     assert "temperatures 0.9, 1.0 (per row)" in curve_block and "temperatures 0.9, 1.0 (per row)" in seed_block
-    readme = bench_report.readme_section({"benchmark_h200": res})
+    readme = bench_render.readme_section({"benchmark_h200": res})
     assert readme.startswith("`results/benchmark_h200.json` (NVIDIA H200; 2 leases") and table in readme
     # report rows: each with its lease, x_hf against its own lease's HF row (none here)
-    rows = bench_report.report_rows(res)
+    rows = bench_render.report_rows(res)
     assert [(r["row"], r.get("lease")) for r in rows if r["row"] == "hf_seed"] == [("hf_seed", "h200_curve"), ("hf_seed", "h200_seed")]
 
 
@@ -184,11 +185,11 @@ def test_ratio_entries_of_one_leases_file_equal_the_combined_files():
 def test_the_committed_results_file_combines_its_lease_files():
     """results/benchmark_h200.json: every row's lease is one of its leases, every ratio divides two
     rows of its own lease, and the file is what `combine` makes of the lease files it names."""
-    (res,) = bench_report.load_results().values()
-    assert bench_report.is_combined(res) and res["leases"]
+    (res,) = bench_results.load_results().values()
+    assert bench_results.is_combined(res) and res["leases"]
     for lid, meta in res["leases"].items():
         assert meta["commit"] and meta["lease"] and meta["file"].startswith("results/"), lid
-        assert bench_report.lease_id(meta["file"]) == lid
+        assert bench_results.lease_id(meta["file"]) == lid
     assert {r["lease"] for r in res["rows"]} <= set(res["leases"])
     assert all(r["commit"] == res["leases"][r["lease"]]["commit"] for r in res["rows"])
     for e in res["ratios"]:
@@ -196,7 +197,7 @@ def test_the_committed_results_file_combines_its_lease_files():
         assert {e["numerator"], e["denominator"]} <= rows.keys(), e
         assert e["value"] == pytest.approx(rows[e["numerator"]][e["quantity"]] / rows[e["denominator"]][e["quantity"]])
         assert e["commit"] == res["leases"][e["lease"]]["commit"]
-    assert res == json.loads(json.dumps(bench_report.recombine(res))), \
+    assert res == json.loads(json.dumps(bench_results.recombine(res))), \
         "results/benchmark_h200.json is stale: rerun its `combined_by` command"
     # results/leases/ lists the leases (a replaced lease moves to results/raw/): the file combines
     # exactly those, in the order `combine results/leases/*.json` gives
@@ -216,7 +217,7 @@ def test_seed_lease_notes_are_computed_from_rows_earlier_lease_and_probe():
     import json
     from pathlib import Path
 
-    from terra_nb.bench.report import seed_lease_notes
+    from terra_nb.bench.render import seed_lease_notes
 
     now = dict(rows=[dict(name="hf_seed_flash", temperature=1.0, trials_s=[100.0, 110.0], device_allocs=[7, 0]),
                      dict(name="vllm_seed", temperature=1.0, s_per_frame=3.0)])

@@ -1,11 +1,11 @@
-"""Issue 25's curve targets: `bench_report.curve_target_lines` on hand-made rows, the notes `merge
+"""Issue 25's curve targets: `bench_render.curve_target_lines` on hand-made rows, the notes `merge
 --curve-notes` writes from them, and the committed curve lease's notes against its rows."""
 import json
 
 import pytest
 
-from terra_nb.bench import cli as bench_cli, report as bench_report, timing as bench_timing
-from terra_nb.bench.report import curve_target_lines, parts_workload_line
+from terra_nb.bench import cli as bench_cli, results as bench_results, timing as bench_timing
+from terra_nb.bench.render import curve_target_lines, parts_workload_line
 
 
 def _part(rows, command="run", **env):
@@ -33,7 +33,7 @@ def _curve():
 
 
 def test_curve_target_lines_compute_each_batch_against_the_targets():
-    res = bench_report.merge(list(_curve()))
+    res = bench_results.merge(list(_curve()))
     lines = curve_target_lines(res)
     assert lines[0] == ("Issue 25's targets, the port ÷ stock vLLM Llama in this lease: 1 of 3 met "
                         "(1 rollout met, 32 rollouts missed, 128 rollouts missed).")
@@ -54,7 +54,7 @@ def test_curve_target_lines_compute_each_batch_against_the_targets():
     assert "the port 2.500 ms per code, stock 2.000 (1.25x); a frame 1.500 s vs 1.000 s (1.50x), where the " \
            "rollouts' s/frame gave 0.880x" in probe
     # every ratio is the lease's own ratio entry (the same quantity divided)
-    entries = {e["name"]: e["value"] for e in bench_report.ratio_entries(res)}
+    entries = {e["name"]: e["value"] for e in bench_results.ratio_entries(res)}
     assert f"{entries['vllm_vs_stock']:.3f}x" in one and f"{entries['port_vs_stock_b32']:.3f}x" in b32
 
 
@@ -62,12 +62,12 @@ def test_curve_target_lines_say_when_the_verdict_turns_on_a_trial_and_skip_lease
     port, stock = _curve()
     # at 32: the port's trials 4% apart (within TRIALS_NOTE), yet one of them meets 0.95x and the other not
     port["rows"][2] = _row("vllm_b32", 32, [92.0, 95.8])
-    line = curve_target_lines(bench_report.merge([port, stock]))[3]
+    line = curve_target_lines(bench_results.merge([port, stock]))[3]
     assert "(trial by trial, every trial of the port's against every one of stock's, the ratio is 0.922x to " \
            "0.960x, met with some and missed with others)" in line
-    assert curve_target_lines(bench_report.merge([_part([_row("hf_seed", 1, [88.0])])])) == []
+    assert curve_target_lines(bench_results.merge([_part([_row("hf_seed", 1, [88.0])])])) == []
     with pytest.raises(ValueError, match="one lease"):
-        curve_target_lines(bench_report.combine({"a": bench_report.merge([port, stock])}))
+        curve_target_lines(bench_results.combine({"a": bench_results.merge([port, stock])}))
 
 
 def test_parts_workload_line_states_the_shared_workload_and_refuses_parts_that_differ():
@@ -101,9 +101,9 @@ def test_merge_curve_notes_and_commit(tmp_path):
 def test_the_committed_curve_leases_notes_are_their_rows_target_lines():
     """Every lease of results/benchmark_h200.json with a port and a stock row of one batch carries
     `curve_target_lines` of its rows, in order, among its notes (so they cannot drift from its rows)."""
-    (res,) = bench_report.load_results().values()
+    (res,) = bench_results.load_results().values()
     seen = 0
-    for lid, lease in bench_report.by_lease(res):
+    for lid, lease in bench_results.by_lease(res):
         lines = curve_target_lines(lease)
         if not lines:
             continue

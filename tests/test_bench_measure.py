@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from terra_nb.bench import measure as bench_measure, report as bench_report, timing as bench_timing, workload as bench_workload
+from terra_nb.bench import (measure as bench_measure, render as bench_render, results as bench_results, runner as bench_runner,
+                            timing as bench_timing, workload as bench_workload)
 
 
 def test_engine_groups_one_process_per_engine():
@@ -20,12 +21,12 @@ def test_engine_groups_one_process_per_engine():
 
 def test_measure_runs_the_cli_in_a_subprocess_and_merges(tmp_path):
     wl = bench_workload.Workload(preset="tiny", short_frames=1, short_repeats=1)
-    res = bench_measure.measure(["hf"], wl, tmp_path / "ckpt", tmp_path / "parts", timeout=600)
+    res = bench_runner.measure(["hf"], wl, tmp_path / "ckpt", tmp_path / "parts", timeout=600)
     (row,) = res["rows"]
     assert row["name"] == "hf" and row["frames"] == 1 and row["repeats"] == 1 and row["s_per_frame"] > 0
     assert res["workload"]["preset"] == "tiny" and res["errors"] == [] and "--short-frames 1" in row["command"]
     assert (tmp_path / "ckpt" / "tiny_v1" / "config.json").exists()
-    assert "| HF `generate` + KV cache" in bench_report.results_table(res)
+    assert "| HF `generate` + KV cache" in bench_render.results_table(res)
 
 
 def test_workload_for_presets():
@@ -38,11 +39,11 @@ def test_workload_for_presets():
 
 def test_report_rows_put_the_seed_first():
     res = {"rows": [bench_timing.trial_row("hf", 1, 4, [36.0]), bench_timing.trial_row("vllm_b8", 8, 22, [22.0])]}
-    rows = bench_report.report_rows(res)
+    rows = bench_render.report_rows(res)
     assert [r["row"] for r in rows[:2]] == list(bench_workload.SEED_FIGURES)
     assert rows[1]["x_hf"] == round(11.03 / 4.25, 2)
     assert rows[2]["x_hf"] == 1.0 and rows[3]["x_hf"] == round(8.0 / (4 / 36.0), 2)
-    assert bench_report.report_rows({"rows": []})[0]["s_per_frame"] == 11.03
+    assert bench_render.report_rows({"rows": []})[0]["s_per_frame"] == 11.03
 
 
 def test_seed_rows_are_their_own_engines():
@@ -56,7 +57,8 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     """HF and the port on the seed's workload (one call per frame, temperature 1.0), the port with
     the seed's engine settings as the engine reports them; HF's static cache + torch.compile path
     measures (a cache of one round, passed explicitly)."""
-    from terra_nb.bench.measure import HF_STATIC_NEEDS, run
+    from terra_nb.bench.measure import HF_STATIC_NEEDS
+    from terra_nb.bench.runner import run
 
     wl = bench_workload.Workload(preset="tiny", long_frames=2, long_repeats=1)
     res = run(["hf_static", "hf_seed", "vllm_seed"], wl, tmp_path / "ckpt", steps=bench_measure.StepSpec((1,), 2))
@@ -81,7 +83,7 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     assert not [e for e in res["errors"] if e["group"] == "hf_static"], (res["errors"], HF_STATIC_NEEDS)
     assert by["hf_static"]["engine"] == {"cache": "static", "compile": True, "compile_mode": "reduce-overhead", "cache_len": 25 * 70}
     assert len(by["hf_static"]["frame_s"]) == 2 and by["hf_static"]["warmup_s"] > 0
-    merged = bench_report.merge([res])
+    merged = bench_results.merge([res])
     assert merged["ratios"]["seed_setting_vs_hf"] == by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
 
 
@@ -118,7 +120,8 @@ def test_hf_seed_flash_keeps_cudnn_out_and_draws_hf_seeds_tokens(tmp_path):
     from terra_nb.port.layout import FrameLayout
     from terra_nb.port.rollout import SamplingConfig
     from terra_nb.bench.engines import load_hf
-    from terra_nb.bench.measure import HF_FLASH_BACKENDS, run, seed_video
+    from terra_nb.bench.measure import HF_FLASH_BACKENDS, seed_video
+    from terra_nb.bench.runner import run
     from terra_nb.bench.timing import sdpa_backends
     from terra_nb.bench.workload import checkpoint
     from terra_nb.workbook.data import load_sample

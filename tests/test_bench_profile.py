@@ -76,11 +76,11 @@ def test_compare_and_digest(profiles):
 
 
 def test_merge_keeps_a_profile_digest(parts):
-    from terra_nb.bench import report as bench_report
+    from terra_nb.bench import results as bench_results
 
     port, stock_part = parts
     port_part = dict(stock_part, rows=[], profile=port)
-    res = bench_report.merge([port_part, stock_part])
+    res = bench_results.merge([port_part, stock_part])
     digest = res["profile"]
     assert set(digest) == {"port", "stock", "port_vs_stock"}
     assert [s["label"] for s in digest["stock"]["sections"]][0] == "front end: 2 requests, 1 token"

@@ -10,8 +10,10 @@ import pytest
 
 import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
-from terra_nb.bench import cli as bench_cli, engines as bench_engines, report as bench_report, timing as bench_timing, workload as bench_workload
-from terra_nb.bench.measure import greedy_vs_ref, tensor_parallel
+from terra_nb.bench import (analysis as bench_analysis, cli as bench_cli, engines as bench_engines, render as bench_render,
+                            results as bench_results, timing as bench_timing, workload as bench_workload)
+from terra_nb.bench.measure import greedy_vs_ref
+from terra_nb.bench.runner import tensor_parallel
 
 EAGER = {"enforce_eager": True}
 """The CPU engine runs eager here: torch.compile would add ~15 s per engine, and the rows' bookkeeping
@@ -103,13 +105,13 @@ def test_tp_row_names_parse_and_stay_off_the_curve():
     assert [bench_workload.tp_row_parts(n) for n in ("vllm", "vllm_b8", "vllm_tp0", "vllm_tp2_b0", "vllm_tp2_decode")] == [None] * 5
     with pytest.raises(ValueError, match="unknown row"):
         bench_workload.row_batch("vllm_tp2_b32")
-    assert bench_report.row_label("vllm_tp2_b32") == "our port at TP=2, 32 rollouts at once"
-    assert bench_report.row_label("vllm_tp1_prefill") == "our port at TP=1, prefill of long prompts"
+    assert bench_render.row_label("vllm_tp2_b32") == "our port at TP=2, 32 rollouts at once"
+    assert bench_render.row_label("vllm_tp1_prefill") == "our port at TP=1, prefill of long prompts"
 
 
 def test_lease_ratios_divide_tp2_by_tp1_where_both_ran():
     rows = _tp_rows()
-    ratios = {r.name: r for r in bench_report.lease_ratios(rows)}
+    ratios = {r.name: r for r in bench_analysis.lease_ratios(rows)}
     assert list(ratios) == ["tp2_vs_tp1_b1", "tp2_vs_tp1_b32", "tp2_vs_tp1_prefill"]   # no TP=2 row at 128
     by = {r["name"]: r for r in rows}
     assert ratios["tp2_vs_tp1_b1"].value(by) == pytest.approx(22.0 / 20.0)
@@ -122,8 +124,8 @@ def test_lease_ratios_divide_tp2_by_tp1_where_both_ran():
         "prompt tokens prefilled/s (all prompts) of the port at TP=2, prefill of long prompts "
         "÷ prompt tokens/s of the port at TP=1, prefill of long prompts")
     # one side missing: no ratio
-    assert bench_report.lease_ratios([r for r in rows if r["name"] != "vllm_tp1_prefill"])[-1].name == "tp2_vs_tp1_b32"
-    assert bench_report.lease_ratios([r for r in rows if r["tp"] == 1]) == []
+    assert bench_analysis.lease_ratios([r for r in rows if r["name"] != "vllm_tp1_prefill"])[-1].name == "tp2_vs_tp1_b32"
+    assert bench_analysis.lease_ratios([r for r in rows if r["tp"] == 1]) == []
 
 
 def test_a_lease_of_tp_rows_and_curve_rows_combines_and_renders():
@@ -131,9 +133,9 @@ def test_a_lease_of_tp_rows_and_curve_rows_combines_and_renders():
                date="2026-11-29 10:00 UTC", git_commit="ccc3333")
     curve = [bench_timing.trial_row("vllm", 1, 22, [22.0]), bench_timing.trial_row("stock_llama", 1, 22, [20.0]),
              bench_timing.trial_row("vllm_b32", 32, 22, [40.0]), bench_timing.trial_row("stock_llama_b32", 32, 22, [38.0])]
-    lease = bench_report.merge([dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16",
+    lease = bench_results.merge([dict(env=env, workload={"n_ctx": 3, "temperature": 0.9}, dtype="torch.bfloat16",
                               command="bench tp", rows=curve + _tp_rows(), errors=[])])
-    res = bench_report.combine({"h200_tp": dict(lease, lease="TP lease")})
+    res = bench_results.combine({"h200_tp": dict(lease, lease="TP lease")})
     ratios = {e["name"]: e for e in res["ratios"]}
     assert {"vllm_vs_stock", "port_vs_stock_b32", "tp2_vs_tp1_b1", "tp2_vs_tp1_b32", "tp2_vs_tp1_prefill"} == set(ratios)
     # the curve is the port's and stock's alone
@@ -144,13 +146,13 @@ def test_a_lease_of_tp_rows_and_curve_rows_combines_and_renders():
     pre = ratios["tp2_vs_tp1_prefill"]
     assert pre["quantity"] == "prefill_tokens_per_s" and pre["frames"] == [None, None]
     assert pre["trials_of"] == "vllm_tp2_prefill" and pre["trials_range"] == pytest.approx([2.1 / 1.2, 2.1 / 1.0])
-    table = bench_report.results_table(res)
+    table = bench_render.results_table(res)
     assert "| our port at TP=2, 32 rollouts at once | 32 | 22 |" in table
     assert "| our port at TP=2, prefill of long prompts: 8 prompts of 13968 tokens, 101585 prompt tokens/s |" in table
     assert "`tp2_vs_tp1_prefill` = **1.909x**: prompt tokens prefilled/s" in table
-    assert "results/benchmark_h200.json" in bench_report.readme_section({"benchmark_h200": res})
-    assert "vllm_tp2_prefill" not in [r["row"] for r in bench_report.report_rows(res)]
-    assert "vllm_tp2_b32" in [r["row"] for r in bench_report.report_rows(res)]
+    assert "results/benchmark_h200.json" in bench_render.readme_section({"benchmark_h200": res})
+    assert "vllm_tp2_prefill" not in [r["row"] for r in bench_render.report_rows(res)]
+    assert "vllm_tp2_b32" in [r["row"] for r in bench_render.report_rows(res)]
     json.dumps(res, allow_nan=False)
 
 
@@ -181,7 +183,7 @@ def test_tp_lease_notes_quote_the_rows(tmp_path):
     per code over Terra's 44 all-reduces a step."""
     rows = _with_greedy(_tp_rows())
     parts = [_tp_part(1, [r for r in rows if r["tp"] == 1]), _tp_part(2, [r for r in rows if r["tp"] == 2])]
-    lines = bench_report.tp_lease_notes(bench_report.merge(parts))
+    lines = bench_render.tp_lease_notes(bench_results.merge(parts))
     assert lines[0] == ("1 rollout: TP=2 1.10 frames/s, TP=1 1.00: 1.100x (frames/s at TP=2 ÷ TP=1's; TP=2 pays). "
                         "Trials in seconds (a trial: 1 rollout x 22 frames): TP=2 20.00, 20.00; TP=1 22.00, 22.00.")
     assert lines[1].startswith("32 rollouts: TP=2 16.00 frames/s, TP=1 16.00: 1.000x") and "TP=2 costs" in lines[1]
@@ -194,7 +196,7 @@ def test_tp_lease_notes_quote_the_rows(tmp_path):
     # TP=2 slower at 1 rollout: its extra time per code, and the all-reduces of Terra's 22 layers
     per_frame = {"vllm_tp2": 2.0 * 576 / 1000, "vllm_tp1": 1.5 * 576 / 1000}   # 2.0 and 1.5 ms per code
     slow = [dict(r, s_per_frame=per_frame[r["name"]]) if r["name"] in per_frame else r for r in rows]
-    why = bench_report.tp_lease_notes(bench_report.merge([_tp_part(1, [r for r in slow if r["tp"] == 1]),
+    why = bench_render.tp_lease_notes(bench_results.merge([_tp_part(1, [r for r in slow if r["tp"] == 1]),
                                                    _tp_part(2, [r for r in slow if r["tp"] == 2])]))[-1]
     assert why.startswith("Why not at 1 rollout: TP=2 takes 0.50 ms more per code (2.00 vs 1.50 ms)")
     assert "at least 44 all-reduces (22 layers" in why
@@ -208,9 +210,9 @@ def test_tp_lease_notes_quote_the_rows(tmp_path):
     assert notes[1:] == lines and "tensor_parallel_size by part: 1, 2" in notes[0]
     other = dict(parts[1], dtype="torch.float32")
     with pytest.raises(ValueError, match="different settings"):
-        bench_report.parts_workload_line([parts[0], other], may_differ=("tensor_parallel_size",))
+        bench_render.parts_workload_line([parts[0], other], may_differ=("tensor_parallel_size",))
     with pytest.raises(ValueError, match="different settings"):   # without may_differ, TP sizes differ too
-        bench_report.parts_workload_line(parts)
+        bench_render.parts_workload_line(parts)
 
 
 def test_tp_ratio_plot_draws_a_bar_per_ratio():
@@ -227,10 +229,10 @@ def test_tp_ratio_plot_draws_a_bar_per_ratio():
 def test_the_committed_tp_leases_notes_are_their_rows_lines():
     """Every lease of results/benchmark_h200.json with TP=1 and TP=2 rows carries `tp_lease_notes` of
     its rows, in order, and its TP=2 greedy codes were compared with TP=1's of the same lease."""
-    (res,) = bench_report.load_results().values()
+    (res,) = bench_results.load_results().values()
     seen = []
-    for lid, lease in bench_report.by_lease(res):
-        lines = bench_report.tp_lease_notes(lease)
+    for lid, lease in bench_results.by_lease(res):
+        lines = bench_render.tp_lease_notes(lease)
         if not lines:
             continue
         seen.append(lid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from terra_nb.bench import step_profile as sp
-from terra_nb.bench.report import step_digest
+from terra_nb.bench.analysis import step_digest
 
 
 def test_session_frames_split_each_stream_into_gap_and_decode():
@@ -57,7 +57,8 @@ def test_step_digest_sets_the_session_against_stocks_frame_loop():
 
 
 def test_steps_table_shows_each_engines_split_and_its_ceiling():
-    from terra_nb.bench.report import overhead_ceiling, steps_table
+    from terra_nb.bench.analysis import overhead_ceiling
+    from terra_nb.bench.render import steps_table
 
     loop = dict(mode="frame loop", batch=128, wall_ms=3500.0, decode_step_ms=5.6, overhead_ms=280.0, overhead_share=0.08)
     sess = dict(mode="session", batch=128, wall_ms=3400.0, decode_step_ms=5.7, overhead_ms=119.5, overhead_share=0.035,

