@@ -145,7 +145,7 @@ case "$1" in
     rc=$?; grep -v -E "^USDT|it/s\]$" "$OUT/log_hf_probe.txt" | tail -40; exit $rc ;;
   # Lease 2 of 2026-11-26, one row per part (each its own process, so HF's cuDNN plans start cold):
   # `bg seed_static seed_defaults seed_flash seed_eager`. seed_flash: HF with cuDNN attention off
-  # (bench_measure.HF_FLASH_BACKENDS), since hf_probe found cuDNN's per-key-length plans behind HF's slow first video.
+  # (bench/measure.py, HF_FLASH_BACKENDS), since hf_probe found cuDNN's per-key-length plans behind HF's slow first video.
   seed_static) args=(run --rows hf_static --long-repeats "${REPEATS:-2}" --deadline-s 60) ;;
   seed_defaults) args=(run --rows vllm_seed_defaults --long-repeats 2 --deadline-s 60) ;;
   seed_flash) args=(run --rows hf_seed_flash --long-repeats 2 --deadline-s 60) ;;

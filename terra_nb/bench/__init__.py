@@ -8,8 +8,12 @@ One job a module; imports flow down this list, never up (tests/test_bench_import
 - `workload`: rows, workloads, checkpoints.  `profiling`, `step_profile`, `roofline`: measuring
   tools and the memory floor.  `timing`: the synchronised clock, rows of trials, `Progress`.
 - `engines`: building and ending each engine.  `hf_probe`: HF's decode step at new vs seen lengths.
-- `report`: merging parts into lease files and rendering their tables and notes.
-- `measure`: the row-by-row measurements (one engine per process, all its trials in turn).
+- `measure`: the row-by-row measurements in this process (each engine's rows, all its trials in turn).
+- `analysis`: pure figures of rows and results: ratios, the curve and its floors, profile digests,
+  trial spreads, the curve's targets.
+- `results`: the results files: merging parts into a lease file, combining lease files, loading.
+- `render`: Markdown tables, a lease's sentences and notes, the README's benchmark sections.
+- `runner`: one engine group per process (`measure()` from a notebook, `run` in the process).
 - `sides`, `pairs`, `plans`: interleaved comparisons, every side alive in its own process and the
   trials taken in turn; the named plans (the headline's among them).
 - `cli` (`python -m terra_nb.bench`): the command line.

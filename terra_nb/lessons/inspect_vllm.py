@@ -31,6 +31,7 @@ from terra_nb.port.config import head_dim
 from terra_nb.workbook.show import text_table
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
+from terra_nb.lessons.pitfalls import Probe
 
 MODALITY = "actions"  # the modality name of the port (terra_nb.port.vllm_processing.MODALITY)
 
@@ -38,7 +39,6 @@ __all__ = [
     "SEED_API",
     "V1_API",
     "KVCacheReport",
-    "Probe",
     "api_presence",
     "bad_requests",
     "encoder_profile_batch",
@@ -218,19 +218,6 @@ def bad_requests(context: torch.Tensor, actions: torch.Tensor, layout: FrameLayo
             torch.zeros(many, layout.action_tokens, layout.action_dim),
         ),
     }
-
-
-@dataclass
-class Probe:
-    """The outcome of one request: tokens, or the error it raised."""
-
-    ok: bool
-    error: str = ""
-    message: str = ""
-    tokens: tuple[int, ...] = ()
-
-    def line(self) -> str:
-        return f"ok, tokens {list(self.tokens)}" if self.ok else f"{self.error}: {self.message}"
 
 
 def probe_request(llm, request: Mapping[str, Any], params) -> Probe:

@@ -15,6 +15,7 @@ becomes of a batch that holds one.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -117,12 +118,23 @@ def raw_request_pitfalls(context: torch.Tensor, actions: torch.Tensor, layout: F
     }
 
 
+@dataclass
+class Probe:
+    """The outcome of one request: tokens, or the error it raised."""
+
+    ok: bool
+    error: str = ""
+    message: str = ""
+    tokens: tuple[int, ...] = ()
+
+    def line(self) -> str:
+        return f"ok, tokens {list(self.tokens)}" if self.ok else f"{self.error}: {self.message}"
+
+
 def probe_batch(llm, requests: list[dict], params):
-    """`llm.generate` a batch; an `inspect_vllm.Probe` per request, or one for the whole batch
+    """`llm.generate` a batch; a `Probe` per request, or one for the whole batch
     when it is refused (vLLM adds a batch's requests one by one and, when one raises, aborts the
     ones already added and re-raises)."""
-    from terra_nb.lessons.inspect_vllm import Probe
-
     try:
         outs = llm.generate(requests, params, use_tqdm=False)
     except ValueError as e:

@@ -1,0 +1,165 @@
+"""The import graph of `terra_nb/`, built from the source (ast, no module imported): no import
+circle anywhere in `terra_nb/`, and no private name imported across modules by the benchmark.
+
+- Every `import` and `from ... import` counts, at module level or inside a function (a lazy import
+  still ties the two modules together). An edge goes to the module named: `from terra_nb.bench
+  import results` to `terra_nb.bench.results`, `from terra_nb.bench.results import merge` to
+  `terra_nb.bench.results`, `import terra_nb` to the package's `__init__` (the parent packages
+  Python also imports on the way are not counted, or every package would be a circle with its
+  modules).
+- The private-name rule covers `terra_nb/bench/` only: a module there imports no `_name` from
+  another `terra_nb` module (make the helper public instead). Other packages are not held to it
+  yet: some of them import private names across modules (`private_imports(modules(), None)` lists
+  them).
+- The benchmark has no `import *`.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "terra_nb"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    """{dotted name: file} of every module under terra_nb/."""
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module an ImportFrom names (relative imports resolved against `module`)."""
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(known: dict[str, Path]) -> list[tuple[str, str, str | None, int]]:
+    """(importer, imported module, name imported from it or None, line) for every import of a
+    terra_nb module, anywhere in a module's code."""
+    out = []
+    for module, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    target = next((".".join(parts[:k]) for k in range(len(parts), 0, -1)
+                                   if ".".join(parts[:k]) in known), None)
+                    if target:
+                        out.append((module, target, None, node.lineno))
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(module, path, node)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    if sub in known:
+                        out.append((module, sub, None, node.lineno))
+                    elif base in known:
+                        out.append((module, base, alias.name, node.lineno))
+    return out
+
+
+def graph(known: dict[str, Path]) -> dict[str, set[str]]:
+    g: dict[str, set[str]] = {m: set() for m in known}
+    for a, b, _, _ in imports(known):
+        if a != b:
+            g[a].add(b)
+    return g
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `g` as [a, b, ..., a], or None (depth-first search, colours)."""
+    state: dict[str, int] = {}   # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(g[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(g):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def private_imports(known: dict[str, Path], under: str | None) -> list[str]:
+    """'importer:line imports _name from module' for each private name a module imports from another
+    terra_nb module; `under`: only importers in that package."""
+    return [f"{a}:{line} imports {name} from {b}" for a, b, name, line in imports(known)
+            if name and name.startswith("_") and not name.startswith("__") and a != b
+            and (under is None or a == under or a.startswith(under + "."))]
+
+
+def test_the_graph_is_built_from_every_module_and_counts_lazy_imports():
+    known = modules()
+    assert {"terra_nb", "terra_nb.bench", "terra_nb.bench.cli", "terra_nb.port.layout"} <= known.keys()
+    g = graph(known)
+    assert "terra_nb.bench.results" in g["terra_nb.bench.cli"]
+    assert "terra_nb.workbook.paths" in g["terra_nb.bench.results"]   # imported inside a function
+
+
+def test_find_cycle_names_the_circle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_circle_in_terra_nb():
+    cycle = find_cycle(graph(modules()))
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_benchmark_layers_import_one_way():
+    """render -> results -> analysis -> workload; measure does not reach the results files."""
+    g = graph(modules())
+    b = "terra_nb.bench."
+    assert b + "analysis" not in g[b + "workload"]
+    assert not {b + "results", b + "render"} & g[b + "analysis"]
+    assert b + "render" not in g[b + "results"]
+    assert not {b + "results", b + "render", b + "analysis", b + "runner"} & g[b + "measure"]
+
+
+def test_the_benchmark_imports_no_private_name_across_modules():
+    found = private_imports(modules(), "terra_nb.bench")
+    assert not found, "make these public instead: " + "; ".join(found)
+
+
+def test_the_benchmark_has_no_star_import():
+    stars = [f"{m}:{node.lineno}" for m, p in modules().items() if m.startswith("terra_nb.bench")
+             for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ImportFrom)
+             and any(a.name == "*" for a in node.names)]
+    assert not stars, stars
+
+
+
+def test_the_benchmark_imports_flow_down_its_package_docstring():
+    """`terra_nb/bench/__init__.py` lists the modules a bullet each (a bullet may name several); a
+    listed module imports no module listed in a later bullet. Modules not listed are not checked."""
+    import re
+
+    known = modules()
+    g = graph(known)
+    doc = ast.get_docstring(ast.parse(known["terra_nb.bench"].read_text()))
+    bullets = [b for b in re.split(r"\n- ", doc)[1:]]
+    place = {}
+    for i, bullet in enumerate(bullets):
+        for name in re.findall(r"`(\w+)`", bullet):
+            if f"terra_nb.bench.{name}" in known:
+                place.setdefault(f"terra_nb.bench.{name}", i)
+    assert {"terra_nb.bench.analysis", "terra_nb.bench.results", "terra_nb.bench.render",
+            "terra_nb.bench.measure", "terra_nb.bench.runner"} <= place.keys()
+    up = [f"{a} imports {b}" for a in place for b in g[a] if b in place and place[b] > place[a]]
+    assert not up, "imports up the list in bench/__init__.py: " + "; ".join(up)
