@@ -29,14 +29,20 @@ WHO = {"port": "the port", "stock": "stock vLLM Llama", "hf": "HF (cuDNN attenti
 def latest(kind: str, results_dir: Path | None = None) -> tuple[Path, dict]:
     """The newest result file of a headline plan (`stock` or `seed`) under results/leases/, by the
     date it records, and its contents."""
+    return latest_lease(f"*_headline_{kind}.json", results_dir,
+                        f"run `python -m terra_nb.bench pairs --plan headline_{kind}` on a GPU first")
+
+
+def latest_lease(pattern: str, results_dir: Path | None = None, hint: str = "") -> tuple[Path, dict]:
+    """The newest lease file under results/leases/ whose name matches `pattern` (by its recorded
+    date, then name), and its contents; e.g. `*_curve.json` for the earlier throughput curve."""
     from terra_nb.workbook.paths import RESULTS
 
-    files = sorted((results_dir or RESULTS / "leases").glob(f"*_headline_{kind}.json"))
+    files = sorted((results_dir or RESULTS / "leases").glob(pattern))
     if not files:
-        raise FileNotFoundError(f"no results/leases/*_headline_{kind}.json: run `python -m terra_nb.bench pairs "
-                                f"--plan headline_{kind}` on a GPU first")
+        raise FileNotFoundError(f"no results/leases/{pattern}" + (f": {hint}" if hint else ""))
     loaded = [(f, json.loads(f.read_text())) for f in files]
-    return max(loaded, key=lambda fr: fr[1]["date"])
+    return max(loaded, key=lambda fr: (fr[1]["date"], fr[0].name))
 
 
 def _block(res: dict, name: str) -> dict:

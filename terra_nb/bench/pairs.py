@@ -94,8 +94,20 @@ class Plan:
 
 # ---------------------------------------------------------------- the worker process of one side
 
-def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int) -> None:
-    """A side's process: build it, report its settings, then run trials until told to close."""
+def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | None = None) -> None:
+    """A side's process: build it, report its settings, then run trials until told to close.
+
+    With `log`, the process writes its output (vLLM's engine log) there instead of the parent's
+    stdout/stderr. Its engine core runs in this process unless the environment says otherwise
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: one process a side, and the workers are in reach for
+    `settings.effective_settings`); the value is recorded with the settings either way."""
+    import os
+
+    if log is not None:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         from terra_nb.bench.sides import build_side
 
@@ -119,21 +131,27 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int) -> None:
 class Worker:
     """The parent's handle on one side's process."""
 
-    def __init__(self, spec: SideSpec, ckpt: Path, preset: str, n_ctx: int):
+    def __init__(self, spec: SideSpec, ckpt: Path, preset: str, n_ctx: int, log: Path | None = None):
         ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA or vLLM state from the parent
-        self.spec = spec
+        self.spec, self.log = spec, log
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, spec, str(ckpt), preset, n_ctx), daemon=False)
+        self.proc = ctx.Process(target=_serve, args=(child, spec, str(ckpt), preset, n_ctx, log and str(log)),
+                                daemon=False)
         self.proc.start()
         self.record = self._answer("ready")
+
+    def _log_tail(self) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        return f"\n--- the end of its log ({self.log}):\n" + "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
 
     def _answer(self, expect: str):
         while not self.conn.poll(5):
             if not self.proc.is_alive():
-                raise RuntimeError(f"side {self.spec.name!r}: its process died (exit {self.proc.exitcode})")
+                raise RuntimeError(f"side {self.spec.name!r}: its process died (exit {self.proc.exitcode})" + self._log_tail())
         kind, value = self.conn.recv()
         if kind == "error":
-            raise RuntimeError(f"side {self.spec.name!r} failed:\n{value}")
+            raise RuntimeError(f"side {self.spec.name!r} failed:\n{value}" + self._log_tail())
         assert kind == expect, (kind, expect)
         return value
 
@@ -161,14 +179,20 @@ def round_order(sides: tuple[str, ...], r: int) -> list[str]:
 
 
 def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None = None,
-             deadline_s: float | None = None, progress: bool = True) -> dict:
+             deadline_s: float | None = None, progress: bool = True, log_dir: Path | None = None) -> dict:
     """Start every side, check every pair's settings, run the blocks round by round; return (and
     with `out`, keep writing) the result. Rounds that would start after `deadline_s` are skipped
     and listed in `errors`. A pair whose sides differ outside `under_test` raises
-    `settings.UnequalSettings` before any trial."""
+    `settings.UnequalSettings` before any trial. Each side's engine log goes to
+    `<log_dir>/<side>.log` (default: beside `out`, else a temporary folder), not to this output."""
+    import tempfile
+
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
+    if log_dir is None:
+        log_dir = out.parent / f"{out.stem}_logs" if out is not None else Path(tempfile.mkdtemp(prefix="pairs_logs_"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     res = header(plan, ckpt, lease)
     workers: dict[str, Worker] = {}
 
@@ -180,7 +204,7 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
 
     try:
         for spec in plan.sides:
-            workers[spec.name] = Worker(spec, ckpt, plan.preset, plan.n_ctx)
+            workers[spec.name] = Worker(spec, ckpt, plan.preset, plan.n_ctx, log_dir / f"{spec.name}.log")
             res["sides"][spec.name] = dict(kind=spec.kind, asked=spec.engine_kwargs,
                                            sdpa=list(spec.sdpa) if spec.sdpa else None, **workers[spec.name].record)
         for p in plan.pairs:

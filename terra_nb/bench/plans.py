@@ -41,11 +41,14 @@ SEED_SETTINGS = ("enforce_eager", "enable_prefix_caching", "max_num_seqs", "max_
 """What the seed's engine changes against today's defaults (and what follows from it in vLLM)."""
 
 
-def stock_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, n_ctx: int = 3) -> Plan:
-    """The port vs stock at each batch of `batches` (batch -> frames after the context)."""
+def stock_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, n_ctx: int = 3,
+               targets: bool = True) -> Plan:
+    """The port vs stock at each batch of `batches` (batch -> frames after the context); with
+    `targets`, the batches of `STOCK_TARGETS` get their verdicts (a plan of few trials gets none)."""
     sides = (SideSpec("port", "port", dict(shared)), SideSpec("stock", "stock", dict(shared)))
     blocks = tuple(Block(f"b{b}", ("port", "stock"), b, f, trials) for b, f in batches.items())
-    pairs = tuple(Pair(f"port_vs_stock_b{b}", f"b{b}", "port", "stock", (), STOCK_TARGETS.get(b)) for b in batches)
+    pairs = tuple(Pair(f"port_vs_stock_b{b}", f"b{b}", "port", "stock", (), STOCK_TARGETS.get(b) if targets else None)
+                  for b in batches)
     return Plan(preset, n_ctx, sides, blocks, pairs)
 
 
@@ -69,10 +72,19 @@ def named_plan(name: str) -> Plan:
         share = dict(gpu_memory_utilization=0.3)
         return seed_plan("terra", 4, 5, dict(SEED_ENGINE, **share), share)
     if name == "smoke_stock":
-        return stock_plan("tiny", CPU_SHARED, {1: 2, 4: 2}, trials=2)
+        return stock_plan("tiny", CPU_SHARED, {1: 2, 4: 2}, trials=3, targets=False)
     if name == "smoke_seed":
         return seed_plan("tiny", 2, 2, dict(CPU_SHARED, enable_prefix_caching=False, max_num_seqs=5), CPU_SHARED)
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
 PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed")
+
+
+def notebook_plan(device_type: str, preset: str) -> Plan:
+    """What notebook 07 measures where it runs: on a GPU with the Terra shape, a short port-vs-stock
+    plan (3 frames at 1 and 32 rollouts, 5 rounds, a few minutes); elsewhere `smoke_stock` (the tiny
+    model: it checks that the method runs, its ratio says nothing about a GPU)."""
+    if device_type == "cuda" and preset == "terra":
+        return stock_plan("terra", GPU_SHARED, {1: 3, 32: 3}, trials=5)
+    return named_plan("smoke_stock") if preset == "tiny" else stock_plan(preset, CPU_SHARED, {1: 2}, 3, targets=False)

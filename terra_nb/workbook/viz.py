@@ -61,6 +61,12 @@ def _save(fig: Figure, save) -> Figure:
     return fig
 
 
+def save_figure(fig: Figure, save=None) -> Figure:
+    """Show `fig` in a notebook and, with `save` (a path), write it as a PNG there: the figures of
+    other modules (e.g. `terra_nb.bench.plots`) go through it."""
+    return _save(fig, save)
+
+
 def _np(x) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()

@@ -1,0 +1,37 @@
+"""Figures of interleaved comparisons (`pairs` result files): every trial, in the order it ran."""
+from __future__ import annotations
+
+import statistics
+
+from matplotlib.figure import Figure
+
+from terra_nb.bench.pairs import analyse
+
+
+def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
+    """One panel per block: each side's seconds per frame step, trial by trial in the order the
+    rounds ran (a drifting machine shows as a slope shared by both sides; a noisy side as scatter),
+    the medians as dashed lines, and each pair's speed-up with its interval in the panel's title."""
+    from terra_nb.workbook.viz import save_figure
+
+    blocks = res["blocks"]
+    fig = Figure(figsize=(4.2 * max(1, len(blocks)), 3.4), layout="constrained")
+    axes = fig.subplots(1, max(1, len(blocks)), squeeze=False)[0]
+    by_block = {}
+    for c in analyse(res):
+        by_block.setdefault(c["block"], []).append(c)
+    for ax, b in zip(axes, blocks):
+        for side, trials in b["trials_s"].items():
+            per_frame = [t / b["frames"] for t in trials]
+            line, = ax.plot(range(1, len(per_frame) + 1), per_frame, "o-", label=side)
+            if per_frame:
+                ax.axhline(statistics.median(per_frame), color=line.get_color(), ls="--", lw=0.8)
+        pairs = "; ".join(f"{c['first']}/{c['second']}: {c['speedup']:.2f}x [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
+                          for c in by_block.get(b["name"], []))
+        rollouts = "1 rollout" if b["batch"] == 1 else f"{b['batch']} rollouts"
+        ax.set_title(f"{rollouts}, {b['frames']} frames\n{pairs}", fontsize=8)
+        ax.set_xlabel("round")
+        ax.set_ylabel("s per frame step")
+        ax.legend(fontsize=7)
+    fig.suptitle(title or f"{res['device']}, vLLM {res['versions']['vllm']}, {res['dtype']}, {res['preset']}", fontsize=9)
+    return save_figure(fig, save)
