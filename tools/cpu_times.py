@@ -35,7 +35,11 @@ README_START, README_END = "<!-- cpu-times:start -->", "<!-- cpu-times:end -->"
 NOTEBOOKS = REPO / "notebooks"
 # Calls that build a vLLM engine in a notebook's code (the kernel's own, or, for
 # `bench_measure.measure`, one `python -m terra_nb.bench run` process per engine).
-ENGINE_CALLS = ("make_llm", "make_session_engine", "bench_measure.measure", "LLM", "vllm.LLM", "AsyncLLM")
+ENGINE_CALLS = ("make_llm", "make_session_engine", "pairs.run_plan", "bench_measure.measure", "LLM", "vllm.LLM",
+                "AsyncLLM")
+# Calls that start their engines in processes of their own, as the README says.
+ENGINE_CALL_NOTES = {"pairs.run_plan": "each side's engine in a process of its own",
+                     "bench_measure.measure": "one `python -m terra_nb.bench run` process per engine"}
 
 
 def notebook_paths(folder: Path = NOTEBOOKS) -> list[Path]:
@@ -161,9 +165,9 @@ def readme_section(path: Path = RECORD) -> str:
             calls = engine_calls(p)
             if calls:
                 by_call.setdefault(calls[0], []).append(p.name[:2])
-        how = "; ".join(f"{number_list(nbs)} through `{call}`" + (
-            " (one `python -m terra_nb.bench run` process per engine)" if call == "bench_measure.measure" else "")
-            for call, nbs in by_call.items())
+        how = "; ".join(f"{number_list(nbs)} through `{call}`"
+                        + (f" ({ENGINE_CALL_NOTES[call]})" if call in ENGINE_CALL_NOTES else "")
+                        for call, nbs in by_call.items())
         lines += ["", f"{len(engines)} of the {len(notebook_paths())} notebooks start a vLLM engine, "
                       f"{number_list(engines)} ({how})"
                   + (f"; {number_list(others)} start none." if (others := [p.name[:2] for p in notebook_paths()
