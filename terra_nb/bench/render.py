@@ -313,6 +313,7 @@ def curve_target_lines(res: dict) -> list[str]:
         + f" (batches measured: {', '.join(str(b) for b, _, _ in pairs)}).")
     probed = next(((b, port["probe"], stock["probe"]) for b, port, stock in pairs if port.get("probe") and stock.get("probe")), None)
     if probed:   # each engine probes once, on the first row it measured (`bench_vllm`, `bench_stock`)
+        # (the sentence names the probe as the committed leases' notes do: `measure.decode_probe` now)
         b, p, s = probed
         lines.append(f"Decode probe of the {b}-rollout rows (`bench_measure.decode_probe`: one frame on a cached prompt, "
                      f"medians): the port {p['decode_ms_per_token']:.3f} ms per code, stock {s['decode_ms_per_token']:.3f} "
