@@ -118,7 +118,9 @@ def seed_sentences(seed: dict, probe: dict | None = None) -> list[str]:
         f"HF's speed on the same video.",
         f"Why: HF here took {hf_s:.2f} s per frame ({ms_per_code(seed, 'seed', 'hf'):.1f} ms per code) against the "
         f"seed's {seed_hf:.2f} s, while the eager port took {eager_s:.2f} s ({ms_per_code(seed, 'seed', 'port_seed'):.1f} ms "
-        f"per code) against the seed's vLLM at {seed_vllm:.2f} s. The same port with CUDA graphs took "
+        f"per code) against the seed's vLLM at {seed_vllm:.2f} s (over {_block(seed, 'seed')['frames']} frames, not "
+        f"the seed's 22: HF re-reads a prompt that grows by a frame per call, so its later frames cost more). "
+        f"The same port with CUDA graphs took "
         f"{ms_per_code(seed, 'seed', 'port_defaults'):.1f} ms per code in the same rounds, so "
         f"{1 - ms_per_code(seed, 'seed', 'port_defaults') / ms_per_code(seed, 'seed', 'port_seed'):.0%} of the eager "
         f"port's time per code is the per-step work that graphs remove (launching each kernel from Python): at "
