@@ -131,7 +131,7 @@ def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path):
 
 # ------------------------------------------------------------------ the committed headline (the ratio audit)
 
-HEADLINE_FILES = sorted((RESULTS / "leases").glob("*_headline_*.json"))
+HEADLINE_FILES = sorted((RESULTS / "pairs").glob("*_headline_*.json"))
 
 
 @pytest.mark.parametrize("path", HEADLINE_FILES, ids=lambda p: p.name)

@@ -102,7 +102,7 @@ def main(argv=None):
                    help="JSON keyword arguments for the engine at either size, e.g. '{\"enforce_eager\": true}'")
     _add_workload_args(t)
     sub.add_parser("readme", help="rewrite the README's benchmark table from results/benchmark_*.json")
-    sub.add_parser("headline", help="rewrite the README's headline block from results/leases/*_headline_*.json")
+    sub.add_parser("headline", help="rewrite the README's headline block from results/pairs/*_headline_*.json")
     m = sub.add_parser("merge", help="merge one lease's parts into one lease's file, e.g. results/leases/h200_<date>_<what>.json")
     m.add_argument("parts", nargs="+")
     m.add_argument("--out", required=True)

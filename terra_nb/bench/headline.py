@@ -5,7 +5,7 @@ setting and with today's defaults; each row a speed-up of the first-named side (
 with its 95% interval, the target and the verdict. Then one sentence each on whether the seed's 2.6x
 is reproduced and why, and the provenance (device, versions, commit, command).
 
-The newest `results/leases/*_headline_stock.json` and `*_headline_seed.json` are the headline's
+The newest `results/pairs/*_headline_stock.json` and `*_headline_seed.json` are the headline's
 files (`latest`); `python -m terra_nb.bench headline` rewrites the README's headline block.
 """
 from __future__ import annotations
@@ -27,20 +27,24 @@ WHO = {"port": "the port", "stock": "stock vLLM Llama", "hf": "HF (cuDNN attenti
 
 
 def latest(kind: str, results_dir: Path | None = None) -> tuple[Path, dict]:
-    """The newest result file of a headline plan (`stock` or `seed`) under results/leases/, by the
-    date it records, and its contents."""
-    return latest_lease(f"*_headline_{kind}.json", results_dir,
+    """The newest result file of a headline plan (`stock` or `seed`) under results/pairs/ (the
+    interleaved comparisons' files), by the date it records, and its contents."""
+    from terra_nb.workbook.paths import RESULTS
+
+    return latest_lease(f"*_headline_{kind}.json", results_dir or RESULTS / "pairs",
                         f"run `python -m terra_nb.bench pairs --plan headline_{kind}` on a GPU first")
 
 
 def latest_lease(pattern: str, results_dir: Path | None = None, hint: str = "") -> tuple[Path, dict]:
-    """The newest lease file under results/leases/ whose name matches `pattern` (by its recorded
-    date, then name), and its contents; e.g. `*_curve.json` for the earlier throughput curve."""
+    """The newest file under `results_dir` (default results/leases/, the earlier leases) whose name
+    matches `pattern` (by its recorded date, then name), and its contents; e.g. `*_curve.json` for the
+    earlier throughput curve."""
     from terra_nb.workbook.paths import RESULTS
 
-    files = sorted((results_dir or RESULTS / "leases").glob(pattern))
+    files_dir = results_dir or RESULTS / "leases"
+    files = sorted(files_dir.glob(pattern))
     if not files:
-        raise FileNotFoundError(f"no results/leases/{pattern}" + (f": {hint}" if hint else ""))
+        raise FileNotFoundError(f"no {pattern} in {files_dir}" + (f": {hint}" if hint else ""))
     loaded = [(f, json.loads(f.read_text())) for f in files]
     return max(loaded, key=lambda fr: (fr[1]["date"], fr[0].name))
 

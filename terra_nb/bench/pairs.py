@@ -10,7 +10,7 @@ A *comparison* names two sides of a block, the setting it tests, and optionally 
 speed-up; its two sides' recorded settings must agree on everything else (`settings.check_pair`),
 checked before the first trial.
 
-    python -m terra_nb.bench pairs --plan headline --out results/leases/<gpu>_<date>_headline.json
+    python -m terra_nb.bench pairs --plan headline --out results/pairs/<gpu>_<date>_headline_stock.json
 
 The result file is rewritten after every round (a lease cut short keeps what it measured), and
 records each side's settings as the engine reports them, the device, versions, the command and
