@@ -16,5 +16,7 @@ One job a module; imports flow down this list, never up (tests/test_bench_import
 - `runner`: one engine group per process (`measure()` from a notebook, `run` in the process).
 - `sides`, `pairs`, `plans`: interleaved comparisons, every side alive in its own process and the
   trials taken in turn; the named plans (the headline's among them).
+- `headline`, `plots`: the headline's table, sentences and README block, and the trials' figure,
+  from the interleaved result files (`results/pairs/`).
 - `cli` (`python -m terra_nb.bench`): the command line.
 """

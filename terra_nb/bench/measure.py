@@ -22,6 +22,7 @@ from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 from terra_nb.bench.workload import SEED_ENGINE, SEED_ROWS, SEED_TEMPERATURE, Workload, row_batch, row_engine
 from terra_nb.workbook.data import load_sample
 from terra_nb.bench.engines import engine_core_process, load_hf, port_engine, shutdown, stock_engine
+from terra_nb.bench.settings import effective_settings
 from terra_nb.bench.timing import Progress, cpu_usage, device_allocs, sdpa_backends, sync, timed, trial_row
 
 
@@ -172,7 +173,8 @@ def bench_vllm_seed(ckpt: Path, wl: Workload, name: str, progress: Progress | No
         trials, _ = _rollout_trials(llm, seed_wl, 1, wl.long_frames, wl.long_repeats)
         row = trial_row(name, 1, wl.long_frames, trials, temperature=SEED_TEMPERATURE, calls_per_trial=wl.long_frames,
                    tokens_per_call=FrameLayout.from_config(llm.model_config.hf_config).image_tokens,
-                   engine_start_s=round(start, 1), engine=engine_settings(llm), engine_core=engine_core_process())
+                   engine_start_s=round(start, 1), engine=engine_settings(llm), engine_core=engine_core_process(),
+                   ran_with=effective_settings(llm))
         _step_profile_into(progress, row, steps, lambda b, n: port_step_profile(llm, seed_wl, b, n))
         return row
     finally:
@@ -254,7 +256,8 @@ def bench_vllm(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | N
     if "vllm_eager" in rows and not progress.out_of_time("vllm_eager"):
         llm, start = port_engine(ckpt, enforce_eager=True)
         trials, _ = _rollout_trials(llm, wl, 1, wl.short_frames, wl.short_repeats)
-        progress.add(trial_row("vllm_eager", 1, wl.short_frames, trials, engine_start_s=round(start, 1)))
+        progress.add(trial_row("vllm_eager", 1, wl.short_frames, trials, engine_start_s=round(start, 1),
+                               ran_with=effective_settings(llm)))
         shutdown(llm)
     graph_rows = [r for r in rows if row_engine(r) == "vllm"]
     if graph_rows:
@@ -281,6 +284,7 @@ def port_rollout_row(llm, ckpt: Path, wl: Workload, name: str, batch: int, start
     first frame (`extra`: more keys for the row)."""
     trials, stats = _rollout_trials(llm, wl, batch, wl.long_frames, wl.repeats_for(batch))
     return trial_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1), engine_core=engine_core_process(),
+                     ran_with=effective_settings(llm),
                 prefix_cache_hit_rate=hit_rate_after_first(stats, wl.n_ctx, _frame_len(ckpt)), **extra)
 
 
@@ -356,7 +360,7 @@ def bench_stock(ckpt: Path, wl: Workload, rows: list[str], progress: Progress | 
                                                dataclasses.replace(sampling, seed=wl.seed + 1 + r)))
                   for r in range(wl.repeats_for(batch))]
         row = trial_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
-                   engine_core=engine_core_process())
+                        engine_core=engine_core_process(), ran_with=effective_settings(llm))
         first = first or row
         progress.add(row)
         _step_profile_into(progress, row, steps, lambda b, n: frame_loop_step_profile(
@@ -391,7 +395,8 @@ def bench_session(ckpt: Path, wl: Workload, rows: list[str], progress: Progress 
                                                           progress=False))
                       for r in range(wl.repeats_for(batch))]
             row = progress.add(trial_row(name, batch, wl.long_frames, trials, engine_start_s=round(start, 1),
-                                    engine_core=engine_core_process(async_engine=True)))
+                                         engine_core=engine_core_process(async_engine=True),
+                                         ran_with=effective_settings(engine)))
             _step_profile_into(progress, row, steps, lambda b, n: session_step_profile(
                 engine, lambda: session_rollout_sync(engine, ctx, sample.actions, n, sampling, progress=False), codes, b))
     finally:

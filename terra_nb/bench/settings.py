@@ -69,10 +69,13 @@ def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
 
     c = vllm_config_of(engine)
     sched, cache, model, comp = c.scheduler_config, c.cache_config, c.model_config, c.compilation_config
-    try:  # the backend each layer got; a worker out of reach (a process of its own) says so
-        chosen = engine.collective_rpc(_attention_backends)[0] if hasattr(engine, "collective_rpc") else None
-    except Exception as e:  # noqa: BLE001  (recorded, never fatal: the setting is then unknown)
-        chosen = f"unknown ({type(e).__name__})"
+    if engine_kind(engine) == "AsyncLLM":  # its collective_rpc is a coroutine on the engine's own loop
+        chosen = "not read (AsyncLLM: the engine core is another process)"
+    else:
+        try:  # the backend each layer got; a worker out of reach (a process of its own) says so
+            chosen = engine.collective_rpc(_attention_backends)[0]
+        except Exception as e:  # noqa: BLE001  (recorded, never fatal: the setting is then unknown)
+            chosen = f"unknown ({type(e).__name__})"
     runner_v2 = getattr(c, "use_v2_model_runner", None)
     settings = dict(
         max_num_seqs=sched.max_num_seqs,
