@@ -45,6 +45,9 @@ def test_run_with_profile_writes_rows_and_profile(parts):
     _, part = parts
     assert [r["name"] for r in part["rows"]] == ["stock_llama_b2"] and part["rows"][0]["batch"] == 2
     assert part["rows"][0]["frames"] == 2 and part["errors"] == []
+    ran = part["rows"][0]["ran_with"]["settings"]   # read back from the engine, not the kwargs asked for
+    assert ran["enforce_eager"] is True and ran["max_num_seqs"] >= 1 and ran["attention_backend"]
+    assert ran["vllm_env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert part["profile"]["engine"] == "stock" and part["profile"]["spec"]["n_ctx"] == 2
 
 
