@@ -32,7 +32,7 @@ def test_merge_ratios_and_sources():
     b["rows"][0]["prefix_cache_hit_rate"] = 0.99
     res = bench_results.merge([a, b])
     assert res["speedup_vs_hf"] == pytest.approx((35.0 / 4) / (24.2 / 22))
-    assert res["ratios"]["vllm_vs_stock"] == pytest.approx(24.2 / 22.0)
+    assert res["ratios"]["vllm_vs_stock"] == pytest.approx(22.0 / 24.2)   # the port's speed-up over stock
     assert [r["part"] for r in res["rows"]] == [0, 1, 1] and res["rows"][0]["command"] == "cmd a"
     assert res["device"] == "NVIDIA H200" and res["versions"]["vllm"] == "0.26.0"
     assert res["prefix_cache_hit_rate"] == 0.99

@@ -48,7 +48,7 @@ def test_combine_keeps_each_row_with_its_lease_and_computes_ratios_within_a_leas
         ("h200_curve", "aaa1111", 4.0), ("h200_seed", "bbb2222", 6.0)]
     ratios = {(e["lease"], e["name"]): e for e in res["ratios"]}
     # computed in each lease that has both of its rows ...
-    assert ratios["h200_curve", "vllm_vs_stock"]["value"] == pytest.approx(22.0 / 20.0)
+    assert ratios["h200_curve", "vllm_vs_stock"]["value"] == pytest.approx(20.0 / 22.0)   # the port's speed-up
     assert ratios["h200_curve", "port_vs_stock_b8"]["value"] == pytest.approx(40.0 / 44.0)
     assert ratios["h200_seed", "seed_setting_vs_hf"]["value"] == pytest.approx(6.0 / 2.0)
     assert ratios["h200_seed", "seed_defaults_vs_hf"]["value"] == pytest.approx(6.0 / 1.0)
@@ -133,7 +133,7 @@ def test_renderers_group_the_combined_file_by_lease():
     # the repeated row: each lease's own figure under its own heading
     label = bench_render.row_label("hf_seed")
     assert f"| {label} | 1 | 22 | 4.000 |" in curve_block and f"| {label} | 1 | 22 | 6.000 |" in seed_block
-    assert "`vllm_vs_stock` = **1.100x**: s/frame of the port (defaults) ÷ s/frame of stock vLLM Llama" in curve_block
+    assert "`vllm_vs_stock` = **0.909x**: s/frame of stock vLLM Llama ÷ s/frame of the port (defaults)" in curve_block
     assert "`vllm_vs_stock`" not in seed_block and "`seed_setting_vs_hf` = **3.000x**" in seed_block
     # HF's trials 3x apart: the ratio's trial range, HF's trials against the port's median
     assert "`hf_seed`'s trials disagree (3.00x slowest ÷ fastest): 1.500x to 4.500x" in seed_block

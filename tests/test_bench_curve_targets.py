@@ -1,4 +1,4 @@
-"""Issue 25's curve targets: `bench_render.curve_target_lines` on hand-made rows, the notes `merge
+"""The curve's targets: `bench_render.curve_target_lines` on hand-made rows, the notes `merge
 --curve-notes` writes from them, and the committed curve lease's notes against its rows."""
 import json
 
@@ -21,8 +21,8 @@ def _row(name, batch, trials, **extra):
 
 
 def _curve():
-    """Hand-made: at 1 rollout the port 22 s per video against stock's 20 and 30 (median 25: 0.880x,
-    from stock's trials 1.100x and 0.733x); at 8 a batch without a target; at 32 the port 0.94x stock's
+    """Hand-made: at 1 rollout the port 22 s per video against stock's 20 and 30 (median 25: the port's
+    speed-up 1.136x, from stock's trials 0.909x and 1.364x); at 8 a batch without a target; at 32 the port 0.94x stock's
     frames/s with agreeing trials; at 128 1.000x; stock's best batch 128, the port's 32."""
     port = [_row("vllm", 1, [22.0, 22.0], probe=dict(call_s=0.01, frame_s=1.5, decode_ms_per_token=2.5)),
             _row("vllm_b8", 8, [44.0]), _row("vllm_b32", 32, [94.0, 94.0]), _row("vllm_b128", 128, [500.0])]
@@ -35,24 +35,24 @@ def _curve():
 def test_curve_target_lines_compute_each_batch_against_the_targets():
     res = bench_results.merge(list(_curve()))
     lines = curve_target_lines(res)
-    assert lines[0] == ("Issue 25's targets, the port ÷ stock vLLM Llama in this lease: 1 of 3 met "
+    assert lines[0] == ("The targets, the port's speed-up over stock vLLM Llama in this lease: 1 of 3 met "
                         "(1 rollout met, 32 rollouts missed, 128 rollouts missed).")
     one, eight, b32, b128, best, probe = lines[1:]
-    # 1 rollout: s/frame, port 1.000 vs stock's median 25/22; stock's trials 1.5x apart: each against the port's median
-    assert one.startswith("1 rollout: the port 1.000 s/frame, stock 1.136 s/frame: 0.880x (s/frame of the port ÷ "
-                          "stock's; target at most 1.03x: met, 0.150 under).")
+    # 1 rollout: frames/s, port 22/22 vs stock's median 22/25; stock's trials 1.5x apart: each against the port's median
+    assert one.startswith("1 rollout: the port 1.000 frames/s, stock 0.880 frames/s: 1.136x (the port's speed-up, "
+                          "frames/s of the port ÷ stock's; target at least 0.97x: met, 0.166 over).")
     assert "the port 22.00, 22.00; stock 20.00, 30.00" in one
     assert "stock's slowest 50.0% over its fastest: from each of stock's trials against the other's median the " \
-           "ratio is 0.733x to 1.100x, met with some and missed with others" in one
-    assert eight.startswith("8 rollouts: the port 4.00 frames/s, stock 4.40 frames/s: 0.909x") and "no target" in eight
+           "ratio is 0.909x to 1.364x, met with some and missed with others" in one
+    assert eight.startswith("8 rollouts: the port 4.000 frames/s, stock 4.400 frames/s: 0.909x") and "no target" in eight
     assert "One trial each, in seconds (a trial: 8 rollouts x 22 frames): the port 44.00; stock 40.00." in eight
-    assert "0.940x (frames/s of the port ÷ stock's; target at least 0.95x: missed, 0.010 short)" in b32
+    assert "0.940x (the port's speed-up, frames/s of the port ÷ stock's; target at least 0.95x: missed, 0.010 short)" in b32
     assert "trial by trial" not in b32 and "slowest" not in b32   # agreeing trials, one verdict
     assert "0.500x" in b128 and "missed, 0.450 short" in b128
     assert best == ("Most frames/s of each engine: the port 7.49 at 32 rollouts, stock 11.26 at 128 rollouts "
                     "(batches measured: 1, 8, 32, 128).")
-    assert "the port 2.500 ms per code, stock 2.000 (1.25x); a frame 1.500 s vs 1.000 s (1.50x), where the " \
-           "rollouts' s/frame gave 0.880x" in probe
+    assert "the port 2.500 ms per code, stock 2.000 (the port's speed-up 0.80x); a frame 1.500 s vs 1.000 s (0.67x), " \
+           "where the rollouts' frames/s gave 1.136x" in probe
     # every ratio is the lease's own ratio entry (the same quantity divided)
     entries = {e["name"]: e["value"] for e in bench_results.ratio_entries(res)}
     assert f"{entries['vllm_vs_stock']:.3f}x" in one and f"{entries['port_vs_stock_b32']:.3f}x" in b32

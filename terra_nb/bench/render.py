@@ -243,13 +243,10 @@ TRIALS_NOTE = 1.05
 
 
 def _target_words(ratio: float, batch: int) -> str:
-    """'target at most 1.03x: met, 0.159 under', 'target at least 0.95x: missed, 0.007 short', or
-    'no target at this batch'."""
+    """'target at least 0.95x: met, 0.043 over', '... missed, 0.007 short', or 'no target at this batch'."""
     bound, ok = CURVE_TARGETS.get(batch), target_met(ratio, batch)
     if ok is None:
         return "no target at this batch"
-    if curve_quantity(batch) == "s_per_frame":
-        return f"target at most {bound:.2f}x: " + (f"met, {bound - ratio:.3f} under" if ok else f"missed, {ratio - bound:.3f} over")
     return f"target at least {bound:.2f}x: " + (f"met, {ratio - bound:.3f} over" if ok else f"missed, {bound - ratio:.3f} short")
 
 
@@ -284,13 +281,12 @@ def curve_target_lines(res: dict) -> list[str]:
     verdicts = [f"{rollouts_text(b)} " + ("not measured" if b not in ratios else "met" if target_met(ratios[b], b) else "missed")
                 for b in CURVE_TARGETS]
     met = sum(b in ratios and target_met(ratios[b], b) for b in CURVE_TARGETS)
-    lines = [f"Issue 25's targets, the port ÷ stock vLLM Llama in this lease: {met} of {len(CURVE_TARGETS)} met ("
+    lines = [f"The targets, the port's speed-up over stock vLLM Llama in this lease: {met} of {len(CURVE_TARGETS)} met ("
              + ", ".join(verdicts) + ")."]
     for b, port, stock in pairs:
         q, ratio = curve_quantity(b), ratios[b]
-        fig = (lambda r: f"{r[q]:.3f} s/frame") if q == "s_per_frame" else (lambda r: f"{r[q]:.2f} frames/s")  # noqa: E731
-        line = (f"{rollouts_text(b)}: the port {fig(port)}, stock {fig(stock)}: {ratio:.3f}x "
-                f"({QUANTITY_WORDS[q].split(' (')[0]} of the port ÷ stock's; {_target_words(ratio, b)}). "
+        line = (f"{rollouts_text(b)}: the port {port[q]:.3f} frames/s, stock {stock[q]:.3f} frames/s: {ratio:.3f}x "
+                f"(the port's speed-up, frames/s of the port ÷ stock's; {_target_words(ratio, b)}). "
                 + ("One trial each, in" if len(port["trials_s"]) == len(stock["trials_s"]) == 1 else "Trials in")
                 + f" seconds (a trial: {rollouts_text(b)} x {port['frames']} frames): the port {_trials_text(port)}; stock {_trials_text(stock)}")
         sides = (("the port", port), ("stock", stock))
@@ -313,13 +309,12 @@ def curve_target_lines(res: dict) -> list[str]:
         + f" (batches measured: {', '.join(str(b) for b, _, _ in pairs)}).")
     probed = next(((b, port["probe"], stock["probe"]) for b, port, stock in pairs if port.get("probe") and stock.get("probe")), None)
     if probed:   # each engine probes once, on the first row it measured (`bench_vllm`, `bench_stock`)
-        # (the sentence names the probe as the committed leases' notes do: `measure.decode_probe` now)
         b, p, s = probed
-        lines.append(f"Decode probe of the {b}-rollout rows (`bench_measure.decode_probe`: one frame on a cached prompt, "
+        lines.append(f"Decode probe of the {b}-rollout rows (`measure.decode_probe`: one frame on a cached prompt, "
                      f"medians): the port {p['decode_ms_per_token']:.3f} ms per code, stock {s['decode_ms_per_token']:.3f} "
-                     f"({p['decode_ms_per_token'] / s['decode_ms_per_token']:.2f}x); a frame {p['frame_s']:.3f} s vs "
-                     f"{s['frame_s']:.3f} s ({p['frame_s'] / s['frame_s']:.2f}x), where the rollouts' "
-                     f"{QUANTITY_WORDS[curve_quantity(b)].split(' (')[0]} gave {ratios[b]:.3f}x.")
+                     f"(the port's speed-up {s['decode_ms_per_token'] / p['decode_ms_per_token']:.2f}x); a frame "
+                     f"{p['frame_s']:.3f} s vs {s['frame_s']:.3f} s ({s['frame_s'] / p['frame_s']:.2f}x), where the "
+                     f"rollouts' frames/s gave {ratios[b]:.3f}x.")
     return lines
 
 
