@@ -214,6 +214,7 @@ def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_
     `tolerance` replaces the dtype's (e.g. one measured as bf16's own effect on this model).
     """
     from terra_nb.lessons.hf_lessons import logit_tolerance
+    from terra_nb.lessons.weight_mapping import logprob_gap
 
     L, F, P = len(vllm_lp.prompt_ids), layout.frame_len, layout.image_tokens
     if hf_lp.shape[0] != L:
@@ -226,7 +227,7 @@ def compare_teacher_forced(hf_lp: torch.Tensor, vllm_lp, layout: FrameLayout, n_
     hf_top1 = rows.argmax(-1)
     top2 = rows.topk(2, dim=-1).values
     vllm_top1 = torch.tensor([next(t for t, r in vllm_lp.ranks[p].items() if r == 1) for p in pos.tolist()])
-    gap = torch.tensor([max(abs(float(rows[i, t]) - lp) for t, lp in vllm_lp.prompt[p].items())
+    gap = torch.tensor([max(logprob_gap(float(rows[i, t]), lp) for t, lp in vllm_lp.prompt[p].items())
                         for i, p in enumerate(pos.tolist())])
     idx = torch.arange(len(pos))
     margin = rows[idx, hf_top1] - rows[idx, vllm_top1]

@@ -340,6 +340,7 @@ def compare_with_hf(trace: ForwardTrace, hf_model, context: torch.Tensor, action
         "pos_emb_vs_hf": diff(trace.pos_emb, pe),
         "merged_plus_pe_vs_hf_embed_interleaved": diff(trace.backbone_input, x),
         "hidden_vs_hf": diff(trace.hidden, hidden),
-        "last_logits_vs_hf": diff(trace.logits[-1], logits),
+        # over the codes: the port's compute_logits masks the placeholder id (-inf), HF's head does not
+        "last_logits_vs_hf": diff(trace.logits[-1][: hf_model.layout.placeholder_id], logits[: hf_model.layout.placeholder_id]),
         "same_next_token": int(hf_logits.argmax()) == trace.token,
     }

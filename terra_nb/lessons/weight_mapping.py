@@ -48,6 +48,7 @@ __all__ = [
     "compare_logprobs",
     "engine_parameter_shapes",
     "hf_prompt_logprobs",
+    "logprob_gap",
     "load_and_map",
     "loading_error",
     "mapping_summary",
@@ -277,12 +278,23 @@ def loading_error(model, state_dict: Mapping[str, torch.Tensor]) -> str | None:
 def hf_prompt_logprobs(model, context: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """Log-softmax (float32, CPU) of the HF model's logits at every position of the prompt
     `build_prompt(context)`: `context` [n, P] codes, `actions` [>= n, 6, 3]. Row `j` is the
-    distribution of the token at position `j + 1`; shape [n * frame_len, V]."""
+    distribution of the token at position `j + 1`; shape [n * frame_len, V].
+
+    The placeholder id is masked to -inf first, as HF's `generate` (`suppress_tokens`) and the
+    port's `compute_logits` do: vLLM's logprobs are of that distribution (it never samples the
+    placeholder), so an unmasked row would differ from it by log(1 - p(placeholder)) everywhere."""
     dev = next(model.parameters()).device
     context = torch.as_tensor(context)
     n = context.shape[0]
     logits = model(input_ids=context.reshape(1, -1).to(dev), actions=torch.as_tensor(actions)[None, :n].to(dev)).logits
-    return logits[0].float().log_softmax(-1).cpu()
+    logits = logits[0].float()
+    logits[:, FrameLayout.from_config(model.config).placeholder_id] = float("-inf")
+    return logits.log_softmax(-1).cpu()
+
+
+def logprob_gap(a: float, b: float) -> float:
+    """|a - b|, 0 where both are the same (both -inf: the masked placeholder id at an action slot)."""
+    return 0.0 if a == b else abs(a - b)
 
 
 @dataclass
@@ -376,12 +388,12 @@ def compare_logprobs(hf_lp: torch.Tensor, v: VllmLogprobs, layout: FrameLayout, 
     for j in range(1, L):
         row = hf_lp[j - 1]
         d = v.prompt[j]
-        diffs[j] = max(abs(float(row[t]) - lp) for t, lp in d.items())
+        diffs[j] = max(logprob_gap(float(row[t]), lp) for t, lp in d.items())
         n_vals += len(d)
         best = next(t for t, r in v.ranks[j].items() if r == 1)
         top1 += int(best == int(row.argmax()))
     last = hf_lp[-1]
-    next_diff = max(abs(float(last[t]) - lp) for t, lp in v.next.items())
+    next_diff = max(logprob_gap(float(last[t]), lp) for t, lp in v.next.items())
     n_vals += len(v.next)
     hf_next = int(last.argmax())
     gap = float(last[hf_next] - last[v.next_token])

@@ -19,6 +19,8 @@ Structure as in vLLM's multimodal models (e.g. `paligemma.py`), on vLLM's `Llama
   (`ReplicatedLinear`) and the two position tables (plain `nn.Embedding`, 607 rows for Terra) are
   replicated on every rank: they produce full-width `[*, H]` vectors that are added to the
   (all-reduced, full-width) token embeddings, so no communication is needed.
+* **The placeholder id is masked** in `compute_logits` (-inf, as HF's `suppress_tokens`): no
+  request can sample it, and none needs a `logit_bias` (which vLLM refuses with speculative decoding).
 * **Weights** load from the released HF names with vLLM's `AutoWeightsLoader` and a
   `WeightsMapper` (see `load_weights`), which fails loudly, naming them, when a checkpoint weight
   is left over or a parameter is left unloaded.
@@ -292,7 +294,14 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds=inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        return self.logits_processor(self.lm_head, hidden_states)
+        """The output layer's logits with the placeholder id masked to -inf for every request, as
+        HF's `suppress_tokens` does: the id fills action slots and is never a code, so no request,
+        greedy, sampled or speculative (vLLM verifies drafts on these logits), can produce it, and
+        no per-request `logit_bias` is needed (vLLM refuses `logit_bias` with speculative decoding)."""
+        logits = self.logits_processor(self.lm_head, hidden_states)
+        if logits is not None:  # None on the ranks that do not gather the logits
+            logits[..., self.layout.placeholder_id] = float("-inf")
+        return logits
 
     # ------------------------------------------------------------------ weights
     hf_to_vllm_mapper = _HF_TO_VLLM

@@ -11,8 +11,9 @@ positions restarting at 0), it generates one frame per step:
 * the prompt of rollout b is its frames so far, each followed by six placeholder slots
   (`layout.build_prompt`), with `multi_modal_data={"actions": the actions of those frames}`;
 * all B rollouts go into **one** `llm.generate` call, with `max_tokens=P` and `ignore_eos=True`
-  (exactly P codes; `min_tokens` is not used: it cost ~20% on the GPU) and the placeholder id
-  suppressed (`logit_bias`, as `suppress_tokens` does for HF), so only image codes are sampled;
+  (exactly P codes; `min_tokens` is not used: it cost ~20% on the GPU); only image codes are
+  sampled: the model masks the placeholder id itself (`vllm_model` `compute_logits`, as
+  `suppress_tokens` does for HF), so the requests carry no `logit_bias`;
 * the new frame is appended with its six slots and the next step re-submits the longer prompt;
   vLLM's prefix cache finds every earlier block (the action items are hashed per frame), so each
   step prefills only the newest frame.
@@ -69,10 +70,6 @@ EAGER_ENV = "TERRA_NB_ENFORCE_EAGER"
 torch.compile or CUDA-graph capture (a minute or more per engine start). The GPU runner's check
 lanes use it; papermill keeps vLLM's default."""
 
-# Below this, a placeholder logit is never sampled in practice (vLLM clamps biases to +-100).
-SUPPRESS_BIAS = -100.0
-
-
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
@@ -93,7 +90,7 @@ def gpu_memory_share(requested: float | None) -> float | None:
 
 
 def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_attention: str | None = "ieee",
-             **overrides):
+             *, speculative_k: int | None = None, speculative: str | None = None, **overrides):
     """Build a `vllm.LLM` for a Terra checkpoint folder (released `config.json` + safetensors).
 
     Defaults (each can be overridden by keyword):
@@ -118,15 +115,23 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
 
     On a GPU: pass `gpu_memory_utilization` below 0.9 when an HF model shares the GPU, and free an
     engine with `vllm_compat.shutdown_llm(llm)` before building the next one in the same process.
+
+    `speculative_k`: speculative decoding with at most k draft codes a step, proposed by
+    `speculative`: "frame_copy" (the default: `frame_copy.FrameCopyProposer`, the previous frame's
+    codes) or "ngram" (vLLM's n-gram prompt lookup, the baseline). Greedy codes stay the same token
+    for token. Bad settings (k < 1, frame copy on a model without frames, `speculative` without k
+    or beside a `speculative_config` of your own) raise `ValueError` before the engine starts.
     """
     import vllm
 
-    return vllm.LLM(**engine_kwargs(checkpoint_dir, max_frames, fp32_attention, **overrides))
+    return vllm.LLM(**engine_kwargs(checkpoint_dir, max_frames, fp32_attention, speculative_k=speculative_k,
+                                    speculative=speculative, **overrides))
 
 
 def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_attention: str | None = "ieee",
-                  **overrides) -> dict:
+                  *, speculative_k: int | None = None, speculative: str | None = None, **overrides) -> dict:
     """The engine arguments of `make_llm` (see there), for `vllm.LLM` or `AsyncEngineArgs`."""
+    spec = _speculative_kwargs(checkpoint_dir, speculative_k, speculative, overrides)
     cfg = LlamaActionConfig.from_pretrained(str(checkpoint_dir))
     layout = FrameLayout.from_config(cfg)
     frames = check_engine_frames(layout.max_frames if max_frames is None else int(max_frames), layout)
@@ -145,9 +150,23 @@ def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp3
         kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=32, enable_chunked_prefill=False,
                       max_num_batched_tokens=max(kwargs["max_model_len"], 2048), enforce_eager=True)
     kwargs.update(overrides)
+    kwargs.update(spec)
     if not _on_cpu():
         apply_gpu_settings(kwargs, fp32_attention)
     return kwargs
+
+
+def _speculative_kwargs(checkpoint_dir, k: int | None, method: str | None, overrides: dict) -> dict:
+    """{"speculative_config": ...} for `make_llm`'s speculative options ({} when off), checked."""
+    from .frame_copy import FRAME_COPY, speculative_config
+
+    if k is None:
+        if method is not None:
+            raise ValueError(f"speculative={method!r} needs speculative_k (draft tokens per step, >= 1)")
+        return {}
+    if overrides.get("speculative_config") is not None:
+        raise ValueError("pass either speculative_k (and speculative) or speculative_config, not both")
+    return {"speculative_config": speculative_config(method or FRAME_COPY, k, checkpoint_dir=checkpoint_dir)}
 
 
 def apply_gpu_settings(kwargs: dict, fp32_attention: str | None = "ieee") -> dict:
@@ -213,14 +232,15 @@ def request_seed(seed: int, rollout: int, frame: int) -> int:
 
 
 def sampling_params(sampling: SamplingConfig, layout: FrameLayout, seed: int | None = None):
-    """`vllm.SamplingParams` generating one frame: P codes, no EOS, the placeholder id suppressed."""
+    """`vllm.SamplingParams` generating one frame: P codes, no EOS. No `logit_bias`: the model
+    never samples the placeholder id (it masks it in `compute_logits`), and vLLM refuses
+    `logit_bias` with speculative decoding."""
     from vllm import SamplingParams
 
     kw = dict(
         max_tokens=layout.image_tokens,
         ignore_eos=True,
         detokenize=False,
-        logit_bias={layout.placeholder_id: SUPPRESS_BIAS},
     )
     if sampling.greedy:
         kw.update(temperature=0.0)
