@@ -147,18 +147,19 @@ def tiny_inputs():
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_ckpt, sample):
+def runs(tiny_ckpt, sample, tmp_path_factory):
     """Every engine of the module, one at a time: {name: {"codes", "counts", ...}}."""
     from terra_nb.port.vllm_compat import shutdown_llm
 
     toy_ckpt, toy_ctx, toy_acts = toy_inputs()
     tiny_ctx, tiny_acts = tiny_inputs()
-    # The n-gram engine last: vLLM's n-gram proposer imports numba, and once llvmlite is loaded the
-    # next in-process engine fails in vLLM 0.32's kernel registration (`register_kernels` scans every
-    # module: "'_lib_fn_wrapper' object has no attribute 'get'", triton_utils/dispatcher.py:139).
+    # The n-gram engine runs in a process of its own (`_ngram_in_a_subprocess`): vLLM's n-gram
+    # proposer imports numba, and once llvmlite is loaded every later in-process engine of that
+    # process fails in vLLM 0.32's kernel registration (`register_kernels` scans every module:
+    # "'_lib_fn_wrapper' object has no attribute 'get'", triton_utils/dispatcher.py:139), which
+    # would break the next test module that builds an engine in this pytest worker.
     plan = [("toy", toy_ckpt, {}), ("toy_frame_copy", toy_ckpt, dict(speculative_k=TOY_K)),
-            ("tiny", tiny_ckpt, {}), ("tiny_frame_copy", tiny_ckpt, dict(speculative_k=TINY_K)),
-            ("toy_ngram", toy_ckpt, dict(speculative_k=TOY_K, speculative="ngram"))]
+            ("tiny", tiny_ckpt, {}), ("tiny_frame_copy", tiny_ckpt, dict(speculative_k=TINY_K))]
     out = {}
     for name, ckpt, kw in plan:
         llm = make_llm(ckpt, disable_log_stats=False, **kw)
@@ -177,7 +178,36 @@ def runs(tiny_ckpt, sample):
             out[name] = res
         finally:
             shutdown_llm(llm)
+    out["toy_ngram"] = _ngram_in_a_subprocess(tmp_path_factory.mktemp("ngram"))
     return out
+
+
+NGRAM_SCRIPT = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import torch
+from test_frame_copy import GREEDY, TOY_K, spec_counts, toy_inputs
+from terra_nb.port.vllm_compat import shutdown_llm
+from terra_nb.port.vllm_rollout import make_llm, vllm_rollout
+ckpt, ctx, acts = toy_inputs()
+llm = make_llm(ckpt, disable_log_stats=False, speculative_k=TOY_K, speculative="ngram")
+codes = vllm_rollout(llm, ctx, acts, 4, GREEDY, progress=False)
+torch.save({{"codes": codes, "counts": spec_counts(llm)}}, {out!r})
+shutdown_llm(llm)
+"""
+
+
+def _ngram_in_a_subprocess(tmp) -> dict:
+    """The toy workload with vLLM's n-gram proposer, in a fresh Python (see `runs`)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp / "ngram.pt"
+    script = NGRAM_SCRIPT.format(tests=str(Path(__file__).parent), out=str(out))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
+    return torch.load(out)
 
 
 @pytest.mark.parametrize("model", ["toy", "tiny"])
