@@ -113,7 +113,7 @@ def run_rollout(
 def hf_generate_kwargs(sampling: SamplingConfig, layout: FrameLayout) -> dict:
     """The `model.generate` arguments that implement a SamplingConfig (no EOS, only codes sampled)."""
     kw = dict(
-        eos_token_id=None,  # exactly max_new_tokens codes (min_new_tokens is slow in transformers 5.17)
+        eos_token_id=None,  # exactly max_new_tokens codes, with no per-step EOS mask (min_new_tokens adds one)
         pad_token_id=layout.placeholder_id,
         suppress_tokens=[layout.placeholder_id],  # never sample the bos/eos/pad id as an image code
         use_cache=True,
