@@ -146,15 +146,12 @@ def main(argv=None):
     rm.add_argument("--commit")
     a = ap.parse_args(argv)
     if a.cmd in ("pairs", "remake"):
-        from terra_nb.bench.pairs import plan_of, run_plan, with_commit
+        from terra_nb.bench.pairs import plan_of, run_plan
         from terra_nb.bench.plans import named_plan
 
         plan = named_plan(a.plan) if a.cmd == "pairs" else plan_of(json.loads(Path(a.result).read_text()))
         ckpt = checkpoint(Path(a.ckpt_root), Workload(preset=plan.preset))
-        res = run_plan(plan, ckpt, Path(a.out), a.lease, a.deadline_s)
-        if a.commit:
-            res = with_commit(res, a.commit)
-            Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
+        res = run_plan(plan, ckpt, Path(a.out), a.lease, a.deadline_s, commit=a.commit)
         for c in res["analysis"]:
             print(f"{c['name']}: {c['speedup']:.3f}x [{c['interval'][0]:.3f}, {c['interval'][1]:.3f}], "
                   f"{c['trials']} trials a side, verdict {c['verdict']}")

@@ -5,7 +5,9 @@ setting and with today's defaults; each row a speed-up of the first-named side (
 with its 95% interval, the target and the verdict. Then one sentence each on whether the seed's 2.6x
 is reproduced and why, and the provenance (device, versions, commit, command).
 
-The newest `results/pairs/*_headline_stock.json` and `*_headline_seed.json` are the headline's
+Each file's `analysis` is what `pairs.analyse` computed from its trials when the run wrote it
+(tests/test_bench_pairs.py recomputes it for every committed file). The newest
+`results/pairs/*_headline_stock.json` and `*_headline_seed.json` are the headline's
 files (`latest`); `python -m terra_nb.bench headline` rewrites the README's headline block.
 """
 from __future__ import annotations
@@ -14,7 +16,6 @@ import json
 import statistics
 from pathlib import Path
 
-from terra_nb.bench.pairs import analyse
 from terra_nb.bench.plans import SEED_SPEEDUP
 from terra_nb.bench.stats import MET, MISSED
 from terra_nb.bench.workload import SEED_FIGURES
@@ -59,9 +60,12 @@ def s_per_frame(res: dict, block: str, side: str) -> float:
     return statistics.median(b["trials_s"][side]) / b["frames"]
 
 
-def ms_per_code(res: dict, block: str, side: str, codes_per_frame: int = 576) -> float:
-    """A side's median milliseconds per generated code at batch 1 (a frame is 576 codes)."""
-    return 1000 * s_per_frame(res, block, side) / codes_per_frame
+def ms_per_code(res: dict, block: str, side: str) -> float:
+    """A side's median milliseconds per generated code at batch 1 (codes per frame from the preset)."""
+    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.port.layout import FrameLayout
+
+    return 1000 * s_per_frame(res, block, side) / FrameLayout.from_config(preset_config(res["preset"])).image_tokens
 
 
 def _rollouts(n: int) -> str:
@@ -78,7 +82,7 @@ def headline_rows(stock: dict, seed: dict) -> list[dict]:
     """The table's rows: one per compared pair of both files, in the plans' order."""
     rows = []
     for res in (stock, seed):
-        for c in analyse(res):
+        for c in res["analysis"]:
             if res is seed and c["second"] != "hf":
                 continue  # the seed plan's third ratio (defaults vs seed engine) is detail, not headline
             b = _block(res, c["block"])
@@ -103,7 +107,7 @@ def headline_table(stock: dict, seed: dict) -> str:
 
 
 def _pair(res: dict, name: str) -> dict:
-    return next(c for c in analyse(res) if c["name"] == name)
+    return next(c for c in res["analysis"] if c["name"] == name)
 
 
 def _ci(c: dict) -> str:
@@ -147,7 +151,7 @@ def seed_sentences(seed: dict, probe: dict | None = None) -> list[str]:
 
 def stock_sentence(stock: dict) -> str:
     """The port against stock vLLM, batch by batch, in one sentence computed from the verdicts."""
-    cs = analyse(stock)
+    cs = stock["analysis"]
     parts = [f"{c['speedup']:.2f}x [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}] at {_rollouts(c['batch'])}"
              for c in cs]
     verdicts = {c["verdict"] for c in cs}

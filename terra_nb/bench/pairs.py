@@ -179,12 +179,14 @@ def round_order(sides: tuple[str, ...], r: int) -> list[str]:
 
 
 def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None = None,
-             deadline_s: float | None = None, progress: bool = True, log_dir: Path | None = None) -> dict:
+             deadline_s: float | None = None, progress: bool = True, log_dir: Path | None = None,
+             commit: str | None = None) -> dict:
     """Start every side, check every pair's settings, run the blocks round by round; return (and
     with `out`, keep writing) the result. Rounds that would start after `deadline_s` are skipped
     and listed in `errors`. A pair whose sides differ outside `under_test` raises
     `settings.UnequalSettings` before any trial. Each side's engine log goes to
-    `<log_dir>/<side>.log` (default: beside `out`, else a temporary folder), not to this output."""
+    `<log_dir>/<side>.log` (default: beside `out`, else a temporary folder), not to this output.
+    `commit`: the code that runs, where this machine's git is stale (`with_commit`)."""
     import tempfile
 
     from tqdm.auto import tqdm
@@ -194,6 +196,8 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
         log_dir = out.parent / f"{out.stem}_logs" if out is not None else Path(tempfile.mkdtemp(prefix="pairs_logs_"))
     log_dir.mkdir(parents=True, exist_ok=True)
     res = header(plan, ckpt, lease)
+    if commit:
+        res = with_commit(res, commit)
     workers: dict[str, Worker] = {}
 
     def flush():

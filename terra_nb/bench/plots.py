@@ -1,11 +1,11 @@
-"""Figures of interleaved comparisons (`pairs` result files): every trial, in the order it ran."""
+"""Figures of interleaved comparisons (`pairs` result files): every trial, in the order it ran,
+with the speed-ups the file's `analysis` holds."""
 from __future__ import annotations
 
 import statistics
 
 from matplotlib.figure import Figure
 
-from terra_nb.bench.pairs import analyse
 
 
 def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
@@ -18,7 +18,7 @@ def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
     fig = Figure(figsize=(4.2 * max(1, len(blocks)), 3.4), layout="constrained")
     axes = fig.subplots(1, max(1, len(blocks)), squeeze=False)[0]
     by_block = {}
-    for c in analyse(res):
+    for c in res["analysis"]:
         by_block.setdefault(c["block"], []).append(c)
     for ax, b in zip(axes, blocks):
         for side, trials in b["trials_s"].items():
