@@ -76,11 +76,16 @@ def test_greedy_sessions_equal_hf_token_for_token(engine, hf, sample):
 
 
 def test_greedy_sessions_equal_the_frame_loop_across_a_round_boundary(engine, tiny_llm):
-    """3 context + 24 new frames: a round of 22 new, then a new session from the last 3 frames."""
-    ctx, acts = random_inputs(2, 3, 3 + 24 - 1, seed=3)
-    out = session_rollout_sync(engine, ctx, acts, 24, GREEDY, progress=False)
-    ref = vllm_rollout(tiny_llm, ctx, acts, 24, GREEDY, progress=False)
-    assert out.shape == ref.shape == (2, 24, P)
+    """20 context + 7 new frames: a round of 5 new (the window full at 25 frames), then a new session
+    from the last 3 frames with 2 more. (A long context instead of 3 + 24: the same boundary for a
+    sixth of the decode steps.)"""
+    from terra_nb.port.layout import plan_rounds
+
+    assert [(r.start, r.n_window, r.n_new) for r in plan_rounds(20, 7)] == [(0, 20, 5), (22, 3, 2)]
+    ctx, acts = random_inputs(2, 20, 20 + 7 - 1, seed=3)
+    out = session_rollout_sync(engine, ctx, acts, 7, GREEDY, progress=False)
+    ref = vllm_rollout(tiny_llm, ctx, acts, 7, GREEDY, progress=False)
+    assert out.shape == ref.shape == (2, 7, P)
     assert torch.equal(out, ref), first_difference(out, ref)
     assert not torch.equal(out[0], out[1])
 
