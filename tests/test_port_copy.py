@@ -1,11 +1,24 @@
-"""The port copies: `terra_nb/port/` moved into another project, under another name, works alone.
+"""The ports copy: `terra_nb/port/` and `terra_nb/port_vlm/`, moved into another project under other
+names, work alone, and a vLLM without a private method they wrap still starts every engine.
 
-The folder is copied to a temporary package `terra_port_copy`, declared as a vLLM general plugin
-the way an installed project would (a `*.dist-info/entry_points.txt` on the path), and a fresh
-interpreter, with `VLLM_PLUGINS` naming only the copy and a `terra_nb` that cannot be imported
-first on `PYTHONPATH` (the engine's own processes inherit both), registers the copy, builds the
-HF model through `AutoModelForCausalLM` and a vLLM engine from the copy alone, and rolls out one
-greedy frame on each. The two must agree token by token.
+Both folders are copied to temporary packages (`terra_port_copy`, `tiny_vlm_copy`), each declared as
+a vLLM general plugin the way an installed project would (a `*.dist-info/entry_points.txt` on the
+path), beside a `terra_nb` that refuses to be imported, first on `PYTHONPATH`. One fresh interpreter,
+with `VLLM_PLUGINS` naming only the copies (the engines' own processes inherit both), then:
+
+* loads the plugins as an engine does (`load_general_plugins`), on a vLLM whose
+  `AsyncLLM._add_streaming_input_request`, a private method Terra's front door wraps, is deleted
+  first, as on a release that renamed it. vLLM calls plugins without a guard: a plugin that raised
+  there would stop every engine of the environment, whatever its model;
+* Terra: builds the HF model through `AutoModelForCausalLM` and a vLLM engine from the copy alone,
+  rolls out one greedy frame on each (the two must agree token by token), and sends the engine's
+  front end a streaming-session chunk, which Terra must refuse, naming the missing method;
+* TinyVLM, the other model: the same with `AutoModelForImageTextToText` and one prompt with an image;
+* reports the module of every class HF built and vLLM registered: each must be the copy's. (A copy
+  that named `terra_nb.port_vlm` would serve the original's classes wherever `terra_nb` is installed;
+  here, where it cannot be imported, its engine would not start.)
+
+The three tests read the one run (about a minute: two engines on two cores).
 """
 from __future__ import annotations
 
@@ -18,64 +31,188 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
-
 import terra_nb.port
+import terra_nb.port_vlm
 
-COPY = "terra_port_copy"
+TERRA, VLM = "terra_port_copy", "tiny_vlm_copy"
+TERRA_ARCHS = ("LlamaActionForCausalLM", "LlamaActionV2ForCausalLM")
+VLM_ARCH = "TinyVLMForConditionalGeneration"
+SHARED = ("vllm_patch.py", "gpu_settings.py")  # shipped, the same file, in both ports
+MAX_TOKENS = 8
 
 _SCRIPT = rf"""
-import json, sys
+import json, logging, sys, traceback
 import torch
-import {COPY}
-from {COPY}.vllm_plugin import register
-register()
-from transformers import AutoModelForCausalLM
-from {COPY}.rollout import SamplingConfig, hf_rollout
-from {COPY}.vllm_compat import shutdown_llm
-from {COPY}.vllm_rollout import make_llm, vllm_rollout
 
-hf = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
-g = torch.Generator().manual_seed(3)
-lay = hf.layout
-ctx = torch.randint(0, lay.num_codes, (2, lay.image_tokens), generator=g)
-acts = torch.randn(2, lay.action_tokens, lay.action_dim, generator=g)
-greedy = SamplingConfig(temperature=0.0)
-hf_codes = hf_rollout(hf, ctx, acts, 1, greedy, progress=False)
-llm = make_llm(sys.argv[1], max_frames=3, enforce_eager=True)
-vllm_codes = vllm_rollout(llm, ctx, acts, 1, greedy, progress=False)
-shutdown_llm(llm)
-print("PROBE" + json.dumps({{
-    "hf": hf_codes.tolist(), "vllm": vllm_codes.tolist(), "hf_class": type(hf).__module__,
-    "terra_nb_loaded": sorted(m for m in sys.modules if m.split(".")[0] == "terra_nb"),
-}}))
+warnings = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        warnings.append(record.getMessage())
+
+
+logging.getLogger().addHandler(Keep(logging.WARNING))
+
+# A vLLM release without the method the door wraps to follow streaming sessions.
+from vllm.v1.engine.async_llm import AsyncLLM
+del AsyncLLM._add_streaming_input_request
+from vllm.plugins import load_general_plugins
+load_general_plugins()  # the copies' entry points, as every engine process does
+
+from vllm import ModelRegistry, SamplingParams
+out = {{"plugin_warnings": list(warnings),
+       # lazily registered: "module:Class", whether or not that module can be imported here
+       "registered": {{a: getattr(ModelRegistry.models.get(a), "module_name", None)
+                      for a in {TERRA_ARCHS + (VLM_ARCH,)!r}}}}}
+
+
+def part(name):
+    # each part reports its own failure, so that one test failing says why and leaves the others
+    def run(fn):
+        try:
+            out[name] = fn()
+        except Exception:
+            out[name] = {{"error": traceback.format_exc()[-3000:]}}
+    return run
+
+
+@part("terra")
+def terra():
+    # one greedy frame on HF and on vLLM, then a session chunk the door cannot follow
+    from transformers import AutoModelForCausalLM
+    from {TERRA}.rollout import SamplingConfig, hf_rollout
+    from {TERRA}.vllm_compat import shutdown_llm
+    from {TERRA}.vllm_rollout import make_llm, vllm_rollout
+
+    hf = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+    g = torch.Generator().manual_seed(3)
+    lay = hf.layout
+    ctx = torch.randint(0, lay.num_codes, (2, lay.image_tokens), generator=g)
+    acts = torch.randn(2, lay.action_tokens, lay.action_dim, generator=g)
+    greedy = SamplingConfig(temperature=0.0)
+    res = {{"hf": hf_rollout(hf, ctx, acts, 1, greedy, progress=False).tolist(), "hf_class": type(hf).__module__}}
+    llm = make_llm(sys.argv[1], max_frames=3, enforce_eager=True)
+    try:
+        res["vllm"] = vllm_rollout(llm, ctx, acts, 1, greedy, progress=False).tolist()
+        try:
+            llm.llm_engine.input_processor.process_inputs(
+                "chunk", {{"prompt_token_ids": ctx[0].tolist()}}, SamplingParams(max_tokens=lay.image_tokens),
+                supported_tasks=("generate",), resumable=True)
+            res["session_refusal"] = None
+        except Exception as e:
+            res["session_refusal"] = f"{{type(e).__name__}}: {{e}}"
+    finally:
+        shutdown_llm(llm)
+    return res
+
+
+@part("vlm")
+def vlm():
+    # one prompt with one image, greedy, on HF and on vLLM
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from {VLM}.checkpoints import write_random_checkpoint
+    from {VLM}.hf_model import greedy_generate
+    from {VLM}.vllm_engine import image_request, make_llm
+
+    ckpt = write_random_checkpoint(sys.argv[2])
+    hf = AutoModelForImageTextToText.from_pretrained(ckpt).eval()
+    processor = AutoProcessor.from_pretrained(ckpt)
+    image = torch.rand(3, 16, 24, generator=torch.Generator().manual_seed(1))
+    text = "<image> describe the picture"
+    res = {{"hf": greedy_generate(hf, processor(text=text, images=[image]), {MAX_TOKENS}),
+           "hf_class": type(hf).__module__, "processor_class": type(processor).__module__}}
+    llm = make_llm(ckpt, enforce_eager=True)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens={MAX_TOKENS}, ignore_eos=True)
+        res["vllm"] = list(llm.generate([image_request(text, [image])], params, use_tqdm=False)[0].outputs[0].token_ids)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return res
+
+
+out["terra_nb_loaded"] = sorted(m for m in sys.modules if m.split(".")[0] == "terra_nb")
+print("PROBE" + json.dumps(out))
 """
 
 
-def _make_copy(root: Path) -> None:
-    """`root/terra_port_copy/` (the port's .py files), its plugin entry point, and a `terra_nb`
-    that refuses to import (so any leftover `import terra_nb` fails loudly)."""
-    shutil.copytree(Path(terra_nb.port.__file__).parent, root / COPY, ignore=shutil.ignore_patterns("__pycache__"))
-    dist = root / f"{COPY}-0.0.dist-info"
+def _copy_package(source: Path, root: Path, name: str) -> None:
+    """`root/name/` (the package's .py files) and its plugin entry point, as an installed project has."""
+    shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    dist = root / f"{name}-0.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {COPY}\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{COPY} = {COPY}.vllm_plugin:register\n")
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{name} = {name}.vllm_plugin:register\n")
+
+
+def _make_copies(root: Path) -> None:
+    """Both ports under other names, and a `terra_nb` that refuses to import (so any leftover
+    `import terra_nb` fails loudly)."""
+    _copy_package(Path(terra_nb.port.__file__).parent, root, TERRA)
+    _copy_package(Path(terra_nb.port_vlm.__file__).parent, root, VLM)
     (root / "terra_nb").mkdir()
-    (root / "terra_nb" / "__init__.py").write_text('raise ImportError("the copied port imported terra_nb")\n')
+    (root / "terra_nb" / "__init__.py").write_text('raise ImportError("a copied port imported terra_nb")\n')
 
 
-def test_a_copy_of_the_port_under_another_name_serves_alone_with_hf_parity(tiny_ckpt, tmp_path):
-    _make_copy(tmp_path)
-    # the copy first; whatever PYTHONPATH already holds (the GPU runner's vLLM lives there) after it
-    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "VLLM_PLUGINS": COPY}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tiny_ckpt)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=500)
+@pytest.fixture(scope="module")
+def copies(tiny_ckpt, tmp_path_factory):
+    """What the one run of `_SCRIPT` over the copies reports (its output, on failure)."""
+    root = tmp_path_factory.mktemp("copies")
+    _make_copies(root)
+    # the copies first; whatever PYTHONPATH already holds (the GPU runner's vLLM lives there) after them
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "VLLM_PLUGINS": f"{TERRA},{VLM}"}
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tiny_ckpt), str(root / "tiny_vlm_ckpt")], env=env,
+                          cwd=root, capture_output=True, text=True, timeout=500)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
     assert line is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = json.loads(line[len("PROBE"):])
-    assert out["hf_class"] == f"{COPY}.hf_model" and out["terra_nb_loaded"] == []
-    hf, vl = out["hf"][0], out["vllm"][0]
+    return json.loads(line[len("PROBE"):])
+
+
+def _part(copies: dict, name: str) -> dict:
+    """One part of the run; its traceback when it failed."""
+    res = copies[name]
+    assert "error" not in res, f"the {name} part failed in the copy:\n{res.get('error')}"
+    return res
+
+
+def _first_difference(a: list[int], b: list[int]) -> str:
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"HF and vLLM differ first at token {i}: HF {a[i:i + 4]}, vLLM {b[i:i + 4]}"
+
+
+def test_a_copy_of_the_port_under_another_name_serves_alone_with_hf_parity(copies):
+    assert copies["terra_nb_loaded"] == []
+    assert {a: copies["registered"][a] for a in TERRA_ARCHS} == dict.fromkeys(TERRA_ARCHS, f"{TERRA}.vllm_model")
+    terra = _part(copies, "terra")
+    assert terra["hf_class"] == f"{TERRA}.hf_model"
+    hf, vl = terra["hf"][0], terra["vllm"][0]
     assert len(hf) == len(vl) == 64  # one frame of the tiny preset's 64 codes
-    first_diff = next((i for i, (a, b) in enumerate(zip(hf, vl)) if a != b), None)
-    assert first_diff is None, f"HF and vLLM differ first at code {first_diff}: {hf[first_diff]} vs {vl[first_diff]}"
+    assert hf == vl, _first_difference(hf, vl)
+
+
+def test_a_copy_of_port_vlm_under_another_name_serves_alone_with_hf_parity(copies):
+    assert copies["terra_nb_loaded"] == []
+    assert copies["registered"][VLM_ARCH] == f"{VLM}.vllm_model"
+    vlm = _part(copies, "vlm")
+    assert (vlm["hf_class"], vlm["processor_class"]) == (f"{VLM}.hf_model", f"{VLM}.hf_processing")
+    assert len(vlm["hf"]) == len(vlm["vllm"]) == MAX_TOKENS
+    assert vlm["hf"] == vlm["vllm"], _first_difference(vlm["hf"], vlm["vllm"])
+
+
+def test_without_a_method_the_door_wraps_every_engine_starts_and_terra_refuses_what_it_cannot_check(copies):
+    # both plugins registered (the engines above served), Terra's saying once what it skipped
+    [warning] = [w for w in copies["plugin_warnings"] if "_add_streaming_input_request" in w]
+    assert "AsyncLLM._add_streaming_input_request is gone" in warning
+    assert "skipped Terra's streaming-session checks" in warning
+    assert _part(copies, "vlm")["vllm"] and _part(copies, "terra")["vllm"]
+    refusal = _part(copies, "terra")["session_refusal"]
+    assert refusal is not None and refusal.startswith("RequestValidationError: Terra refuses streaming-input sessions")
+    assert "AsyncLLM._add_streaming_input_request is gone" in refusal and "one request per frame" in refusal
+
+
+def test_the_files_both_ports_ship_are_the_same():
+    """Each port carries its own copy of the shared helpers, so that it copies alone; they must not drift."""
+    port, vlm = Path(terra_nb.port.__file__).parent, Path(terra_nb.port_vlm.__file__).parent
+    for name in SHARED:
+        assert (port / name).read_text() == (vlm / name).read_text(), f"port/{name} and port_vlm/{name} differ"

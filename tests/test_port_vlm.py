@@ -98,7 +98,7 @@ def test_vllm_processor_refuses_wrong_image_counts(processor, images, text, n_im
 ])
 def test_vllm_parser_refuses_bad_images(processor, image, message):
     from terra_nb.lessons.port_vlm import process
-    from terra_nb.port.vllm_compat import RequestValidationError
+    from terra_nb.port_vlm.vllm_patch import RequestValidationError
 
     with pytest.raises(RequestValidationError, match=message):
         process(processor, "<image> what", [image])

@@ -95,7 +95,7 @@ def process(ip, prompt, **params):
 
 
 def test_the_plugin_wraps_process_inputs_once(input_processor):
-    from terra_nb.port.vllm_compat import wrapped_by
+    from terra_nb.port.vllm_patch import wrapped_by
 
     assert F.installed()
     wrapped = InputProcessor.process_inputs
@@ -106,7 +106,7 @@ def test_the_plugin_wraps_process_inputs_once(input_processor):
 
 def test_doors_of_two_plugins_compose_in_either_order():
     """Each door counts only itself: a second plugin's wrapper neither hides nor copies the first's mark."""
-    from terra_nb.port.vllm_compat import wrap_process_inputs, wrapped_by
+    from terra_nb.port.vllm_patch import PROCESS_INPUTS, wrap, wrapped_by
 
     before = InputProcessor.process_inputs
     calls = []
@@ -120,11 +120,14 @@ def test_doors_of_two_plugins_compose_in_either_order():
         return make
 
     try:
-        InputProcessor.process_inputs = lambda self, *a, **k: "done"
+        def process_inputs(self, request_id, prompt, params, *a, **k):
+            return "done"
+
+        InputProcessor.process_inputs = process_inputs
         for name in ("_door_a", "_door_b", "_door_a"):
-            wrap_process_inputs(name, recorder(name))
+            assert wrap(PROCESS_INPUTS, name, recorder(name), "a test's door")
         assert (wrapped_by("_door_a"), wrapped_by("_door_b")) == (1, 1)
-        assert InputProcessor.process_inputs(object()) == "done" and calls == ["_door_b", "_door_a"]
+        assert InputProcessor.process_inputs(object(), "r", [0], None) == "done" and calls == ["_door_b", "_door_a"]
     finally:
         InputProcessor.process_inputs = before
 

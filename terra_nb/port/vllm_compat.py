@@ -29,7 +29,8 @@ the port relies on; `hook_problems()` (run by a test) checks them on the install
 4. **Names and types.** The dummy-options type is `MultiModalDummyOptions` in 0.32 and a plain
    mapping of `BaseDummyOptions` in 0.26 (`DummyOptions` here). vLLM's request-validation error
    (`VLLMValidationError`, which the OpenAI server maps to HTTP 400) is a `ValueError` in 0.26 but
-   not in 0.32; `RequestValidationError` here is both on either release.
+   not in 0.32; `RequestValidationError` (defined in `vllm_patch`, re-exported here) is both on
+   either release.
 5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens` per
    request (what `vllm_rollout`'s `RolloutStats` sums); use that. The Prometheus counters
    (`vllm:prefix_cache_queries` / `_hits`, read by `prefix_cache_counters(llm)`, needing
@@ -39,13 +40,14 @@ the port relies on; `hook_problems()` (run by a test) checks them on the install
    (and free its memory) with `llm.llm_engine.engine_core.shutdown()`, see `shutdown_llm`.
 7. **The front door.** Every request passes `InputProcessor.process_inputs`
    (`vllm.v1.engine.input_processor`, same module, method and `EngineCoreRequest` fields on both
-   releases), which `vllm_frontdoor` wraps. vLLM's own id check there
+   releases), which `vllm_frontdoor` wraps (through `vllm_patch.wrap`, which skips, with a
+   warning, a method a release renamed, instead of stopping vLLM). vLLM's own id check there
    (`validate_token_ids`) runs only with a tokenizer, and on 0.26 ignores negative ids.
 8. **Streaming-input sessions** (`session_rollout`). Both releases have
    `vllm.engine.protocol.StreamingInput(prompt, sampling_params=None)` and
    `AsyncLLM.generate(async_generator, sampling_params, request_id)`, which opens the session in
    `AsyncLLM._add_streaming_input_request(self, request_id, input_stream, sampling_params, ...)`
-   (the door wraps it: `wrap_streaming_sessions`) and sends every chunk through `process_inputs`
+   (the door wraps it: `vllm_patch.STREAMING_SESSIONS`) and sends every chunk through `process_inputs`
    with `resumable=True`. Three differences, none of which changes what a Terra session computes:
    * When a chunk ends, the scheduler's `_update_request_as_session` drops the last sampled token;
      0.32 also drops the block hashes past the kept tokens, 0.26 keeps them. A hash kept on 0.26
@@ -75,10 +77,11 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import vllm
-from vllm.exceptions import VLLMValidationError as _VLLMValidationError
 from vllm.multimodal.processing import BaseMultiModalProcessor, ProcessorInputs
 from vllm.multimodal.processing import processor as _processor_mod
 from vllm.v1.engine.input_processor import InputProcessor  # (7)
+
+from .vllm_patch import PROCESS_INPUTS, STREAMING_SESSIONS, RequestValidationError
 
 __all__ = [
     "VLLM_VERSION",
@@ -95,9 +98,6 @@ __all__ = [
     "shutdown_llm",
     "supports_multimodal_inputs",
     "version_tuple",
-    "wrap_process_inputs",
-    "wrap_streaming_sessions",
-    "wrapped_by",
     "PRIVATE_HOOKS",
     "Hook",
     "hook_problems",
@@ -119,8 +119,7 @@ class Hook(NamedTuple):
 
 
 PRIVATE_HOOKS: tuple[Hook, ...] = (
-    Hook("vllm.v1.engine.input_processor:InputProcessor.process_inputs", "vllm_frontdoor.install (wraps it)",
-         ("self", "request_id", "prompt", "params")),
+    Hook(PROCESS_INPUTS.target, "vllm_frontdoor.install (wraps it)", PROCESS_INPUTS.params),
     Hook("vllm.v1.engine:EngineCoreRequest", "vllm_frontdoor.check_request (reads these fields)",
          ("prompt_token_ids", "mm_features", "sampling_params", "prompt_embeds")),
     Hook("vllm.model_executor.models.utils:_merge_multimodal_embeddings", "vllm_model.embed_input_ids",
@@ -142,8 +141,7 @@ PRIVATE_HOOKS: tuple[Hook, ...] = (
     Hook("vllm.model_executor.models.utils:AutoWeightsLoader.load_weights", "vllm_model.load_weights",
          ("self", "weights", "mapper")),
     Hook("vllm.v1.engine.core_client:EngineCoreClient.shutdown", "shutdown_llm", ("self",)),
-    Hook("vllm.v1.engine.async_llm:AsyncLLM._add_streaming_input_request", "vllm_frontdoor.install (wraps it)",
-         ("self", "request_id", "input_stream", "sampling_params")),
+    Hook(STREAMING_SESSIONS.target, "vllm_frontdoor.install (wraps it)", STREAMING_SESSIONS.params),
     # (1) profiling inputs
     Hook("vllm.multimodal.processing:BaseMultiModalProcessor.get_dummy_inputs", "TokenizerFreeProcessorMixin",
          ("self", "seq_len", "mm_counts", "mm_options"), "0.32"),
@@ -237,18 +235,6 @@ try:  # 0.32
     from vllm.config.multimodal import MultiModalDummyOptions as DummyOptions
 except ImportError:  # 0.26: a plain Mapping[str, BaseDummyOptions]
     DummyOptions = Mapping[str, Any]  # type: ignore[misc]
-
-
-# (4) One error type that vLLM's server and plain `except ValueError` both recognise.
-if issubclass(_VLLMValidationError, ValueError):  # 0.26
-
-    class RequestValidationError(_VLLMValidationError):
-        """A bad request: a `VLLMValidationError`, and a `ValueError`."""
-
-else:  # 0.32
-
-    class RequestValidationError(_VLLMValidationError, ValueError):  # type: ignore[no-redef]
-        """A bad request: a `VLLMValidationError`, and a `ValueError`."""
 
 
 class TokenIdsDummyInputsMixin:
@@ -354,48 +340,6 @@ def supports_multimodal_inputs(model_config) -> bool:
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
     return MULTIMODAL_REGISTRY.supports_multimodal_inputs(model_config)
-
-
-def _marked(fn, mark: str) -> int:
-    """How many wrappers marked `mark` the chain of `__wrapped__` from `fn` holds."""
-    n = 0
-    while fn is not None:
-        n += bool(fn.__dict__.get(mark, False)) if hasattr(fn, "__dict__") else 0
-        fn = getattr(fn, "__wrapped__", None)
-    return n
-
-
-def _wrap_once(owner, name: str, mark: str, make_wrapper) -> None:
-    """Replace `owner.name` with `make_wrapper(original)`, marked `mark`, unless the chain holds it.
-
-    Several plugins may each add a check (Terra's door, TinyVLM's); each wrapper carries only its own
-    `mark` (`functools.wraps(..., updated=())` copies no attributes), so the wrappers compose in any
-    order and `_marked` counts each plugin's exactly.
-    """
-    original = getattr(owner, name)
-    if _marked(original, mark):
-        return
-    wrapper = functools.wraps(original, updated=())(make_wrapper(original))
-    setattr(wrapper, mark, True)
-    setattr(owner, name, wrapper)
-
-
-def wrapped_by(mark: str) -> int:
-    """How many wrappers marked `mark` `InputProcessor.process_inputs` holds (the chain of `__wrapped__`)."""
-    return _marked(InputProcessor.process_inputs, mark)
-
-
-def wrap_process_inputs(mark: str, make_wrapper) -> None:
-    """Wrap `InputProcessor.process_inputs` with `make_wrapper(original)` once per process."""
-    _wrap_once(InputProcessor, "process_inputs", mark, make_wrapper)
-
-
-def wrap_streaming_sessions(mark: str, make_wrapper) -> None:
-    """Wrap `AsyncLLM._add_streaming_input_request` (8: where a streaming session opens) with
-    `make_wrapper(original)` once per process, marked `mark` like `wrap_process_inputs`."""
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    _wrap_once(AsyncLLM, "_add_streaming_input_request", mark, make_wrapper)
 
 
 def prefix_cache_counters(llm) -> dict[str, float] | None:

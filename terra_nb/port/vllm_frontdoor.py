@@ -39,6 +39,19 @@ variable, which vLLM's input task inherits; it dies with the session). With it t
 The session's frame count assumes every chunk generated its `max_tokens`; if one stopped early the
 session is shorter than counted, so the window check stays on the safe side.
 
+**A vLLM without the methods the door wraps.** vLLM runs the plugin in every process of every
+engine, whatever its model, and does not catch what it raises; so `install()` wraps through
+`vllm_patch.wrap`, which, where a release renamed or removed a method (or changed its leading
+parameters), wraps nothing, raises nothing and logs a warning naming the method and the check it
+skips. Every engine of the environment starts; Terra then refuses what it can no longer check:
+
+* without `InputProcessor.process_inputs` nothing of Terra's sees a request without actions, so
+  no Terra engine starts: building Terra's processor (vLLM does it in the front end, before the
+  engine core) raises `require_door`'s `RuntimeError`, naming the method;
+* without `AsyncLLM._add_streaming_input_request` the door cannot follow a streaming session, so
+  every session chunk (`resumable=True`) is refused with a `RequestValidationError` naming the
+  method; plain requests are checked as before.
+
 **Cost.** Nothing per decode step, nothing in the engine core or the workers; per request O(1)
 with actions, one vectorised pass over at most `image_tokens` ids without.
 **Limit.** A caller that hands vLLM a finished `EngineCoreRequest` itself skips `process_inputs`,
@@ -60,10 +73,10 @@ from .layout import (
     check_prompt_container,
     check_sampling_ids,
 )
-from .vllm_compat import RequestValidationError, wrap_process_inputs, wrap_streaming_sessions, wrapped_by
+from .vllm_patch import PROCESS_INPUTS, STREAMING_SESSIONS, RequestValidationError, skipped, wrap, wrapped_by
 
-__all__ = ["as_request_error", "check_request", "continuation_frames", "install", "installed", "terra_layout",
-           "vllm_refusals"]
+__all__ = ["as_request_error", "check_request", "continuation_frames", "install", "installed", "require_door",
+           "terra_layout", "vllm_refusals"]
 
 _MARK = "_terra_front_door"
 
@@ -152,6 +165,30 @@ def installed() -> bool:
     return wrapped_by(_MARK) > 0
 
 
+def require_door() -> None:
+    """Refuse (`RuntimeError`) where `install()` found no `process_inputs` to wrap in this process.
+
+    Terra's processor calls it when vLLM builds it, in the front end before the engine core
+    starts: without the door, a request without actions would reach the engine unchecked. Where
+    `install()` never ran (a processor built by hand, outside an engine) there is nothing to say."""
+    why = skipped(PROCESS_INPUTS)
+    if why is not None:
+        raise RuntimeError(
+            f"no Terra engine on this vLLM: Terra's front door is not installed ({why}), so requests "
+            "without actions would reach the engine unchecked (an id past the embedding table kills it). "
+            f"Use vLLM 0.26 or 0.32, or point {__package__}.vllm_patch.PROCESS_INPUTS at the method "
+            "every request passes in this release.")
+
+
+def _unchecked_session() -> RequestValidationError:
+    """The refusal of a session chunk the door cannot follow (no session record)."""
+    why = skipped(STREAMING_SESSIONS) or f"the session did not open through {STREAMING_SESSIONS.target}"
+    return RequestValidationError(
+        f"Terra refuses streaming-input sessions on this vLLM: the front door cannot follow a session ({why}), "
+        "so it cannot check a chunk's frames; send one request per frame instead (vllm_rollout.vllm_rollout)",
+        parameter="prompt")
+
+
 def _checked(process_inputs):
     def checked_process_inputs(self, *args, **kwargs):
         layout = _door(self)
@@ -162,6 +199,8 @@ def _checked(process_inputs):
             prompt = kwargs["prompt"] if "prompt" in kwargs else args[1] if len(args) > 1 else None
             check_prompt_container(_plain_prompt_ids(prompt))
             session = _SESSION.get()
+            if session is None and kwargs.get("resumable", False):
+                raise _unchecked_session()
             if session is None:
                 request = process_inputs(self, *args, **kwargs)
                 check_request(request, layout)
@@ -218,6 +257,7 @@ def _sessions(add_streaming_input_request):
 
 def install() -> None:
     """Wrap `InputProcessor.process_inputs` and `AsyncLLM._add_streaming_input_request` once per
-    process (idempotent; other models pass)."""
-    wrap_process_inputs(_MARK, _checked)
-    wrap_streaming_sessions(_MARK, _sessions)
+    process (idempotent; other models pass). Never raises: a method this vLLM lacks is logged and
+    skipped (see the module's docstring for what Terra refuses then)."""
+    wrap(PROCESS_INPUTS, _MARK, _checked, "Terra's request checks: Terra engines will refuse to start")
+    wrap(STREAMING_SESSIONS, _MARK, _sessions, "Terra's streaming-session checks: Terra refuses session chunks")

@@ -19,6 +19,11 @@ is idempotent and cheap: it registers
   reaches the engine core, including requests without `multi_modal_data`, which never meet the
   multimodal processor.
 
+vLLM does not catch what a general plugin raises, and an exception here would stop every engine
+of the environment, whatever its model. Nothing here raises for a vLLM that renamed a private
+method the door wraps: `vllm_patch.wrap` logs it and skips it, and Terra refuses, clearly, what
+it then cannot check (`vllm_frontdoor`'s docstring says what).
+
 Everything is found relative to this module (`__package__`), so the `port` folder works under any
 package name: copy it into a project as `myproj/terra_port/` and point the entry point at
 `myproj.terra_port.vllm_plugin:register` (or call `register()` before building the engine; the

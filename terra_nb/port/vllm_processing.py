@@ -71,7 +71,7 @@ from .layout import (
     validate_actions,
 )
 from .vllm_compat import DummyOptions, TokenIdsDummyInputsMixin, TokenizerFreeProcessorMixin
-from .vllm_frontdoor import continuation_frames, vllm_refusals
+from .vllm_frontdoor import continuation_frames, require_door, vllm_refusals
 
 MODALITY = "actions"
 
@@ -181,6 +181,12 @@ class LlamaActionDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBui
 
 class LlamaActionMultiModalProcessor(TokenizerFreeProcessorMixin, BaseMultiModalProcessor[LlamaActionProcessingInfo]):
     """Checks a Terra prompt against its actions and maps frame k's six slots to action item k."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        # vLLM builds the processor while an engine starts (in the front end, before the engine
+        # core): no Terra engine where the front door's checks could not be installed.
+        require_door()
+        super().__init__(*args, **kwargs)
 
     def _get_mm_fields_config(
         self, hf_inputs: BatchFeature, hf_processor_mm_kwargs: Mapping[str, object]

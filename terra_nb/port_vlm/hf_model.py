@@ -122,7 +122,7 @@ def register() -> None:
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from terra_nb.port_vlm.hf_processing import TinyVLMProcessor
+    from .hf_processing import TinyVLMProcessor
 
     if TinyVLMConfig.model_type not in CONFIG_MAPPING:
         AutoConfig.register(TinyVLMConfig.model_type, TinyVLMConfig)

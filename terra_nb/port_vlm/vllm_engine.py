@@ -12,12 +12,12 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
     On the CPU backend also a small KV-cache share, chunked prefill off (as `make_llm` of Terra's
     port, for the same reasons), eager mode (no torch.compile: seconds instead of a minute for a
     model this small) and 32-token KV blocks (the smallest the CPU attention takes), so that short prompts fill whole blocks the prefix
-    cache can reuse. On a GPU the settings of Terra's engines (`apply_gpu_settings`: memory cap,
+    cache can reuse. On a GPU the settings of Terra's engines (`gpu_settings.apply_gpu_settings`: memory cap,
     full-fp32 attention for a float32 model). `overrides` go over all of these.
     """
     from vllm.platforms import current_platform
 
-    from terra_nb.port.vllm_rollout import apply_gpu_settings
+    from .gpu_settings import apply_gpu_settings
 
     kwargs = dict(
         model=str(checkpoint_dir),

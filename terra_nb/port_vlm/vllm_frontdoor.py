@@ -11,14 +11,20 @@ the method every request passes on its way to the engine core, as Terra's front 
 TinyVLM engines it counts the `<image>` tokens of the finished request that lie outside the
 images' placeholder ranges. Any is a `RequestValidationError` (a `ValueError`) naming the counts,
 raised before the engine core sees the request, so the engine keeps serving.
+
+vLLM runs the plugin in every process of every engine, whatever its model, and does not catch what
+it raises; so `install()` wraps through `vllm_patch.wrap`: where a vLLM release renamed or removed
+`process_inputs` (or changed its leading parameters) it wraps nothing, raises nothing and logs a
+warning naming the method. Other models' engines start; TinyVLM's does not, since its check could
+not run: building its processor (vLLM does it in the front end, before the engine core) raises
+`require_door`'s `RuntimeError`.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from terra_nb.port.vllm_compat import RequestValidationError, wrap_process_inputs, wrapped_by
-
 from .config import IMAGE_TOKEN, TinyVLMConfig
+from .vllm_patch import PROCESS_INPUTS, RequestValidationError, skipped, wrap, wrapped_by
 
 _MARK = "_tiny_vlm_front_door"
 
@@ -54,6 +60,17 @@ def installed() -> bool:
     return wrapped_by(_MARK) > 0
 
 
+def require_door() -> None:
+    """Refuse (`RuntimeError`) where `install()` found no `process_inputs` to wrap in this process
+    (where it never ran, e.g. a processor built by hand, there is nothing to say)."""
+    why = skipped(PROCESS_INPUTS)
+    if why is not None:
+        raise RuntimeError(
+            f"no TinyVLM engine on this vLLM: its front door is not installed ({why}), so {IMAGE_TOKEN} tokens "
+            f"that no image fills would be served as words. Use vLLM 0.26 or 0.32, or point "
+            f"{__package__}.vllm_patch.PROCESS_INPUTS at the method every request passes in this release.")
+
+
 def _checked(process_inputs):
     def checked_process_inputs(self, *args, **kwargs):
         request = process_inputs(self, *args, **kwargs)
@@ -68,5 +85,6 @@ def _checked(process_inputs):
 
 
 def install() -> None:
-    """Wrap `InputProcessor.process_inputs` once per process (idempotent; other models pass)."""
-    wrap_process_inputs(_MARK, _checked)
+    """Wrap `InputProcessor.process_inputs` once per process (idempotent; other models pass).
+    Never raises: where this vLLM lacks the method it is logged and skipped (see the docstring)."""
+    wrap(PROCESS_INPUTS, _MARK, _checked, f"TinyVLM's {IMAGE_TOKEN}-token check: TinyVLM engines will refuse to start")

@@ -35,10 +35,12 @@ from vllm.multimodal.processing import (
     PromptUpdate,
 )
 
-from terra_nb.port.vllm_compat import DummyOptions, RequestValidationError
+from vllm.config.multimodal import BaseDummyOptions
 
 from .config import IMAGE_TOKEN, ImageGeometry, TinyVLMConfig, check_image
 from .hf_processing import TinyVLMProcessor
+from .vllm_frontdoor import require_door
+from .vllm_patch import RequestValidationError
 
 MODALITY = "image"
 
@@ -99,7 +101,7 @@ class TinyVLMDummyInputsBuilder(BaseDummyInputsBuilder[TinyVLMProcessingInfo]):
         return IMAGE_TOKEN * mm_counts.get(MODALITY, 0)  # vLLM tokenizes this with our tokenizer
 
     def get_dummy_mm_data(
-        self, seq_len: int, mm_counts: Mapping[str, int], mm_options: DummyOptions | None = None
+        self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Mapping[str, BaseDummyOptions] | None = None
     ) -> MultiModalDataDict:
         side = self.info.geometry.max_side
         return {
@@ -112,6 +114,12 @@ class TinyVLMDummyInputsBuilder(BaseDummyInputsBuilder[TinyVLMProcessingInfo]):
 
 class TinyVLMMultiModalProcessor(BaseMultiModalProcessor[TinyVLMProcessingInfo]):
     """vLLM's default `apply`; the model-specific part is the three methods below."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        # vLLM builds the processor while an engine starts (in the front end, before the engine
+        # core): no TinyVLM engine where the front door's check could not be installed.
+        require_door()
+        super().__init__(*args, **kwargs)
 
     def _get_mm_fields_config(
         self, hf_inputs: BatchFeature, hf_processor_mm_kwargs: Mapping[str, object]
