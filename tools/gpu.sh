@@ -196,24 +196,34 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
     python3 tools/toy_sweep.py "$OUT/toy" --merge "$work"/*/toy_sweep.json > "$OUT/log_toy_par.txt" 2>&1
     rc=$?; cat "$OUT/log_toy_par.txt"; tar -czf "$OUT/toy_par.tar.gz" -C "$work" .; exit $rc ;;
   # The headline: interleaved comparisons (terra_nb/bench/plans.py), each plan's sides alive in their own
-  # processes, trials in turn; PLANS picks plans, LEASE names the lease in the result files.
-  # The headline: interleaved comparisons (terra_nb/bench/plans.py), each plan's sides alive in their own
   # processes, trials in turn; PLANS picks plans, LEASE names the lease in the result files, COMMIT the commit
   # that ran (the device's .git can be stale: pass COMMIT=$(git rev-parse --short HEAD) from here). With several
   # GPUs, plan i runs on GPU i, the plans side by side (each plan's comparisons stay within one GPU).
+  # A lane may chain several plans with "+" (run one after the other on its GPU); the lane item
+  # `quality` runs `bench quality` (bench/quality.py: the toy model under fp32/bf16/FP8) instead of a plan.
   pairs) plans=(${PLANS:-headline_stock headline_seed}); gpus=$(nvidia-smi -L | wc -l); pids=()
     for i in "${!plans[@]}"; do
-      plan=${plans[$i]}; pin=(env)
+      pin=(env)
       [ "$gpus" -gt 1 ] && pin=(env CUDA_VISIBLE_DEVICES=$((i % gpus)))
-      echo "== $plan $(date -u +%T) ${pin[*]}"
-      "${pin[@]}" python3 -m terra_nb.bench pairs --plan "$plan" --ckpt-root "/tmp/ckpt_$i" --out "$OUT/pairs_$plan.json" \
-        ${LEASE:+--lease "$LEASE"} ${COMMIT:+--commit "$COMMIT"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} > "$OUT/log_pairs_$plan.txt" 2>&1 &
+      echo "== lane $i: ${plans[$i]} $(date -u +%T) ${pin[*]}"
+      (
+        for plan in ${plans[$i]//+/ }; do
+          if [ "$plan" = quality ]; then
+            "${pin[@]}" python3 -m terra_nb.bench quality --out "$OUT/quality_toy.json" ${COMMIT:+--commit "$COMMIT"} \
+              > "$OUT/log_quality.txt" 2>&1 || echo "quality failed"
+          else
+            "${pin[@]}" python3 -m terra_nb.bench pairs --plan "$plan" --ckpt-root "/tmp/ckpt_$i" --out "$OUT/pairs_$plan.json" \
+              ${LEASE:+--lease "$LEASE"} ${COMMIT:+--commit "$COMMIT"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} \
+              > "$OUT/log_pairs_$plan.txt" 2>&1 || echo "$plan failed"
+          fi
+        done
+      ) &
       pids+=($!)
       [ "$gpus" -gt 1 ] || wait "${pids[-1]}"
     done
     rc=0; for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
-    for plan in "${plans[@]}"; do
-      echo "-- $plan"; grep -E "^port|^\[|Error|error" "$OUT/log_pairs_$plan.txt" | tail -12
+    for f in "$OUT"/log_pairs_*.txt "$OUT"/log_quality.txt; do
+      [ -f "$f" ] && { echo "-- $f"; grep -E "^port|^session|^stock|^\[|Error|error|verdict" "$f" | tail -14; }
     done
     exit $rc ;;
   *) echo "unknown part $1 (hf|port|stock|port_big|stock_big|curve_port|curve_stock|b32_stock|b32_port|tp|session|session_big|session_curve_stock|session_curve|seed_hf|seed_port|seed_pair|seed_static|seed_defaults|seed_flash|seed_eager|hf_probe|toy|toy_par|pairs|bg|poll)"; exit 2 ;;

@@ -137,6 +137,13 @@ def main(argv=None):
     pp.add_argument("--lease", help="which machine lease ran it, e.g. 'H200 lease 1 of 2026-11-26'")
     pp.add_argument("--deadline-s", type=float, default=None, help="skip rounds that would start after this many seconds")
     pp.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale (pairs.with_commit)")
+    q = sub.add_parser("quality", help="the toy model's quality under each engine variant (bench/quality.py: fp32, "
+                       "bf16, FP8 KV, FP8 weights) against HF float32, teacher-forced and free-running")
+    q.add_argument("--out", required=True)
+    q.add_argument("--variants", default=None, help="comma-separated names of quality.VARIANTS (default: all a GPU "
+                   "runs, or quality.CPU_VARIANTS on the CPU)")
+    q.add_argument("--clips", type=int, default=8)
+    q.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale")
     rm = sub.add_parser("remake", help="run a result file's plan again (the plan it recorded), into --out")
     rm.add_argument("result")
     rm.add_argument("--ckpt-root", default="checkpoints")
@@ -157,6 +164,17 @@ def main(argv=None):
                   f"{c['trials']} trials a side, verdict {c['verdict']}")
         if res["errors"]:
             print(json.dumps(res["errors"], indent=2))
+        return
+    if a.cmd == "quality":
+        from terra_nb.bench.quality import VARIANTS, measure_quality, quality_checks, write
+
+        variants = None if a.variants is None else {v: VARIANTS[v] for v in a.variants.split(",")}
+        res = measure_quality(variants, n_clips=a.clips)
+        if a.commit:
+            res = dict(res, device_git_commit=res["commit"], commit=a.commit)
+        res["checks"] = [quality_checks(res, c) for c in ("bf16_fp8kv", "bf16_fp8")]
+        write(res, Path(a.out))
+        print(json.dumps({k: res[k] for k in ("variants", "checks")}, indent=2))
         return
     if a.cmd == "run":
         wl = _workload(a)

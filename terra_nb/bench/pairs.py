@@ -123,6 +123,9 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | 
             conn.send(("closed", None))
             return
         try:
+            if msg[0] == "counters":
+                conn.send(("counters", side.counters()))
+                continue
             conn.send(("seconds", side.trial(*msg[1:])))
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
@@ -158,6 +161,11 @@ class Worker:
     def trial(self, batch: int, frames: int, temperature: float, seed: int) -> float:
         self.conn.send(("trial", batch, frames, temperature, seed))
         return self._answer("seconds")
+
+    def counters(self) -> dict[str, float]:
+        """The side's engine counters now (`settings.engine_counters`)."""
+        self.conn.send(("counters",))
+        return self._answer("counters")
 
     def close(self) -> None:
         try:
@@ -216,10 +224,11 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
         flush()
         for b in plan.blocks:
             rec = dict(dataclasses.asdict(b), sides=list(b.sides), order=[], trials_s={s: [] for s in b.sides},
-                       warmup_s={})
+                       warmup_s={}, counters={})
             res["blocks"].append(rec)
             for s in b.sides:  # untimed: the first call at a new batch pays one-off costs
                 rec["warmup_s"][s] = round(workers[s].trial(b.batch, 1, b.temperature, plan.seed), 3)
+            before = {s: workers[s].counters() for s in b.sides}
             bar = tqdm(range(b.trials), desc=f"{b.name}: {' vs '.join(b.sides)}", disable=not progress)
             for r in bar:
                 if deadline_s is not None and time.perf_counter() - t0 > deadline_s:
@@ -231,6 +240,8 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
                     rec["order"].append(s)
                     rec["trials_s"][s].append(round(sec, 4))
                 flush()
+            rec["counters"] = counter_deltas(before, {s: workers[s].counters() for s in b.sides})
+            flush()
     finally:
         for w in workers.values():
             try:
@@ -239,6 +250,22 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
                 res["errors"].append(dict(side=w.spec.name, error=f"close: {e}"))
         flush()
     return res
+
+
+def counter_deltas(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
+    """Per side, what its engine counted over a block's timed trials (`settings.engine_counters`
+    after minus before), with `codes_per_step` where it generated: one code of its own per request
+    step plus the accepted drafts. Sides without counters are left out."""
+    out = {}
+    for side, end in after.items():
+        if not end:
+            continue
+        d = {k: round(v - before.get(side, {}).get(k, 0.0), 1) for k, v in end.items()}
+        steps = d.get("generation_tokens", 0) - d.get("spec_decode_num_accepted_tokens", 0)
+        if steps > 0:
+            d["codes_per_step"] = round(d["generation_tokens"] / steps, 4)
+        out[side] = d
+    return out
 
 
 VERSIONS = ("vllm", "torch", "transformers", "python")

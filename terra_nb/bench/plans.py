@@ -20,7 +20,7 @@ from terra_nb.bench.measure import HF_FLASH_BACKENDS
 from terra_nb.bench.pairs import Block, Pair, Plan
 from terra_nb.bench.settings import ALL
 from terra_nb.bench.sides import SideSpec
-from terra_nb.bench.workload import SEED_ENGINE, SEED_FIGURES, SEED_TEMPERATURE
+from terra_nb.bench.workload import SEED_ENGINE, SEED_FIGURES, SEED_TEMPERATURE, TOY
 
 SEED_SPEEDUP = round(max(SEED_FIGURES.values()) / min(SEED_FIGURES.values()), 2)
 """The seed's headline: HF 11.03 s per frame against vLLM 0.6's 4.25 s, 2.6x."""
@@ -77,10 +77,13 @@ def named_plan(name: str) -> Plan:
         return stock_plan("tiny", CPU_SHARED, {1: 2, 4: 2}, trials=3, targets=False)
     if name == "smoke_seed":
         return seed_plan("tiny", 2, 2, dict(CPU_SHARED, enable_prefix_caching=False, max_num_seqs=5), CPU_SHARED)
+    if name in FASTER_PLANS:
+        return FASTER_PLANS[name]()
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed")
+PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed", "faster_fp8kv", "faster_fp8w",
+              "faster_spec_terra", "faster_spec_toy", "smoke_faster")
 
 
 def notebook_plan(device_type: str, preset: str) -> Plan:
@@ -90,3 +93,107 @@ def notebook_plan(device_type: str, preset: str) -> Plan:
     if device_type == "cuda" and preset == "terra":
         return stock_plan("terra", GPU_SHARED, {1: 3, 32: 3}, trials=5)
     return named_plan("smoke_stock") if preset == "tiny" else stock_plan(preset, CPU_SHARED, {1: 2}, 3, targets=False)
+
+
+# ---------------------------------------------------------------- faster than stock (notebook 12)
+
+STATS = dict(disable_log_stats=False)
+"""Every side of a faster-than-stock plan keeps vLLM's statistics: the spec-decode counters say how
+many drafts were accepted (`pairs.counter_deltas`), and no side pays for them alone."""
+
+FP8_KV = dict(kv_cache_dtype="fp8")
+FP8_WEIGHTS = dict(kv_cache_dtype="fp8", quantization="fp8")
+"""vLLM's FP8: the KV cache stored in 8 bits, and (with `quantization="fp8"`) every linear layer's
+weights quantized to 8 bits while loading (online, per-tensor scales), on top of FP8 KV."""
+
+SYNC = dict(async_scheduling=False)
+"""What speculative decoding turns off in vLLM 0.26/0.32 (scheduling step n+1 while step n runs on
+the GPU); a side of its own shows what that alone costs."""
+
+SPECULATION = ("speculative", "async_scheduling")
+"""What a speculative side changes against the plain port (vLLM turns async scheduling off with it)."""
+
+
+SESSION_VS_LOOP = ("engine_core", "attention_backend")
+"""What sessions change against the frame loop: an `AsyncLLM` runs its engine core in a process of its
+own, where the attention backend each layer chose cannot be read back (recorded as not read)."""
+
+
+def frame_copy(k: int) -> dict:
+    return dict(speculative_k=k)
+
+
+def _sides(shared: dict, extra: dict[str, tuple[str, dict]]) -> tuple[SideSpec, ...]:
+    """Sides named in `extra` (name -> (kind, settings on top of `shared`))."""
+    return tuple(SideSpec(name, kind, dict(shared, **STATS, **kw)) for name, (kind, kw) in extra.items())
+
+
+def faster_plan(preset: str, shared: dict, sides: dict[str, tuple[str, dict]], batches: dict[int, int],
+                pairs: list[tuple[str, str, tuple[str, ...], dict[int, float]]], trials: int = 5, n_ctx: int = 3) -> Plan:
+    """Every side at every batch of `batches` (batch -> frames); `pairs`: (first, second, the settings
+    first changes, {batch: target speed-up}) compared at every batch."""
+    names = tuple(sides)
+    blocks = tuple(Block(f"b{b}", names, b, f, trials) for b, f in batches.items())
+    out = tuple(Pair(f"{a}_vs_{c}_b{b}", f"b{b}", a, c, tested, targets.get(b))
+                for b in batches for a, c, tested, targets in pairs)
+    return Plan(preset, n_ctx, _sides(shared, sides), blocks, out)
+
+
+FP8_KV_TARGET = {128: 1.15}
+"""Issue 38: FP8 KV at least 1.15x bf16's frames/s at 128 rollouts (the KV cache is most of a step's reads)."""
+
+SPEC_TOY_TARGET = {1: 1.5}
+"""Issue 38: frame copy at least 1.5x the same engine's speed on the toy model at 1 rollout."""
+
+_KV_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.28)   # three engines on one GPU
+
+
+def fp8_kv_plan(trials: int = 5) -> Plan:
+    """Terra shape: the port in bf16, with FP8 KV, and stock vLLM, at 1 and 128 rollouts."""
+    return faster_plan("terra", _KV_SHARE, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV), "stock": ("stock", {})},
+                       {1: 6, 128: 3}, [("port_fp8kv", "port", ("kv_cache_dtype",), FP8_KV_TARGET),
+                                        ("port", "stock", (), {})], trials)
+
+
+def fp8_weights_plan(trials: int = 5) -> Plan:
+    """Terra shape: the port in bf16, with FP8 KV, and with FP8 KV + FP8 weights, at 1 and 128 rollouts."""
+    return faster_plan("terra", _KV_SHARE, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV),
+                                            "port_fp8": ("port", FP8_WEIGHTS)},
+                       {1: 6, 128: 3}, [("port_fp8", "port", ("kv_cache_dtype", "quantization"), {}),
+                                        ("port_fp8", "port_fp8kv", ("quantization",), {})], trials)
+
+
+def spec_terra_plan(trials: int = 5) -> Plan:
+    """Terra shape on random weights (its frames do not repeat: almost nothing is accepted), so the
+    frame-copy side's cost is what verifying k + 1 codes a step costs against decoding 1."""
+    return faster_plan("terra", _KV_SHARE, {"port": ("port", {}), "port_sync": ("port", SYNC),
+                                            "port_fc8": ("port", frame_copy(8))},
+                       {1: 6, 128: 3}, [("port_fc8", "port", SPECULATION, {}), ("port_sync", "port", ("async_scheduling",), {}),
+                                        ("port_fc8", "port_sync", ("speculative",), {})], trials)
+
+
+def spec_toy_plan(shared: dict, batches: dict[int, int], trials: int = 5, ks=(4, 8, 16), sessions: bool = True) -> Plan:
+    """The trained toy model (its video repeats: drafts get accepted): the port without speculation,
+    without async scheduling, with frame copy at each k, and (`sessions`) one streaming session a
+    rollout with and without frame copy."""
+    sides = {"port": ("port", {}), "port_sync": ("port", SYNC)}
+    sides.update({f"port_fc{k}": ("port", frame_copy(k)) for k in ks})
+    pairs = [(f"port_fc{k}", "port", SPECULATION, SPEC_TOY_TARGET) for k in ks]
+    pairs += [("port_sync", "port", ("async_scheduling",), {})]
+    pairs += [(f"port_fc{k}", "port_sync", ("speculative",), {}) for k in ks]
+    if sessions:
+        k = ks[len(ks) // 2]
+        sides.update({"session": ("session", {}), f"session_fc{k}": ("session", frame_copy(k))})
+        pairs += [(f"session_fc{k}", "session", SPECULATION, {}), ("session", "port", SESSION_VS_LOOP, {})]
+    return faster_plan(TOY, shared, sides, batches, pairs, trials)
+
+
+_TOY_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.1)   # seven small engines on one GPU
+
+FASTER_PLANS = {
+    "faster_fp8kv": fp8_kv_plan,
+    "faster_fp8w": fp8_weights_plan,
+    "faster_spec_terra": spec_terra_plan,
+    "faster_spec_toy": lambda: spec_toy_plan(_TOY_SHARE, {1: 12, 4: 12}),
+    "smoke_faster": lambda: spec_toy_plan(CPU_SHARED, {1: 2}, trials=2, ks=(8,), sessions=False),
+}

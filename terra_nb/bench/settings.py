@@ -97,12 +97,35 @@ def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
         speculative=None if c.speculative_config is None else str(c.speculative_config),
         quantization=getattr(model, "quantization", None),
         tensor_parallel_size=c.parallel_config.tensor_parallel_size,
+        log_stats=getattr(getattr(engine, "llm_engine", engine), "log_stats", None),
         engine_core=("child process" if engine_kind(engine) == "AsyncLLM" or envs.VLLM_ENABLE_V1_MULTIPROCESSING
                      else "this process"),
         vllm_env=vllm_env() if env is None else env,
     )
     observed = dict(num_kv_blocks=cache.num_gpu_blocks, engine_class=engine_kind(engine))
     return dict(settings=settings, observed=observed)
+
+
+COUNTERS = ("generation_tokens", "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
+            "spec_decode_num_accepted_tokens")
+"""vLLM's running totals `engine_counters` reads (Prometheus names without `vllm:`)."""
+
+
+def engine_counters(engine) -> dict[str, float]:
+    """vLLM's running totals of a `vllm.LLM` (`COUNTERS`: tokens generated, speculative drafts,
+    draft tokens, accepted draft tokens), summed over its engines; {} when the engine keeps no
+    statistics (built with vLLM's default `disable_log_stats=True`), for an `AsyncLLM` and for HF.
+    The difference of two readings is what happened in between: codes per request step =
+    generated / (generated - accepted)."""
+    llm_engine = getattr(engine, "llm_engine", None)
+    if llm_engine is None or not getattr(llm_engine, "log_stats", False):
+        return {}
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for m in engine.get_metrics():
+        name = m.name.removeprefix("vllm:")
+        if name in out and hasattr(m, "value"):
+            out[name] += float(m.value)
+    return out
 
 
 def hf_settings(model, sdpa: tuple[str, ...] | None, cache: str = "dynamic") -> dict:

@@ -43,11 +43,11 @@ class Side:
 
     def __init__(self, spec: SideSpec, ckpt: Path, preset: str, n_ctx: int):
         from terra_nb.bench.settings import vllm_env
-        from terra_nb.workbook.data import load_sample
+        from terra_nb.bench.workload import sample_for
 
         self.env = vllm_env()  # before the engine adds its own per-process variables
         self.spec, self.ckpt, self.n_ctx = spec, ckpt, n_ctx
-        self.sample = load_sample(preset)
+        self.sample = sample_for(preset, n_ctx)
         self.engine = None
         self.start_s = 0.0
 
@@ -68,6 +68,13 @@ class Side:
 
     def run(self, batch: int, frames: int, sampling) -> None:
         raise NotImplementedError
+
+    def counters(self) -> dict[str, float]:
+        """vLLM's running totals of generated tokens and speculative decoding (`engine_counters`);
+        {} for an engine that keeps none (HF, sessions)."""
+        from terra_nb.bench.settings import engine_counters
+
+        return engine_counters(self.engine)
 
     def close(self) -> None:
         from terra_nb.bench.engines import shutdown

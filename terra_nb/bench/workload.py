@@ -136,10 +136,37 @@ def engine_groups(rows: list[str]) -> list[list[str]]:
     return groups
 
 
+TOY = "toy"
+"""The preset name of the trained toy-world checkpoint (`data/toy/model`, the tiny shape, float32):
+its frames repeat like a video's, so speculative decoding has something to accept."""
+
+TOY_FRAMES = 22
+"""Frames of actions the toy sample carries after its context (the seed's clip length)."""
+
+
 def checkpoint(root: Path, wl: Workload, variant: str = "v1") -> Path:
+    """The checkpoint a workload runs on: the shipped toy model for `TOY`, else a seeded random one
+    of the preset's shape under `root` (written on first use)."""
+    if wl.preset == TOY:
+        from terra_nb.toyworld.score import toy_checkpoint_dir
+
+        return toy_checkpoint_dir()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return write_random_checkpoint(root / f"{wl.preset}_{variant}", preset=wl.preset, seed=wl.seed,
                                    variant=variant, device=device)
+
+
+def sample_for(preset: str, n_ctx: int = 3):
+    """The `data.Sample` (context codes, actions) a preset's trials start from: `data/sample.json`
+    for tiny and terra; for `TOY`, the toy world's demo clip ("turn left" after a straight road)
+    tokenized, with `TOY_FRAMES` frames of actions after its context."""
+    if preset == TOY:
+        from terra_nb.toyworld.workbook import workbook_inputs
+
+        return workbook_inputs("tiny", "toy", n_frames=TOY_FRAMES, n_context=n_ctx).sample
+    from terra_nb.workbook.data import load_sample
+
+    return load_sample(preset)
 
 
 def stock_llama_checkpoint(terra_dir: Path, out: Path) -> Path:

@@ -126,7 +126,7 @@ def coverage_report(model: nn.Module, seen: list[str], loaded: set[str]) -> str 
     their checkpoint spelling) and fused parameters only some of whose checkpoint parts came in.
     None when every parameter is complete."""
     names = set(seen)
-    missing = sorted(set(dict(model.named_parameters())) - loaded)
+    missing = sorted(set(dict(model.named_parameters())) - loaded - made_by_quantization(model))
     partial = {}
     for param in sorted(loaded):
         for fused, parts in model.packed_modules_mapping.items():
@@ -142,6 +142,23 @@ def coverage_report(model: nn.Module, seen: list[str], loaded: set[str]) -> str 
     if partial:
         lines.append(f"  fused parameters with only some parts loaded: {partial}")
     return "\n".join(lines)
+
+
+def made_by_quantization(model: nn.Module) -> set[str]:
+    """Parameters a quantization method adds beside a layer's `weight` and `bias` (FP8's
+    `weight_scale`, `input_scale`, the KV cache's `k_scale`, ...): with `quantization="fp8"` vLLM
+    quantizes a bf16 checkpoint while loading it, so no checkpoint holds them. vLLM's own loader
+    exempts them alike (`DefaultModelLoader.track_weights_loading`); a layer's weight and bias still
+    have to come from the checkpoint."""
+    made = set()
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or type(method).__name__.startswith("Unquantized"):
+            continue
+        for param, _ in module.named_parameters(recurse=False):
+            if param not in ("weight", "bias"):
+                made.add(f"{name}.{param}" if name else param)
+    return made
 
 
 def _with_checkpoint_name(param: str, model: nn.Module) -> str:

@@ -1,0 +1,120 @@
+"""Faster than stock (issue 38): the plans that measure FP8 and frame copy, the block counters, the
+quality bars, and the port's weight check under vLLM's online FP8 quantization."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from terra_nb.bench import pairs, plans, quality
+from terra_nb.bench.settings import setting_differences
+from terra_nb.port.vllm_model import coverage_report, made_by_quantization
+
+
+# ------------------------------------------------------------------ plans
+
+def runs_async(kwargs: dict) -> bool:
+    """Async scheduling as vLLM decides it on a GPU: on unless asked off; off with speculative decoding."""
+    return kwargs.get("async_scheduling", True) and "speculative_k" not in kwargs
+
+
+@pytest.mark.parametrize("name", ["faster_fp8kv", "faster_fp8w", "faster_spec_terra", "faster_spec_toy"])
+def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
+    """A pair's `under_test` must name the settings in which its sides' asked arguments differ
+    (spelled as `effective_settings` records them), no more: else `check_pair` would wave through
+    a difference nobody meant, or refuse the plan on the machine."""
+    spelled = {"kv_cache_dtype": "kv_cache_dtype", "quantization": "quantization",
+               "speculative_k": "speculative", "async_scheduling": "async_scheduling"}
+    plan = plans.named_plan(name)
+    sides = {s.name: s for s in plan.sides}
+    for p in plan.pairs:
+        a, b = sides[p.first], sides[p.second]
+        asked = {k for k in set(a.engine_kwargs) | set(b.engine_kwargs) if a.engine_kwargs.get(k) != b.engine_kwargs.get(k)}
+        expected = {spelled[k] for k in asked if k != "async_scheduling"}
+        if runs_async(a.engine_kwargs) != runs_async(b.engine_kwargs):
+            expected.add("async_scheduling")
+        if a.kind != b.kind:
+            expected |= set(plans.SESSION_VS_LOOP) if "session" in (a.kind, b.kind) else {"*"}
+        tested = set(p.under_test)
+        if a.kind == b.kind or "session" in (a.kind, b.kind):
+            assert tested == expected, (p.name, tested, expected)
+        assert all(s.engine_kwargs["disable_log_stats"] is False for s in (a, b))
+
+
+def test_faster_plans_put_the_targets_where_the_issue_does():
+    targets = {p.name: p.target for name in ("faster_fp8kv", "faster_spec_toy") for p in plans.named_plan(name).pairs
+               if p.target is not None}
+    assert targets == {"port_fp8kv_vs_port_b128": 1.15, "port_fc4_vs_port_b1": 1.5, "port_fc8_vs_port_b1": 1.5,
+                       "port_fc16_vs_port_b1": 1.5}
+
+
+def test_check_pair_accepts_speculation_only_with_async_scheduling_named():
+    base = dict(settings=dict(async_scheduling=True, speculative=None, dtype="bfloat16"))
+    spec = dict(settings=dict(async_scheduling=False, speculative="custom_class", dtype="bfloat16"))
+    assert setting_differences(spec, base, plans.SPECULATION) == {}
+    assert set(setting_differences(spec, base, ("speculative",))) == {"async_scheduling"}
+
+
+def test_counter_deltas_are_per_block_with_codes_per_step():
+    before = {"a": dict(generation_tokens=100.0, spec_decode_num_accepted_tokens=10.0), "hf": {}}
+    after = {"a": dict(generation_tokens=400.0, spec_decode_num_accepted_tokens=210.0), "hf": {}}
+    d = pairs.counter_deltas(before, after)
+    assert d == {"a": dict(generation_tokens=300.0, spec_decode_num_accepted_tokens=200.0, codes_per_step=3.0)}
+
+
+# ------------------------------------------------------------------ quality bars
+
+def _res(bf16, fp8kv):
+    return {"variants": {"bf16": dict(zip(("ade_m", "top1_agreement"), bf16)),
+                         "bf16_fp8kv": dict(zip(("ade_m", "top1_agreement"), fp8kv))}}
+
+
+@pytest.mark.parametrize("bf16, fp8kv, verdict", [
+    ((0.100, 0.990), (0.104, 0.982), "within"),        # 4% more path error, 0.8 points lower
+    ((0.100, 0.990), (0.106, 0.990), "costs more"),    # 6% more path error
+    ((0.100, 0.990), (0.090, 0.975), "costs more"),    # 1.5 points lower agreement
+])
+def test_quality_bars(bf16, fp8kv, verdict):
+    assert quality.quality_checks(_res(bf16, fp8kv))["verdict"] == verdict
+
+
+def test_quality_bar_of_a_variant_that_did_not_run_is_not_a_verdict():
+    res = {"variants": {"bf16": dict(ade_m=0.1, top1_agreement=0.99), "bf16_fp8kv": dict(error="NotImplementedError")}}
+    assert quality.quality_checks(res)["verdict"] == "not measured"
+
+
+# ------------------------------------------------------------------ weights under online FP8
+
+class UnquantizedLinearMethod:  # named like vLLM's: a layer with it is not quantized
+    pass
+
+
+class Fp8PerTensorOnlineLinearMethod:  # named like vLLM 0.26's online FP8 method
+    pass
+
+
+class _Layer(nn.Module):
+    def __init__(self, method, scales: bool):
+        super().__init__()
+        self.quant_method = method
+        self.weight = nn.Parameter(torch.zeros(2, 2))
+        if scales:  # what the FP8 method registers beside the weight; no bf16 checkpoint has them
+            self.weight_scale = nn.Parameter(torch.ones(()))
+            self.input_scale = nn.Parameter(torch.ones(()))
+
+
+class _Model(nn.Module):
+    packed_modules_mapping: dict = {}
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = _Layer(Fp8PerTensorOnlineLinearMethod(), scales=True)
+        self.head = _Layer(UnquantizedLinearMethod(), scales=False)
+
+
+def test_fp8_scales_are_not_missing_weights_but_a_missing_weight_still_is():
+    model = _Model()
+    assert made_by_quantization(model) == {"qkv.weight_scale", "qkv.input_scale"}
+    assert coverage_report(model, ["qkv.weight", "head.weight"], {"qkv.weight", "head.weight"}) is None
+    report = coverage_report(model, ["head.weight"], {"head.weight"})
+    assert "not loaded (1)" in report and "qkv.weight" in report and "scale" not in report
