@@ -1,7 +1,7 @@
 """The notebooks' conventions (tools/nb.py) and the nbval wiring in pyproject.toml."""
 from __future__ import annotations
 
-import subprocess
+import re
 import sys
 from pathlib import Path
 
@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import nb as nbtools  # noqa: E402
 
+pytest_plugins = ["pytester"]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 GOOD = [
     ("md", "# t\nWhat you will learn: x"),
@@ -49,23 +50,26 @@ def test_check_conventions_catches_problems(tmp_path):
     assert "['preset']" in problems and "out_dir must default to None" in problems
 
 
-def _nbval(path: Path) -> subprocess.CompletedProcess:
-    """pytest with this repository's configuration (addopts: --nbval-lax --nbval-current-env)."""
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
-         "--rootdir", str(path.parent), str(path)],
-        capture_output=True, text=True, timeout=300,
-    )
-
-
-def test_nbval_checks_marked_outputs_only(tmp_path):
+def test_nbval_checks_marked_outputs_only(tmp_path, pytester):
+    """nbval with this repository's configuration (pyproject's addopts: --nbval-lax
+    --nbval-current-env and the kernel plugin), on two executed notebooks in one pytest session, run
+    in this process (pytester; a fresh interpreter costs ~12 s of imports on the 2-core machine, and
+    nbval's kernels are their own processes either way): 01 as executed, whose unmarked cell prints
+    a new random number (not compared: its cells pass), and 02, a copy whose marked cell's stored
+    output no longer matches (that cell fails)."""
     cells = GOOD[:3] + [("code", "import random\nprint(random.random())")] + GOOD[3:]
     path = nbtools.write_notebook(tmp_path / "01_t.ipynb", cells, execute=True)
     assert nbtools.check_conventions(path) == []
-    r = _nbval(path)
-    assert r.returncode == 0, r.stdout + r.stderr  # the unmarked random cell is not compared
     nb = nbformat.read(path, as_version=4)
+    assert nb.cells[2].outputs[0].text == "42\n"
     nb.cells[2].outputs[0].text = "41\n"  # the marked cell's stored output no longer matches
-    nbformat.write(nb, path)
-    r = _nbval(path)
-    assert r.returncode == 1 and "01_t.ipynb::Cell 1" in r.stdout
+    nbformat.write(nb, tmp_path / "02_t.ipynb")
+    r = pytester.runpytest_inprocess("-q", "-rA", "--color=no", "-p", "no:cacheprovider", "-c",
+                                     str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), str(path),
+                                     str(tmp_path / "02_t.ipynb"))
+    out = "\n".join(r.outlines)
+    cell = r"(0[12]_t\.ipynb::Cell \d)"
+    # the unmarked random cell is not compared; the marked one is, and fails where it changed
+    assert r.ret == 1 and sorted(re.findall(rf"^FAILED \S*?{cell}", out, re.M)) == ["02_t.ipynb::Cell 1"], out
+    assert sorted(re.findall(rf"^PASSED \S*?{cell}", out, re.M)) == [
+        "01_t.ipynb::Cell 0", "01_t.ipynb::Cell 1", "01_t.ipynb::Cell 2", "02_t.ipynb::Cell 0", "02_t.ipynb::Cell 2"], out
