@@ -155,3 +155,43 @@ def pytest_runtest_teardown(item, nextitem):
     for name, last in _last_user.items():
         if item is last:
             _shutdown(name)
+
+
+# ---------------------------------------------------------------------------- the benchmark's CLI
+def _bench_main(args) -> str:
+    """`python -m terra_nb.bench ARGS` run in this process (`terra_nb.bench.cli.main`); its stdout.
+
+    A fresh interpreter importing torch, transformers and vLLM costs ~10-15 s on the 2-core machine
+    per call; tests whose claim is not the process itself call the CLI here (tests/test_bench_measure.py
+    runs it as a subprocess, through `runner.measure`). Every vLLM engine the command built is shut down
+    after it, as the end of its process would (`bench run`, `bench profile` leave theirs to the exit)."""
+    import contextlib
+    import io
+
+    import vllm
+
+    from terra_nb.bench.cli import main
+    from terra_nb.port.vllm_compat import shutdown_llm
+
+    built, init = [], vllm.LLM.__init__
+
+    def recording_init(self, *a, **kw):
+        built.append(self)
+        init(self, *a, **kw)
+
+    out = io.StringIO()
+    vllm.LLM.__init__ = recording_init
+    try:
+        with contextlib.redirect_stdout(out):
+            main([str(a) for a in args])
+    finally:
+        vllm.LLM.__init__ = init
+        for llm in built:
+            shutdown_llm(llm)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="session")
+def bench_main():
+    """`bench_main(args) -> stdout` (see `_bench_main`)."""
+    return _bench_main

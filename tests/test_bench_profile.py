@@ -2,9 +2,6 @@
 on stock vLLM Llama of the same (tiny) shape with a batch-curve row; a real engine each, cProfile and
 torch.profiler sections, the comparison, and the merged results' digest."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,25 +10,24 @@ import vllm  # noqa: F401  (declared dependency: a broken install must fail, not
 from terra_nb.bench import profiling
 
 
-def _cli(args, out):
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, "-m", "terra_nb.bench", *args, "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "frame step: 2 requests" in proc.stdout  # the digest is printed
-    return json.loads(out.read_text())
-
-
 @pytest.fixture(scope="module")
-def parts(tmp_path_factory):
+def parts(tmp_path_factory, bench_main):
+    """Both commands in this process (conftest's `bench_main`: the CLI's `main`, its engines shut down
+    after it); test_bench_measure.py runs the CLI in a process of its own."""
     tmp = tmp_path_factory.mktemp("profile")
+
+    def cli(args, out):
+        stdout = bench_main([*args, "--out", out])
+        assert "frame step: 2 requests" in stdout  # the digest is printed
+        return json.loads(out.read_text())
+
     # eager: the profile's sections are the same, and two engines skip torch.compile (~40 s on two cores)
     common = ["--preset", "tiny", "--ckpt-root", str(tmp / "ckpt"), "--engine-kwargs", '{"enforce_eager": true}']
-    port = _cli(["profile", "--engine", "port", *common, "--batch", "2", "--decode-steps", "4"], tmp / "port.json")
+    port = cli(["profile", "--engine", "port", *common, "--batch", "2", "--decode-steps", "4"], tmp / "port.json")
     # The benchmark's own path: stock rows of a batch curve, the engine profiled before them.
-    stock = _cli(["run", "--rows", "stock_llama_b2", "--profile", *common, "--long-frames", "2", "--n-ctx", "2",
-                  "--profile-batch", "2", "--profile-decode-steps", "4"],
-                 tmp / "part_stock.json")
+    stock = cli(["run", "--rows", "stock_llama_b2", "--profile", *common, "--long-frames", "2", "--n-ctx", "2",
+                 "--profile-batch", "2", "--profile-decode-steps", "4"],
+                tmp / "part_stock.json")
     return port, stock
 
 

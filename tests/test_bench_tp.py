@@ -2,9 +2,6 @@
 vLLM (the tiny preset; the CPU cannot run TP=2), the greedy-token comparison against a reference part,
 and the report's TP=2 ÷ TP=1 ratios, table and combined file from hand-made rows."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -53,16 +50,13 @@ def test_tp1_writes_a_row_per_batch_and_a_prefill_row(tp1):
     assert min(prefill["trials_s"]) - 1e-4 <= prefill["s"] <= max(prefill["trials_s"]) + 1e-4
 
 
-def test_the_cli_compares_its_greedy_tokens_with_a_reference(tp1):
-    """`bench tp --ref`: the same engine in a fresh process draws TP=1's greedy codes again."""
+def test_the_cli_compares_its_greedy_tokens_with_a_reference(tp1, bench_main):
+    """`bench tp --ref`: a second engine of the same settings draws TP=1's greedy codes again (the CLI
+    in this process, conftest's `bench_main`; test_bench_measure.py runs the CLI as a subprocess)."""
     _, part, tmp = tp1
     out = tmp / "part_again.json"
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, "-m", "terra_nb.bench", "tp", "--tp", "1", "--preset", "tiny",
-                           "--ckpt-root", str(tmp / "ckpt"), "--ref", str(tmp / "part_tp1.json"), "--long-frames", "2",
-                           "--long-repeats", "1", "--engine-kwargs", json.dumps(EAGER), "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    bench_main(["tp", "--tp", "1", "--preset", "tiny", "--ckpt-root", tmp / "ckpt", "--ref", tmp / "part_tp1.json",
+                "--long-frames", "2", "--long-repeats", "1", "--engine-kwargs", json.dumps(EAGER), "--out", out])
     again = json.loads(out.read_text())
     (row,) = again["rows"]   # --batches defaults to 1, no prefill
     assert row["name"] == "vllm_tp1" and again["workload"]["long_frames"] == 2
