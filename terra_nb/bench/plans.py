@@ -102,16 +102,19 @@ STATS = dict(disable_log_stats=False)
 many drafts were accepted (`pairs.counter_deltas`), and no side pays for them alone."""
 
 FP8_KV = dict(kv_cache_dtype="fp8")
-FP8_WEIGHTS = dict(kv_cache_dtype="fp8", quantization="fp8")
+FP8_WEIGHTS = dict(kv_cache_dtype="fp8", quantization="fp8", compilation_config={"custom_ops": ["+quant_fp8"]})
 """vLLM's FP8: the KV cache stored in 8 bits, and (with `quantization="fp8"`) every linear layer's
-weights quantized to 8 bits while loading (online, per-tensor scales), on top of FP8 KV."""
+weights quantized to 8 bits while loading (online, per-tensor scales), on top of FP8 KV. The
+activations' FP8 cast runs as vLLM's CUDA kernel (`+quant_fp8`): left to torch.compile it becomes a
+Triton kernel that the GPU machine's Triton cannot build ("no attribute 'get_fp8e4nv'", 2026-11-26)."""
 
 SYNC = dict(async_scheduling=False)
 """What speculative decoding turns off in vLLM 0.26/0.32 (scheduling step n+1 while step n runs on
 the GPU); a side of its own shows what that alone costs."""
 
-SPECULATION = ("speculative", "async_scheduling")
-"""What a speculative side changes against the plain port (vLLM turns async scheduling off with it)."""
+SPECULATION = ("speculative", "async_scheduling", "model_runner")
+"""What a speculative side changes against the plain port: vLLM 0.26 turns async scheduling off with
+a custom-class proposer and runs it on model runner V1 (the plain port gets V2 on a GPU)."""
 
 
 SESSION_VS_LOOP = ("engine_core", "attention_backend")
