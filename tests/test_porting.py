@@ -88,29 +88,57 @@ def test_missing_num_key_value_heads_builds_a_cache_the_weights_do_not_fit(tiny_
     assert bad["KV bytes per token (fp32)"] == 2 * good["KV bytes per token (fp32)"]
 
 
-def test_in_process_registration_does_not_reach_a_fresh_process_the_plugin_does(tiny_checkpoint):
-    code = f"""
+FRESH_PROCESS = """
 import json
 from transformers import CONFIG_MAPPING
 from vllm import ModelRegistry
 from vllm.config import ModelConfig
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.plugins import load_general_plugins
+ckpt = {ckpt!r}
+
+# registration: what a fresh process knows before and after the plugins
 def known():
     return {{"arch": "LlamaActionForCausalLM" in ModelRegistry.get_supported_archs(),
              "config": "llama_action" in CONFIG_MAPPING}}
 seen = {{"before_plugins": known()}}
-from vllm.plugins import load_general_plugins
 load_general_plugins()   # what vLLM runs in every process it starts (front end, engine core, workers)
 seen["after_plugins"] = known()
-seen["architecture"] = ModelConfig(model={str(tiny_checkpoint)!r}, skip_tokenizer_init=True,
-                                   dtype="float32").architecture
+seen["architecture"] = ModelConfig(model=ckpt, skip_tokenizer_init=True, dtype="float32").architecture
 seen["parent_only_arch"] = "PortingParentOnlyArch" in ModelRegistry.get_supported_archs()
+
+# shadowing: a built-in architecture name registered again, against a name of its own
+class MyLlama(LlamaForCausalLM):
+    pass
+
+seen["builtin_before"] = ModelRegistry._try_load_model_cls("LlamaForCausalLM").__name__
+ModelRegistry.register_model("MyLlamaVariant", MyLlama)            # a name of its own ...
+mc = ModelConfig(model=ckpt, skip_tokenizer_init=True, dtype="float32",
+                 hf_overrides={{"architectures": ["MyLlamaVariant"]}})  # ... chosen per model
+seen["hf_overrides_arch"] = mc.architecture
+seen["builtin_untouched"] = ModelRegistry._try_load_model_cls("LlamaForCausalLM").__name__
+ModelRegistry.register_model("LlamaForCausalLM", MyLlama)          # the shadowing way
+seen["builtin_after"] = ModelRegistry._try_load_model_cls("LlamaForCausalLM").__name__
 print(json.dumps(seen))
 """
+
+
+@pytest.fixture(scope="module")
+def fresh_process(tiny_checkpoint):
+    """What one fresh interpreter (as vLLM's engine core is) sees of registrations, after this process
+    registered an architecture of its own: both tests below read it (one interpreter start, ~12 s
+    here, instead of two; the shadowing half runs after the registration half)."""
     from vllm import ModelRegistry
 
     ModelRegistry.register_model("PortingParentOnlyArch", "terra_nb.port.vllm_model:LlamaActionForCausalLM")
-    assert "PortingParentOnlyArch" in ModelRegistry.get_supported_archs()
-    seen = _run(code)
+    return _run(FRESH_PROCESS.format(ckpt=str(tiny_checkpoint)))
+
+
+def test_in_process_registration_does_not_reach_a_fresh_process_the_plugin_does(fresh_process):
+    from vllm import ModelRegistry
+
+    assert "PortingParentOnlyArch" in ModelRegistry.get_supported_archs()   # registered here by the fixture
+    seen = fresh_process
     # a fresh process (as the engine core is) knows neither the model nor its config ...
     assert seen["before_plugins"] == {"arch": False, "config": False}, seen
     # ... until the entry point runs there; the parent's register_model never reaches it
@@ -158,29 +186,8 @@ def test_not_a_multimodal_model_without_the_interface_or_the_processor(tiny_chec
         MULTIMODAL_REGISTRY.create_processor(mc)
 
 
-def test_registering_a_builtin_name_shadows_it_hf_overrides_does_not(tiny_checkpoint):
-    code = f"""
-import json
-from vllm import ModelRegistry
-from vllm.config import ModelConfig
-from vllm.model_executor.models.llama import LlamaForCausalLM
-from vllm.plugins import load_general_plugins
-load_general_plugins()
-
-class MyLlama(LlamaForCausalLM):
-    pass
-
-seen = {{"builtin_before": ModelRegistry._try_load_model_cls("LlamaForCausalLM").__name__}}
-ModelRegistry.register_model("MyLlamaVariant", MyLlama)            # a name of its own ...
-mc = ModelConfig(model={str(tiny_checkpoint)!r}, skip_tokenizer_init=True, dtype="float32",
-                 hf_overrides={{"architectures": ["MyLlamaVariant"]}})  # ... chosen per model
-seen["hf_overrides_arch"] = mc.architecture
-seen["builtin_untouched"] = ModelRegistry._try_load_model_cls("LlamaForCausalLM").__name__
-ModelRegistry.register_model("LlamaForCausalLM", MyLlama)          # the shadowing way
-seen["builtin_after"] = ModelRegistry._try_load_model_cls("LlamaForCausalLM").__name__
-print(json.dumps(seen))
-"""
-    seen = _run(code)
+def test_registering_a_builtin_name_shadows_it_hf_overrides_does_not(fresh_process):
+    seen = fresh_process
     assert seen["builtin_before"] == "LlamaForCausalLM"
     assert seen["hf_overrides_arch"] == "MyLlamaVariant" and seen["builtin_untouched"] == "LlamaForCausalLM"
     assert seen["builtin_after"] == "MyLlama"  # every Llama checkpoint in that process now gets it
