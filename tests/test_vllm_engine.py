@@ -150,13 +150,16 @@ def test_vllm_prefix_cache_counters_count_the_predicted_hits(llm):
 
 # ---------------------------------------------------------------------------- rounds
 def test_rollouts_beyond_25_frames_run_in_rounds_overlapping_by_3(llm, sample):
+    # a 20-frame context (the sample's 3 frames repeated): round 1 makes frames 20-24, round 2 frames
+    # 25 and 26 (the same boundary as 3 + 23 frames, for 7 generate calls instead of 23)
+    ctx = torch.cat([sample.context] * 7)[:20]
     stats = RolloutStats()
-    video = vllm_rollout(llm, sample.context, sample.actions, 23, GREEDY, progress=True, stats=stats)
-    assert video.shape == (23, P) and stats.generate_calls == 23
-    # round 2 restarts at position 0 from video frames 22, 23, 24 and makes frame 25 (index 22 of the output)
-    full = torch.cat([sample.context, video])
+    video = vllm_rollout(llm, ctx, sample.actions, 7, GREEDY, progress=True, stats=stats)
+    assert video.shape == (7, P) and stats.generate_calls == 7
+    # round 2 restarts at position 0 from video frames 22, 23, 24 and makes frame 25 (index 5 of the output)
+    full = torch.cat([ctx, video])
     again = vllm_rollout(llm, full[22:25], sample.actions[22:], 1, GREEDY, progress=False)
-    assert torch.equal(again[0], video[-1])
+    assert torch.equal(again[0], video[5])
 
 
 # ---------------------------------------------------------------------------- bad inputs
