@@ -18,7 +18,8 @@ def runs_async(kwargs: dict) -> bool:
     return kwargs.get("async_scheduling", True) and "speculative_k" not in kwargs
 
 
-@pytest.mark.parametrize("name", ["faster_fp8kv", "faster_fp8w", "faster_fp8w_eager", "faster_spec_terra", "faster_spec_toy"])
+@pytest.mark.parametrize("name", ["faster_fp8kv", "faster_fp8w", "faster_fp8w_eager", "faster_spec_terra", "faster_spec_toy",
+                                  "faster_spec_toy_greedy"])
 def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
     """A pair's `under_test` must name the settings in which its sides' asked arguments differ
     (spelled as `effective_settings` records them), no more: else `check_pair` would wave through
@@ -45,10 +46,11 @@ def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
 
 
 def test_faster_plans_put_the_targets_where_the_issue_does():
-    targets = {p.name: p.target for name in ("faster_fp8kv", "faster_spec_toy") for p in plans.named_plan(name).pairs
-               if p.target is not None}
-    assert targets == {"port_fp8kv_vs_port_b128": 1.15, "port_fc4_vs_port_b1": 1.5, "port_fc8_vs_port_b1": 1.5,
-                       "port_fc16_vs_port_b1": 1.5}
+    targets = {p.name: p.target for name in ("faster_fp8kv", "faster_spec_toy", "faster_spec_toy_greedy")
+               for p in plans.named_plan(name).pairs if p.target is not None}
+    assert targets == {"port_fp8kv_vs_port_b128": 1.15, "port_fc8_vs_port_b1": 1.5, "port_fc16_vs_port_b1": 1.5}
+    (block,) = plans.named_plan("faster_spec_toy_greedy").blocks
+    assert block.temperature == 0 and block.batch == 1
 
 
 def test_check_pair_accepts_speculation_only_with_async_scheduling_named():

@@ -83,7 +83,8 @@ def named_plan(name: str) -> Plan:
 
 
 PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed", "faster_fp8kv", "faster_fp8w",
-              "faster_spec_terra", "faster_spec_toy", "smoke_faster", "faster_fp8w_eager")
+              "faster_spec_terra", "faster_spec_toy", "smoke_faster", "faster_fp8w_eager",
+              "faster_spec_toy_greedy")
 
 
 def notebook_plan(device_type: str, preset: str) -> Plan:
@@ -132,11 +133,12 @@ def _sides(shared: dict, extra: dict[str, tuple[str, dict]]) -> tuple[SideSpec, 
 
 
 def faster_plan(preset: str, shared: dict, sides: dict[str, tuple[str, dict]], batches: dict[int, int],
-                pairs: list[tuple[str, str, tuple[str, ...], dict[int, float]]], trials: int = 5, n_ctx: int = 3) -> Plan:
+                pairs: list[tuple[str, str, tuple[str, ...], dict[int, float]]], trials: int = 5, n_ctx: int = 3,
+                temperature: float = 0.9) -> Plan:
     """Every side at every batch of `batches` (batch -> frames); `pairs`: (first, second, the settings
     first changes, {batch: target speed-up}) compared at every batch."""
     names = tuple(sides)
-    blocks = tuple(Block(f"b{b}", names, b, f, trials) for b, f in batches.items())
+    blocks = tuple(Block(f"b{b}", names, b, f, trials, temperature) for b, f in batches.items())
     out = tuple(Pair(f"{a}_vs_{c}_b{b}", f"b{b}", a, c, tested, targets.get(b))
                 for b in batches for a, c, tested, targets in pairs)
     return Plan(preset, n_ctx, _sides(shared, sides), blocks, out)
@@ -175,20 +177,23 @@ def spec_terra_plan(trials: int = 5) -> Plan:
                                         ("port_fc8", "port_sync", ("speculative", "model_runner"), {})], trials)
 
 
-def spec_toy_plan(shared: dict, batches: dict[int, int], trials: int = 5, ks=(4, 8, 16), sessions: bool = True) -> Plan:
+def spec_toy_plan(shared: dict, batches: dict[int, int], trials: int = 5, ks=(4, 8, 16), sessions: bool = True,
+                  temperature: float = 0.9, sync: bool = True) -> Plan:
     """The trained toy model (its video repeats: drafts get accepted): the port without speculation,
     without async scheduling, with frame copy at each k, and (`sessions`) one streaming session a
     rollout with and without frame copy."""
-    sides = {"port": ("port", {}), "port_sync": ("port", SYNC)}
+    sides = {"port": ("port", {}), **({"port_sync": ("port", SYNC)} if sync else {})}
     sides.update({f"port_fc{k}": ("port", frame_copy(k)) for k in ks})
-    pairs = [(f"port_fc{k}", "port", SPECULATION, SPEC_TOY_TARGET) for k in ks]
-    pairs += [("port_sync", "port", ("async_scheduling",), {})]
-    pairs += [(f"port_fc{k}", "port_sync", ("speculative", "model_runner"), {}) for k in ks]
+    targets = SPEC_TOY_TARGET if temperature == 0 else {}  # the issue's bar is greedy's
+    pairs = [(f"port_fc{k}", "port", SPECULATION, targets) for k in ks]
+    if sync:
+        pairs += [("port_sync", "port", ("async_scheduling",), {})]
+        pairs += [(f"port_fc{k}", "port_sync", ("speculative", "model_runner"), {}) for k in ks]
     if sessions:
         k = ks[len(ks) // 2]
         sides.update({"session": ("session", {}), f"session_fc{k}": ("session", frame_copy(k))})
         pairs += [(f"session_fc{k}", "session", SPECULATION, {}), ("session", "port", SESSION_VS_LOOP, {})]
-    return faster_plan(TOY, shared, sides, batches, pairs, trials)
+    return faster_plan(TOY, shared, sides, batches, pairs, trials, temperature=temperature)
 
 
 _TOY_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.1)   # seven small engines on one GPU
@@ -215,5 +220,7 @@ FASTER_PLANS = {
     "faster_fp8w": fp8_weights_plan,
     "faster_spec_terra": spec_terra_plan,
     "faster_spec_toy": lambda: spec_toy_plan(_TOY_SHARE, {1: 12, 4: 12}),
+    "faster_spec_toy_greedy": lambda: spec_toy_plan(_TOY_SHARE, {1: 12}, ks=(8, 16), sessions=False, temperature=0.0,
+                                                    sync=False),
     "smoke_faster": lambda: spec_toy_plan(CPU_SHARED, {1: 2}, trials=2, ks=(8,), sessions=False),
 }
