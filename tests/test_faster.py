@@ -123,3 +123,37 @@ def test_fp8_scales_are_not_missing_weights_but_a_missing_weight_still_is():
     assert coverage_report(model, ["qkv.weight", "head.weight"], {"qkv.weight", "head.weight"}) is None
     report = coverage_report(model, ["head.weight"], {"head.weight"})
     assert "not loaded (1)" in report and "qkv.weight" in report and "scale" not in report
+
+
+# ------------------------------------------------------------------ the committed GPU results
+
+from terra_nb.bench import settings as bench_settings  # noqa: E402
+from terra_nb.workbook.paths import RESULTS  # noqa: E402
+
+FASTER_FILES = sorted(p for p in (RESULTS / "faster").glob("*.json") if "_quality_" not in p.name and "_attempts" not in p.name)
+
+
+@pytest.mark.parametrize("path", FASTER_FILES, ids=lambda p: p.name)
+def test_committed_faster_files_recompute_and_are_like_for_like(path):
+    import json
+
+    res = json.loads(path.read_text())
+    assert pairs.analyse(res) == res["analysis"], "a ratio does not recompute from the trials"
+    for p in res["plan"]["pairs"]:
+        ut = p["under_test"] if p["under_test"] == bench_settings.ALL else tuple(p["under_test"])
+        bench_settings.check_pair(p["first"], res["sides"][p["first"]], p["second"], res["sides"][p["second"]], ut)
+    for b in res["blocks"]:
+        for side, c in b["counters"].items():
+            steps = c["generation_tokens"] - c["spec_decode_num_accepted_tokens"]
+            assert c["codes_per_step"] == pytest.approx(c["generation_tokens"] / steps, abs=1e-3), (b["name"], side)
+    for key in ("device", "versions", "dtype", "command", "commit", "date", "lease"):
+        assert res[key], key
+
+
+def test_committed_quality_checks_recompute():
+    import json
+
+    for path in (RESULTS / "faster").glob("*_quality_*.json"):
+        res = json.loads(path.read_text())
+        assert res["checks"] == [quality.quality_checks(res, c) for c in ("bf16_fp8kv", "bf16_fp8")], path.name
+        assert res["variants"]["fp32"]["top1_agreement"] == 1.0  # the engine in fp32 is the reference's twin
