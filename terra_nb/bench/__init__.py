@@ -18,5 +18,8 @@ One job a module; imports flow down this list, never up (tests/test_bench_import
   trials taken in turn; the named plans (the headline's among them).
 - `headline`, `plots`: the headline's table, sentences and README block, and the trials' figure,
   from the interleaved result files (`results/pairs/`).
+- `faster`: notebook 12's figures: a verification step's cost and the break-even codes per step,
+  the bytes FP8 would halve, the FP8 quality and attempts (`results/faster/`), and frame copy
+  simulated on the toy world's clips.
 - `cli` (`python -m terra_nb.bench`): the command line.
 """

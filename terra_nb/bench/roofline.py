@@ -52,16 +52,24 @@ def rollout_floor_s(config, batch: int, n_ctx: int, n_frames: int, bandwidth: fl
     """The least time `batch` rollouts of `n_frames` generated frames after `n_ctx` context frames
     can take: the sum, over every code of every generated frame, of one decode step's bytes
     (weights once, each rollout's KV cache up to that code) over `bandwidth` (bytes/s)."""
-    layout = FrameLayout.from_config(config)
-    P, L = layout.image_tokens, layout.frame_len
     if batch < 1 or n_ctx < 1 or n_frames < 1:
         raise ValueError(f"batch, n_ctx and n_frames must be >= 1, got {batch}, {n_ctx}, {n_frames}")
-    # code j of frame f attends to the f full frames before it (codes + actions) and j codes of its own
-    kv_tokens = sum(P * f * L + P * (P - 1) // 2 for f in range(n_ctx, n_ctx + n_frames))
-    steps = P * n_frames
+    steps = FrameLayout.from_config(config).image_tokens * n_frames
     # a step's floor is linear in its context, so the sum over the steps is their count times the
     # floor of a step at their mean context
-    return steps * decode_step_floor_s(config, batch, kv_tokens / steps, bandwidth, dtype_bytes)
+    return steps * decode_step_floor_s(config, batch, mean_context_tokens(config, n_ctx, n_frames), bandwidth,
+                                       dtype_bytes)
+
+
+def mean_context_tokens(config, n_ctx: int, n_frames: int) -> float:
+    """The KV-cache length of one rollout's decode step, averaged over every code of `n_frames`
+    generated frames after `n_ctx` context frames: code j of frame f attends to the f whole frames
+    before it (codes and action slots) and the j codes of its own before it."""
+    if n_ctx < 1 or n_frames < 1:
+        raise ValueError(f"n_ctx and n_frames must be >= 1, got {n_ctx}, {n_frames}")
+    layout = FrameLayout.from_config(config)
+    P, L = layout.image_tokens, layout.frame_len
+    return sum(P * f * L + P * (P - 1) // 2 for f in range(n_ctx, n_ctx + n_frames)) / (P * n_frames)
 
 
 def floor_frames_per_s(config, batch: int, n_ctx: int, n_frames: int, device: str, dtype_bytes: int = 2) -> float:
