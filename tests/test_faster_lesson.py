@@ -144,3 +144,15 @@ def test_mean_context_tokens_matches_the_sum_over_every_code():
     P, L = 64, 70
     codes = [f * L + j for f in (2, 3) for j in range(P)]
     assert roofline.mean_context_tokens(cfg, 2, 2) == pytest.approx(sum(codes) / len(codes))
+
+
+def test_the_figures_draw_from_small_inputs():
+    cfg = preset_config("tiny")
+    maps = {"a": np.zeros(64), "b": np.linspace(0, 1, 64)}
+    assert len(faster.still_maps_plot(maps).axes) == 2 + 1   # two maps and the colour bar
+    curves = {"w": {1: 1.2, 8: 2.0}}
+    fig = faster.speculation_plot(curves, {"e": 1.5}, [dict(k=8, codes_per_step=1.3, speedup=0.9)])
+    assert [len(ax.lines) for ax in fig.axes][1] == 1 + 1 + 1 + 1   # the curve, the point, its legend entry, y = 1
+    assert faster.kv_share_plot(cfg, {"2 + 2": (2, 2)}, batches=(1, 4), marks=[(4, 2, 2)]).axes
+    res = _pairs_file()
+    assert len(faster.step_cost_plot(res).axes[0].patches) == 2

@@ -352,6 +352,33 @@ def still_maps_plot(maps: Mapping[str, np.ndarray], grid: tuple[int, int] = (8, 
     return save_figure(fig, save)
 
 
+def step_cost_plot(res: Mapping, title: str = "", save=None):
+    """One panel per block: each side's milliseconds per engine step (`step_s`) as a bar, labelled
+    with its codes per step and its cost against the block's first side."""
+    from matplotlib.figure import Figure
+
+    from terra_nb.workbook.viz import save_figure
+
+    blocks = res["blocks"]
+    fig = Figure(figsize=(4.0 * len(blocks), 3.2), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(blocks)))
+    for ax, b in zip(axes, blocks):
+        sides = list(b["trials_s"])
+        ms = [1e3 * step_s(res, b["name"], s) for s in sides]
+        bars = ax.bar(sides, ms, color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(sides)])
+        for bar, side, v in zip(bars, sides, ms):
+            ax.annotate(f"{v:.2f} ms\n{v / ms[0]:.2f}x {sides[0]}\n{codes_per_step(res, b['name'], side):.2f} codes/step",
+                        (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
+        trials = min(len(t) for t in b["trials_s"].values())
+        rollouts = "1 rollout" if b["batch"] == 1 else f"{b['batch']} rollouts"
+        ax.set_title(f"{rollouts}, {trials} trial{'s' if trials > 1 else ''} a side", fontsize=9)
+        ax.set_ylabel("ms per engine step (median trial)")
+        ax.set_ylim(0, max(ms) * 1.45)
+    if title:
+        fig.suptitle(title, fontsize=8)
+    return save_figure(fig, save)
+
+
 def speculation_plot(curves: Mapping[str, Mapping[int, float]], break_even: Mapping[str, float],
                      measured: Sequence[Mapping] = (), save=None):
     """Left: simulated codes per step against k per workload, the break-even lines of each engine
