@@ -3,6 +3,10 @@
     python tools/cpu_times.py record outputs/summary.json   # -> results/cpu_reproduce.json
     python tools/cpu_times.py --readme                      # README's table from that file
 
+`record --merge` adds (or replaces) only the notebooks of a run restricted to them (`make reproduce
+REPRODUCE_ARGS="--only 12"`), each with its own commit, date and load, and keeps every other
+notebook's record as it was; the README notes which notebooks were timed on their own.
+
 `record` keeps what a reader needs to judge the times: the machine (CPU model, cores), the load
 average before and after the run (these 2-core machines are often shared), the commit (refused
 when the tree was dirty: a time must name the code it measured), versions, the command and each
@@ -114,8 +118,12 @@ def _digest_at(commit: str, stem: str) -> str | None:
     return code_digest(nbformat.reads(text, as_version=4))
 
 
-def record(summary_path: Path, load_before: str | None = None, out: Path = RECORD) -> dict:
-    """The reproduce run's summary.json, reduced to what the README table and a reader need."""
+def record(summary_path: Path, load_before: str | None = None, out: Path = RECORD, merge: bool = False) -> dict:
+    """The reproduce run's summary.json, reduced to what the README table and a reader need.
+
+    `merge`: the run's notebooks go into the existing record at `out` (replacing a notebook's old
+    entry), each carrying the run's commit, date and load averages; the other notebooks' entries and
+    the record's own header stay, and the total is the old one with the merged times swapped in."""
     s = json.loads(Path(summary_path).read_text())
     env = s["environment"]
     commit = env.get("git_commit") or ""
@@ -131,9 +139,23 @@ def record(summary_path: Path, load_before: str | None = None, out: Path = RECOR
                        "code_sha256": _digest_at(commit, Path(n["notebook"]).stem)}
                       for n in s["notebooks"]],
     }
+    if merge:
+        data = _merged(json.loads(Path(out).read_text()), data)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2) + "\n")
     return data
+
+
+def _merged(old: dict, run: dict) -> dict:
+    """`old` record with `run`'s notebooks in it, each marked with the run it came from."""
+    new = {n["notebook"]: dict(n, commit=run["commit"], date=run["date"], device=run["device"],
+                               cpu_count=run["cpu_count"], load_average_before=run["load_average_before"],
+                               load_average_after=run["load_average_after"]) for n in run["notebooks"]}
+    kept = [n for n in old["notebooks"] if n["notebook"] not in new]
+    replaced = sum(n["seconds"] for n in old["notebooks"] if n["notebook"] in new)
+    notebooks = sorted(kept + list(new.values()), key=lambda n: n["notebook"])
+    total = round(old["total_seconds"] - replaced + sum(n["seconds"] for n in new.values()), 1)
+    return dict(old, notebooks=notebooks, total_seconds=total)
 
 
 def _duration(seconds: float) -> str:
@@ -158,6 +180,13 @@ def readme_section(path: Path = RECORD) -> str:
         *[f"| `{n['notebook']}` | {n['status']} | {_duration(n['seconds'])} |" for n in d["notebooks"]],
         f"| all {len(d['notebooks'])} | {len(ok)} ok | {_duration(d['total_seconds'])} |",
     ]
+    alone = [n for n in d["notebooks"] if n.get("commit")]
+    if alone:
+        lines += ["", "Timed in a run of their own (`make reproduce REPRODUCE_ARGS=\"--only NN\"`): "
+                  + "; ".join(f"`{n['notebook']}` on {n['device']} ({n['cpu_count']} cores), commit {n['commit']}, "
+                              f"{n['date']}, load average "
+                              f"{n.get('load_average_before') or 'not recorded'} before and {n['load_average_after']} after"
+                              for n in alone) + "."]
     engines = engine_notebooks()
     if engines:
         by_call: dict[str, list[str]] = {}
@@ -184,12 +213,14 @@ def main(argv=None) -> int:
     ap.add_argument("command", nargs="?", choices=["record"])
     ap.add_argument("summary", nargs="?", type=Path, help="the summary.json `make reproduce` wrote")
     ap.add_argument("--load-before", default=None, help="the load average before the run (e.g. from `uptime`)")
+    ap.add_argument("--merge", action="store_true",
+                    help="record only the run's notebooks into the existing record, keeping the others'")
     ap.add_argument("--readme", action="store_true", help="rewrite README's CPU time table from the record")
     args = ap.parse_args(argv)
     if args.command == "record":
         if args.summary is None:
             ap.error("record needs the path of summary.json")
-        d = record(args.summary, args.load_before)
+        d = record(args.summary, args.load_before, merge=args.merge)
         print(f"recorded {len(d['notebooks'])} notebooks, {d['total_seconds']} s, commit {d['commit']} -> {RECORD}")
     if args.readme:
         print("README updated" if update_readme() else "README already up to date")
