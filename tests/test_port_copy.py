@@ -1,10 +1,13 @@
 """The ports copy: `terra_nb/port/` and `terra_nb/port_vlm/`, moved into another project under other
 names, work alone, and a vLLM without a private method they wrap still starts every engine.
 
-Both folders are copied to temporary packages (`terra_port_copy`, `tiny_vlm_copy`), each declared as
-a vLLM general plugin the way an installed project would (a `*.dist-info/entry_points.txt` on the
-path), beside a `terra_nb` that refuses to be imported, first on `PYTHONPATH`. One fresh interpreter,
-with `VLLM_PLUGINS` naming only the copies (the engines' own processes inherit both), then:
+Both folders are copied to temporary packages (`terra_port_copy`, `tiny_vlm_copy`), beside a
+`terra_nb` that refuses to be imported, first on `PYTHONPATH`. Terra's copy is declared as a vLLM
+general plugin the way an installed project would (a `*.dist-info/entry_points.txt` on the path);
+TinyVLM's is not installed at all, and registers the other way PORTING.md gives ("Registering
+without installing"): its `register()` called in the process, the engine core kept in that process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`). One fresh interpreter, with `VLLM_PLUGINS` naming only Terra's
+copy, then:
 
 * loads the plugins as an engine does (`load_general_plugins`), on a vLLM whose
   `AsyncLLM._add_streaming_input_request`, a private method Terra's front door wraps, is deleted
@@ -13,7 +16,8 @@ with `VLLM_PLUGINS` naming only the copies (the engines' own processes inherit b
 * Terra: builds the HF model through `AutoModelForCausalLM` and a vLLM engine from the copy alone,
   rolls out one greedy frame on each (the two must agree token by token), and sends the engine's
   front end a streaming-session chunk, which Terra must refuse, naming the missing method;
-* TinyVLM, the other model: the same with `AutoModelForImageTextToText` and one prompt with an image;
+* TinyVLM, the other model, found by no entry point: `register()` called by hand, then the same with
+  `AutoModelForImageTextToText` and one prompt with an image;
 * reports the module of every class HF built and vLLM registered: each must be the copy's. (A copy
   that named `terra_nb.port_vlm` would serve the original's classes wherever `terra_nb` is installed;
   here, where it cannot be imported, its engine would not start.)
@@ -22,6 +26,7 @@ The three tests read the one run (about a minute: two engines on two cores).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -58,13 +63,25 @@ logging.getLogger().addHandler(Keep(logging.WARNING))
 from vllm.v1.engine.async_llm import AsyncLLM
 del AsyncLLM._add_streaming_input_request
 from vllm.plugins import load_general_plugins
-load_general_plugins()  # the copies' entry points, as every engine process does
+load_general_plugins()  # Terra's copy's entry point, as every engine process does
 
+from importlib.metadata import entry_points
+import os
 from vllm import ModelRegistry, SamplingParams
-out = {{"plugin_warnings": list(warnings),
+out = {{"entry_points": sorted(ep.value for ep in entry_points(group="vllm.general_plugins")
+                              if ep.value.split(".")[0] in {(TERRA, VLM)!r}),
+       "registered_by_plugins": getattr(ModelRegistry.models.get({VLM_ARCH!r}), "module_name", None)}}
+
+# TinyVLM's copy is not installed: register it in this process, and keep the engine core here
+from {VLM}.vllm_plugin import entry_point_installed, register
+out["vlm_entry_point_installed"] = entry_point_installed()
+out["multiprocessing"] = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+register()
+
+out.update({{"plugin_warnings": list(warnings),
        # lazily registered: "module:Class", whether or not that module can be imported here
        "registered": {{a: getattr(ModelRegistry.models.get(a), "module_name", None)
-                      for a in {TERRA_ARCHS + (VLM_ARCH,)!r}}}}}
+                      for a in {TERRA_ARCHS + (VLM_ARCH,)!r}}}}})
 
 
 def part(name):
@@ -136,9 +153,12 @@ print("PROBE" + json.dumps(out))
 """
 
 
-def _copy_package(source: Path, root: Path, name: str) -> None:
-    """`root/name/` (the package's .py files) and its plugin entry point, as an installed project has."""
+def _copy_package(source: Path, root: Path, name: str, installed: bool = True) -> None:
+    """`root/name/` (the package's .py files) and, if `installed`, its plugin entry point, as an
+    installed project has."""
     shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    if not installed:
+        return
     dist = root / f"{name}-0.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0\n")
@@ -149,7 +169,7 @@ def _make_copies(root: Path) -> None:
     """Both ports under other names, and a `terra_nb` that refuses to import (so any leftover
     `import terra_nb` fails loudly)."""
     _copy_package(Path(terra_nb.port.__file__).parent, root, TERRA)
-    _copy_package(Path(terra_nb.port_vlm.__file__).parent, root, VLM)
+    _copy_package(Path(terra_nb.port_vlm.__file__).parent, root, VLM, installed=False)
     (root / "terra_nb").mkdir()
     (root / "terra_nb" / "__init__.py").write_text('raise ImportError("a copied port imported terra_nb")\n')
 
@@ -161,7 +181,8 @@ def copies(tiny_ckpt, tmp_path_factory):
     _make_copies(root)
     # the copies first; whatever PYTHONPATH already holds (the GPU runner's vLLM lives there) after them
     path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "VLLM_PLUGINS": f"{TERRA},{VLM}"}
+    # the engine core in this process: TinyVLM's copy, registered here only, needs it (PORTING.md)
+    env = {**os.environ, "PYTHONPATH": path, "VLLM_PLUGINS": TERRA, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tiny_ckpt), str(root / "tiny_vlm_ckpt")], env=env,
                           cwd=root, capture_output=True, text=True, timeout=500)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")), None)
@@ -200,8 +221,56 @@ def test_a_copy_of_port_vlm_under_another_name_serves_alone_with_hf_parity(copie
     assert vlm["hf"] == vlm["vllm"], _first_difference(vlm["hf"], vlm["vllm"])
 
 
+def test_a_copy_not_installed_registers_in_process_and_serves_with_the_engine_core_in_process(copies):
+    """PORTING.md, "Registering without installing": no entry point names TinyVLM's copy, so vLLM's
+    plugin loading does not register it; `register()` in the process does, and with the engine core
+    in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) that is enough to serve."""
+    assert copies["entry_points"] == [f"{TERRA}.vllm_plugin:register"]
+    assert copies["vlm_entry_point_installed"] is False
+    assert copies["registered_by_plugins"] is None  # load_general_plugins alone: unknown to vLLM
+    assert copies["multiprocessing"] == "0"
+    assert copies["registered"][VLM_ARCH] == f"{VLM}.vllm_model"  # after register()
+    assert len(_part(copies, "vlm")["vllm"]) == MAX_TOKENS
+
+
+def test_an_engine_core_of_its_own_registers_only_what_the_entry_points_register():
+    """PORTING.md's reason for the env var, read in the installed vLLM: the engine core process runs
+    the general plugins (entry points) in its constructor, and on the CPU backend it is always a
+    spawned, fresh interpreter, so a `register()` called in the parent never reaches it."""
+
+    # read, not imported (importing the engine core takes seconds)
+    assert "load_general_plugins()" in _vllm_source("vllm.v1.engine.core", "EngineCore", "__init__")
+    assert 'os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"' in _vllm_source(
+        "vllm.platforms.cpu", "CpuPlatform", "check_and_update_config")
+
+
+def _vllm_source(module: str, cls: str, method: str) -> str:
+    """The source of `module.cls.method` in the installed vLLM."""
+    import ast
+    import importlib.util
+
+    text = Path(importlib.util.find_spec(module).origin).read_text()
+    [node] = [n for c in ast.parse(text).body if isinstance(c, ast.ClassDef) and c.name == cls
+              for n in c.body if isinstance(n, ast.FunctionDef) and n.name == method]
+    return ast.get_source_segment(text, node)
+
+
+def test_the_engine_helper_takes_its_modality_limits_from_the_model():
+    """`port_vlm/vllm_engine.py` copies unchanged: `limit_mm_per_prompt` is the processing file's
+    `LIMIT_MM_PER_PROMPT`, over the modalities the processing info declares."""
+    from terra_nb.port_vlm import vllm_processing
+    from terra_nb.port_vlm.vllm_engine import llm_kwargs
+
+    limits = llm_kwargs("checkpoint")["limit_mm_per_prompt"]
+    assert limits == vllm_processing.LIMIT_MM_PER_PROMPT == {"image": 2}
+    assert limits is not vllm_processing.LIMIT_MM_PER_PROMPT
+    supported = vllm_processing.TinyVLMProcessingInfo.get_supported_mm_limits(None)  # uses no state
+    assert set(limits) == set(supported)
+    assert '"image"' not in inspect.getsource(llm_kwargs)  # no modality named in the helper
+
+
 def test_without_a_method_the_door_wraps_every_engine_starts_and_terra_refuses_what_it_cannot_check(copies):
-    # both plugins registered (the engines above served), Terra's saying once what it skipped
+    # both models registered (the engines above served), Terra's plugin saying once what it skipped
     [warning] = [w for w in copies["plugin_warnings"] if "_add_streaming_input_request" in w]
     assert "AsyncLLM._add_streaming_input_request is gone" in warning
     assert "skipped Terra's streaming-session checks" in warning

@@ -7,7 +7,8 @@ from pathlib import Path
 def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
     """The keyword arguments `make_llm` passes to `vllm.LLM` for a TinyVLM folder: fp32 (vLLM's
     "auto" would give bf16 on the CPU), prefix caching on, statistics on (for the cache counters),
-    at most 2 images per prompt.
+    and the items per prompt the model declares (`vllm_processing.LIMIT_MM_PER_PROMPT`: TinyVLM's
+    2 images), so that this file copies unchanged for a model with other modalities.
 
     On the CPU backend also a small KV-cache share, chunked prefill off (as `make_llm` of Terra's
     port, for the same reasons), eager mode (no torch.compile: seconds instead of a minute for a
@@ -18,6 +19,7 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
     from vllm.platforms import current_platform
 
     from .gpu_settings import apply_gpu_settings
+    from .vllm_processing import LIMIT_MM_PER_PROMPT
 
     kwargs = dict(
         model=str(checkpoint_dir),
@@ -25,7 +27,7 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
         enable_prefix_caching=True,
         disable_log_stats=False,
         max_model_len=512,
-        limit_mm_per_prompt={"image": 2},
+        limit_mm_per_prompt=dict(LIMIT_MM_PER_PROMPT),  # a copy: the model's constant stays as declared
         seed=0,
     )
     if current_platform.is_cpu():

@@ -169,7 +169,14 @@ def check_image_token_count(prompt: str | Sequence[int], n_images: int, image_to
         )
 
 
+# The engine's `limit_mm_per_prompt` (`vllm_engine.llm_kwargs` reads it): how many items of each
+# modality one prompt may carry. `get_supported_mm_limits` above says what the model can take (any
+# number of images); this bounds a request and sizes the start-up profiling. A model with other
+# modalities names them here, and the engine helper needs no edit.
+LIMIT_MM_PER_PROMPT = {MODALITY: 2}
+
 __all__ = [
+    "LIMIT_MM_PER_PROMPT",
     "MODALITY",
     "TinyVLMDataParser",
     "TinyVLMDummyInputsBuilder",
