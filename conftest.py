@@ -42,19 +42,19 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # The longest units of `make test` on the 2-core CPU machine (engines, HF rollouts of the toy model,
 # training runs, notebooks that build engines, the browser), started first and longest first, so that
 # the run ends on short units instead of one worker idling while the other finishes a long one. By
-# their seconds in a full run (estimated 2026-11-26: that day's full run, less each file's measured trim): test_frame_copy and test_bench_pairs ~77,
-# 08 ~75, test_browser ~70, the shared tiny_llm unit (from test_session_rollout: test_teacher_forced,
-# test_vllm_engine) ~70, 07 ~60, 11 ~50, test_toy_sweep ~45, test_bench_measure ~40, test_bench_tp ~35,
-# 06 ~35, 10 ~30, 05 ~30, test_reproduce ~30, test_toyworld_workbook ~25, test_onnx ~25, 03/04/09 ~23,
-# test_notebooks ~22, test_port_copy ~20, test_bench_profile ~20, test_toyworld ~19; the rest less.
-START_FIRST = ("tests/test_frame_copy.py", "tests/test_bench_pairs.py", "notebooks/08_toy_world.ipynb",
-               "tests/test_browser.py", "tests/test_session_rollout.py", "notebooks/07_benchmark.ipynb",
-               "notebooks/11_closed_loop.ipynb", "tests/test_toy_sweep.py", "tests/test_bench_measure.py",
-               "tests/test_bench_tp.py", "notebooks/06_vllm_forward.ipynb", "notebooks/10_port_your_model.ipynb",
-               "notebooks/05_weight_remapping.ipynb", "tests/test_reproduce.py", "tests/test_toyworld_workbook.py",
-               "tests/test_onnx.py", "notebooks/03_actions_modality.ipynb", "notebooks/04_dummy_data.ipynb",
-               "notebooks/09_onnx_export.ipynb", "tests/test_notebooks.py", "tests/test_port_copy.py",
-               "tests/test_bench_profile.py", "tests/test_toyworld.py")
+# their seconds in the full run of 2026-11-26 12:38 (776 s of pytest, 1421 s of tests): test_bench_pairs
+# 150, test_frame_copy 135, 08 122, test_browser 90, the shared tiny_llm unit (test_session_rollout,
+# test_vllm_engine, test_teacher_forced) 79, 11 61, 07 60, test_toy_sweep 56, test_bench_measure 42,
+# 06 41, test_reproduce 36, test_onnx 34, test_port_copy 32, 09 31, test_toyworld_workbook, 10,
+# test_toyworld and 12 28, test_notebooks and 05 27, 03 26, 04 24, test_bench_profile and _tp 20.
+START_FIRST = ("tests/test_bench_pairs.py", "tests/test_frame_copy.py", "notebooks/08_toy_world.ipynb",
+               "tests/test_browser.py", "tests/test_session_rollout.py", "notebooks/11_closed_loop.ipynb",
+               "notebooks/07_benchmark.ipynb", "tests/test_toy_sweep.py", "tests/test_bench_measure.py",
+               "notebooks/06_vllm_forward.ipynb", "tests/test_reproduce.py", "tests/test_onnx.py",
+               "tests/test_port_copy.py", "notebooks/09_onnx_export.ipynb", "tests/test_toyworld_workbook.py",
+               "notebooks/10_port_your_model.ipynb", "tests/test_toyworld.py", "notebooks/12_faster_than_stock.ipynb",
+               "tests/test_notebooks.py", "notebooks/05_weight_remapping.ipynb", "notebooks/03_actions_modality.ipynb",
+               "notebooks/04_dummy_data.ipynb", "tests/test_bench_profile.py", "tests/test_bench_tp.py")
 
 
 def shared_engines() -> tuple[str, ...]:
