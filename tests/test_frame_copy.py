@@ -118,13 +118,12 @@ def test_bad_speculative_settings_are_refused_before_the_engine(tiny_ckpt, tmp_p
 
 # ---------------------------------------------------------------------------- engines
 def spec_counts(llm) -> dict[str, float]:
-    """vLLM's spec-decode counters ({} when the engine has none)."""
-    out: dict[str, float] = {}
-    for m in llm.get_metrics():
-        if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
-            key = m.name[len("vllm:spec_decode_num_"):]
-            out[key] = out.get(key, 0.0) + float(m.value)
-    return out
+    """vLLM's spec-decode counters as the benchmark reads them (`bench.settings.engine_counters`:
+    what `pairs` records per block), under short names; {} when the engine keeps no statistics."""
+    from terra_nb.bench.settings import engine_counters
+
+    c = engine_counters(llm)
+    return {k.removeprefix("spec_decode_num_"): v for k, v in c.items()}
 
 
 def codes_per_step(generated: int, counts: dict) -> float:
