@@ -144,15 +144,27 @@ HEADLINE_FILES = sorted((RESULTS / "pairs").glob("*_headline_*.json"))
 @pytest.mark.parametrize("path", HEADLINE_FILES, ids=lambda p: p.name)
 def test_committed_headline_files_recompute_and_are_like_for_like(path):
     res = json.loads(path.read_text())
-    assert pairs.analyse(res) == res["analysis"], "a ratio does not recompute from the trials"
-    for p in res["plan"]["pairs"]:
-        ut = p["under_test"] if p["under_test"] == settings.ALL else tuple(p["under_test"])
-        settings.check_pair(p["first"], res["sides"][p["first"]], p["second"], res["sides"][p["second"]], ut)
+    pairs.audit(res)  # the ratios recompute from the trials; every pair like for like
     for c in res["analysis"]:
         if c["target"] is not None:
             assert c["trials"] >= 5, f"{c['name']}: a verdict from {c['trials']} trials a side"
     for key in ("device", "versions", "dtype", "command", "commit", "date", "env"):
         assert res[key], key
+
+
+def test_audit_refuses_a_ratio_that_does_not_recompute_and_a_pair_not_like_for_like():
+    import copy
+
+    res = json.loads(HEADLINE_FILES[0].read_text())
+    bad = copy.deepcopy(res)
+    bad["analysis"][0]["speedup"] += 0.01
+    with pytest.raises(ValueError, match="does not recompute"):
+        pairs.audit(bad)
+    bad = copy.deepcopy(res)
+    p = next(p for p in bad["plan"]["pairs"] if p["under_test"] != settings.ALL)
+    bad["sides"][p["first"]]["settings"]["dtype"] = "float16"  # tested by no pair
+    with pytest.raises(settings.UnequalSettings, match="dtype"):
+        pairs.audit(bad)
 
 
 def test_readme_headline_is_rendered_from_the_files():

@@ -312,6 +312,21 @@ def analyse(res: dict) -> list[dict]:
     return out
 
 
+def _under_test(pair: dict):
+    """A recorded pair's `under_test` as `Pair` holds it (`ALL`, or a tuple of setting names)."""
+    return pair["under_test"] if pair["under_test"] == ALL else tuple(pair["under_test"])
+
+
+def audit(res: dict) -> None:
+    """A result file checked against itself: `ValueError` if its `analysis` does not recompute from
+    its trials, `settings.UnequalSettings` if a planned pair's recorded sides differ outside what it
+    tests (`check_pair`, as `run_plan` checked before the first trial)."""
+    if analyse(res) != res["analysis"]:
+        raise ValueError("a ratio does not recompute from the trials")
+    for p in res["plan"]["pairs"]:
+        check_pair(p["first"], res["sides"][p["first"]], p["second"], res["sides"][p["second"]], _under_test(p))
+
+
 def plan_dict(plan: Plan) -> dict:
     """A plan as JSON (kept in its result file, so that `plan_of` can run it again)."""
     return dict(preset=plan.preset, n_ctx=plan.n_ctx, seed=plan.seed, sides=[dataclasses.asdict(s) for s in plan.sides],
@@ -323,6 +338,5 @@ def plan_of(res: dict) -> Plan:
     d = res["plan"]
     sides = tuple(SideSpec(**dict(s, sdpa=tuple(s["sdpa"]) if s.get("sdpa") else None)) for s in d["sides"])
     blocks = tuple(Block(**dict(b, sides=tuple(b["sides"]))) for b in d["blocks"])
-    pairs = tuple(Pair(**dict(p, under_test=p["under_test"] if p["under_test"] == ALL else tuple(p["under_test"])))
-                  for p in d["pairs"])
+    pairs = tuple(Pair(**dict(p, under_test=_under_test(p))) for p in d["pairs"])
     return Plan(d["preset"], d["n_ctx"], sides, blocks, pairs, d.get("seed", 0))
