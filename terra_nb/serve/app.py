@@ -1,0 +1,317 @@
+"""The server's routes on one `AsyncLLM`: `build_app(engine)` -> a FastAPI app.
+
+    POST /v1/rollouts   one open-loop rollout -> its frames, one JSON line each (NDJSON), as made
+    WS   /v1/sessions   a start, then a step per frame: the client's policy closes the loop
+    GET  /health        engine alive, sessions, KV-cache blocks free/total, the layout
+    GET  /metrics       vLLM's Prometheus metrics (the engine's stats on: `make_server_engine`)
+    GET  /              the toy world in the browser (static/index.html); GET /v1/toy: its start
+
+Every message is read by `protocol` (the port's rules) before anything reaches the engine; a bad
+one gets an error message naming its rule, on that connection only. A client that goes away
+mid-frame has its session aborted (`WorldSession.abort`: vLLM frees its KV blocks). `end_sessions`
+(the server's shutdown) ends every live session with an "end" message first.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from starlette.websockets import WebSocketDisconnect
+
+from ..port.layout import FrameLayout, TerraInputError
+from ..port.vllm_patch import RequestValidationError
+from .protocol import ProtocolError, error_message, frame_message, loads, message_type, parse_rollout, parse_start, parse_step
+from .engine import kv_blocks, prometheus_registry
+from .session import WorldSession, round_frames
+from .toy import ToyDecoder
+
+__all__ = ["ServerState", "build_app", "end_sessions"]
+
+logger = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+REFUSALS = (TerraInputError, ProtocolError, RequestValidationError)
+"""What a client is told about (by rule); anything else is the server's fault and is logged."""
+SHUTDOWN = "server shutting down"
+GOING_AWAY = 1001  # WebSocket close code: the server is going down
+TRY_LATER = 1013
+
+
+class Stopped(Exception):
+    """The connection's work ended early: the client left, or the server is shutting down."""
+
+
+class Live:
+    """One connection's session, as the server sees it: stopped by `end_sessions`."""
+
+    def __init__(self):
+        self.stop = asyncio.Event()
+        self.reason: str | None = None
+
+
+class ServerState:
+    """What every route shares: the engine, its layout, the limits and the live sessions."""
+
+    def __init__(self, engine, decoder: ToyDecoder | None, max_sessions: int, max_frames: int):
+        self.engine, self.decoder = engine, decoder
+        self.layout = FrameLayout.from_config(engine.model_config.hf_config)
+        self.max_model_len = engine.model_config.max_model_len
+        self.max_sessions, self.max_frames = max_sessions, max_frames
+        self.live: set[Live] = set()
+        self.served = 0  # sessions and rollouts admitted since the start
+
+    def admit(self) -> Live:
+        """One more live session (`leave` it when done), or `server_full`."""
+        if len(self.live) >= self.max_sessions:
+            raise ProtocolError("server_full", n=len(self.live))
+        live = Live()
+        self.live.add(live)
+        self.served += 1
+        return live
+
+    def leave(self, live: Live) -> None:
+        self.live.discard(live)
+
+    def png(self, codes, image: bool) -> str | None:
+        return self.decoder.png(codes) if image else None
+
+
+def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: int = 128, max_frames: int = 1000,
+              metrics: bool = True) -> FastAPI:
+    """The routes on `engine` (an `AsyncLLM` serving the event loop the app will run on).
+
+    `decoder`: a `ToyDecoder`, None, or "auto"/"toy"/"none" (`ToyDecoder.for_model`);
+    `max_sessions`: live sessions and rollouts at most (one more is refused: `server_full`);
+    `max_frames`: new frames of a rollout, or of a session, at most (`too_many_frames`).
+    """
+    layout = FrameLayout.from_config(engine.model_config.hf_config)
+    if isinstance(decoder, str):
+        decoder = ToyDecoder.for_model(layout, decoder)
+    state = ServerState(engine, decoder, max_sessions, max_frames)
+    app = FastAPI(title="terra-nb world model server")
+    app.state.terra = state
+    if metrics:  # as vLLM's server mounts them; the regex serves /metrics itself (no redirect to /metrics/)
+        import re
+
+        from prometheus_client import make_asgi_app
+        from starlette.routing import Mount
+
+        route = Mount("/metrics", make_asgi_app(registry=prometheus_registry()))
+        route.path_regex = re.compile("^/metrics(?P<path>.*)$")
+        app.routes.append(route)
+
+    @app.get("/health")
+    async def health():
+        dead = bool(getattr(engine, "errored", False))
+        body = {"status": "dead" if dead else "ok", "model": str(engine.model_config.model),
+                "sessions": len(state.live), "served": state.served,
+                "requests": engine.output_processor.get_num_unfinished_requests(), "kv_blocks": None if dead else await kv_blocks(engine),
+                "decoder": getattr(decoder, "name", None), "round_frames": round_frames(engine),
+                "max_sessions": max_sessions, "max_frames": max_frames,
+                "layout": {"image_tokens": layout.image_tokens, "action_tokens": layout.action_tokens,
+                           "action_dim": layout.action_dim, "max_frames": layout.max_frames,
+                           "num_codes": layout.num_codes}}
+        return JSONResponse(body, status_code=503 if dead else 200)
+
+    @app.get("/")
+    async def page():
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/v1/toy")
+    async def toy():
+        if decoder is None:
+            return JSONResponse({"error": error_message(ProtocolError("no_decoder"))}, status_code=404)
+        return await asyncio.to_thread(lambda: decoder.start)  # renders a clip once: off the loop
+
+    @app.post("/v1/rollouts")
+    async def rollouts(request: Request):
+        try:
+            body = loads(await request.body())
+            rollout = parse_rollout(body, layout, state.max_model_len, decoder is not None, max_frames)
+            live = state.admit()
+        except REFUSALS as err:
+            status = 503 if getattr(err, "rule", None) == "server_full" else 400
+            return JSONResponse({"error": error_message(err)}, status_code=status)
+        return StreamingResponse(_ndjson(_rollout_frames(state, rollout, live), state, live),
+                                 media_type="application/x-ndjson")
+
+    @app.websocket("/v1/sessions")
+    async def sessions(ws: WebSocket):
+        await ws.accept()
+        try:
+            live = state.admit()
+        except ProtocolError as err:  # server_full
+            await _send(ws, error_message(err))
+            await _close(ws, TRY_LATER)
+            return
+        try:
+            await _serve_session(state, ws, live)
+        finally:
+            state.leave(live)
+
+    return app
+
+
+async def end_sessions(app: FastAPI, reason: str = SHUTDOWN, timeout: float = 10.0) -> None:
+    """Stop every live session and rollout: each aborts its engine request, tells its client
+    `{"type": "end", "reason": reason}` and closes (WebSocket code 1001). Waits for them (at most
+    `timeout` s)."""
+    state: ServerState = app.state.terra
+    for live in list(state.live):
+        live.reason = reason
+        live.stop.set()
+    deadline = time.monotonic() + timeout
+    while state.live and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+# ---------------------------------------------------------------------------- helpers
+async def _until(work, *watch: asyncio.Future):
+    """Run `work` unless one of `watch` finishes first (the client left, the server stops):
+    then `work` is cancelled and `Stopped` raised."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, *watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise Stopped()
+    return task.result()
+
+
+async def _send(ws: WebSocket, message: dict) -> bool:
+    """Send, or False when the client is gone."""
+    try:
+        await ws.send_text(json.dumps(message))
+        return True
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        return False
+
+
+async def _close(ws: WebSocket, code: int = 1000) -> None:
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        await ws.close(code)
+
+
+async def _listen(ws: WebSocket, inbox: asyncio.Queue) -> None:
+    """Every message of the client onto `inbox`, in order; returns when it disconnects."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        while (message := await ws.receive())["type"] != "websocket.disconnect":
+            text = message.get("text")
+            inbox.put_nowait(text if text is not None else message.get("bytes") or b"")  # bytes: read as JSON
+
+
+# ---------------------------------------------------------------------------- WS /v1/sessions
+async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
+    """One connection: messages in order; a frame is raced against the client leaving and the
+    server stopping (either aborts the session, freeing its KV blocks)."""
+    inbox: asyncio.Queue = asyncio.Queue()
+    gone = asyncio.create_task(_listen(ws, inbox))
+    stop = asyncio.create_task(live.stop.wait())
+    session: WorldSession | None = None
+    image = False
+    try:
+        while True:
+            text = await _until(inbox.get(), gone, stop)
+            try:
+                msg = loads(text)
+                kind = message_type(msg, ("start", "step", "end"))
+                if kind == "end":
+                    frames = 0 if session is None else session.frames
+                    if session is not None:
+                        await _until(session.close(), gone, stop)
+                        session = None
+                    await _send(ws, {"type": "end", "frames": frames, "reason": "client ended the session"})
+                    await _close(ws)
+                    return
+                if kind == "start":
+                    if session is not None:
+                        raise ProtocolError("session_open")
+                    start = parse_start(msg, state.layout, state.max_model_len, state.decoder is not None)
+                    session, image = WorldSession(state.engine, start.sampling), start.image
+                    work = session.start(start.context, start.actions)
+                else:
+                    if session is None:
+                        raise ProtocolError("no_session")
+                    actions = parse_step(msg, state.layout)
+                    if session.frames >= state.max_frames:
+                        raise TerraInputError("too_many_frames", "actions", what="the session", n=session.frames + 1,
+                                              limit=state.max_frames, why="the server's --max-frames")
+                    work = session.step(actions)
+                began = time.perf_counter()
+                try:
+                    codes = await _until(work, gone, stop)
+                except REFUSALS:  # the engine refused a chunk: that session is over (vLLM ended it)
+                    session = None
+                    raise
+                except Stopped:
+                    raise
+                except Exception as err:  # the engine failed it: tell the client, serve the others
+                    logger.exception("session %s failed", session.tag)
+                    session.abort()
+                    session = None
+                    raise ProtocolError("engine_error", error=f"{type(err).__name__}: {err}") from err
+                reply = frame_message(session.frames - 1, codes, (time.perf_counter() - began) * 1e3,
+                                      state.png(codes, image))
+            except REFUSALS as err:
+                reply = error_message(err)
+            if not await _send(ws, reply):
+                return
+    except Stopped:
+        if live.stop.is_set():  # the server is going down: say so, then close
+            await _send(ws, {"type": "end", "frames": 0 if session is None else session.frames,
+                             "reason": live.reason or SHUTDOWN})
+            await _close(ws, GOING_AWAY)
+    finally:
+        for task in (gone, stop):
+            task.cancel()
+        if session is not None:
+            session.abort()
+
+
+# ---------------------------------------------------------------------------- POST /v1/rollouts
+async def _rollout_frames(state: ServerState, rollout, live: Live):
+    """The rollout's messages: a frame at a time as made, then an "end" message. Each next chunk
+    goes to the engine as soon as its frame is out, before that frame is written to the client (as
+    `session_rollout`'s open loop sends it)."""
+    session = WorldSession(state.engine, rollout.sampling)
+    n_ctx = rollout.context.shape[0]
+    stop = asyncio.create_task(live.stop.wait())
+    pending = asyncio.ensure_future(session.start(rollout.context, rollout.actions[:n_ctx]))
+    began = time.perf_counter()  # when the pending frame's chunk went out
+    try:
+        for k in range(rollout.n_frames):
+            try:
+                codes = await _until(pending, stop)
+            except REFUSALS as err:
+                yield error_message(err)
+                return
+            ms = (time.perf_counter() - began) * 1e3
+            if k + 1 < rollout.n_frames:
+                pending, began = asyncio.ensure_future(session.step(rollout.actions[n_ctx + k])), time.perf_counter()
+            yield frame_message(k, codes, ms, state.png(codes, rollout.image))
+        await session.close()
+        yield {"type": "end", "frames": rollout.n_frames, "reason": "done"}
+    except Stopped:
+        yield {"type": "end", "frames": session.frames, "reason": live.reason or SHUTDOWN}
+    finally:  # also when the client left: Starlette cancels the response, so nothing is awaited here
+        stop.cancel()
+        pending.cancel()
+        session.abort()
+
+
+async def _ndjson(messages, state: ServerState, live: Live):
+    """One JSON object a line; the rollout leaves the server's count when the stream ends."""
+    try:
+        async for message in messages:
+            yield json.dumps(message) + "\n"
+    finally:
+        state.leave(live)

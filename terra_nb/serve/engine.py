@@ -1,0 +1,68 @@
+"""The server's engine: built with vLLM's stats on, its KV blocks read, its metrics registry.
+
+An `AsyncLLM` always runs its engine core in a process of its own (`VLLM_ENABLE_V1_MULTIPROCESSING=0`
+keeps only `vllm.LLM`'s core in-process), so the scheduler's KV-cache blocks cannot be read from
+the front end. Terra's plugin, which vLLM runs in the engine core's process too, gives `EngineCore`
+one utility method (`vllm_plugin.install_engine_utilities`: free and total blocks of
+`scheduler.kv_cache_manager.block_pool`), and `kv_blocks` calls it as vLLM calls its own utilities
+(`engine_core.call_utility_async`). The vLLM pieces below its public API used here, the same on
+0.26 and 0.32 (`tests/test_serve.py` checks them on the installed release): `EngineCore.scheduler`,
+`Scheduler.kv_cache_manager.block_pool`, `BlockPool.get_num_free_blocks` / `.num_gpu_blocks`,
+`AsyncMPClient.call_utility_async`, `vllm.v1.metrics.prometheus.get_prometheus_registry`,
+`AsyncLLM.output_processor` / `.output_handler`.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from ..port.session_rollout import make_async_engine
+from ..port.vllm_plugin import KV_BLOCKS_UTILITY
+
+__all__ = ["SERVING_HOOKS", "close_engine", "kv_blocks", "make_server_engine", "prometheus_registry"]
+
+SERVING_HOOKS = (
+    "vllm.v1.core.block_pool:BlockPool.get_num_free_blocks",
+    "vllm.v1.engine.core_client:AsyncMPClient.call_utility_async",
+    "vllm.v1.metrics.prometheus:get_prometheus_registry",
+    "vllm.v1.engine.output_processor:OutputProcessor.get_num_unfinished_requests",
+)
+"""vLLM's names below its public API that the server calls ("module:qualified.name")."""
+
+
+def make_server_engine(model: str | Path, metrics: bool = True, **overrides):
+    """`make_async_engine` with vLLM's stats on when `metrics` (what `/metrics` shows: vLLM's
+    counters and gauges are fed only then; `make_async_engine` turns them off, as `vllm.LLM` does).
+    Call it on the event loop the server will run."""
+    return make_async_engine(model, disable_log_stats=not metrics, **overrides)
+
+
+async def close_engine(engine) -> None:
+    """Stop the engine from its own loop: its output handler first (a handler still waiting on a
+    stopped engine core logs it as an error), then the engine core."""
+    handler = getattr(engine, "output_handler", None)
+    if handler is not None:
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+        engine.output_handler = None
+    engine.shutdown()
+
+
+async def kv_blocks(engine) -> dict[str, int] | None:
+    """{"free": ..., "total": ...} KV-cache blocks of the engine core now (a freed block that prefix
+    caching keeps counts as free), or None where it cannot say (the utility is missing there)."""
+    core = getattr(engine, "engine_core", None)
+    if not hasattr(core, "call_utility_async"):
+        return None
+    try:
+        free, total = await core.call_utility_async(KV_BLOCKS_UTILITY)
+    except Exception:  # vLLM answers a missing method with a failure message
+        return None
+    return {"free": int(free), "total": int(total)}
+
+
+def prometheus_registry():
+    """The Prometheus registry vLLM's stat loggers write to."""
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    return get_prometheus_registry()

@@ -1,0 +1,127 @@
+"""Running the server: the engine on uvicorn's event loop, from the command line or in a thread.
+
+An `AsyncLLM` serves the event loop that first uses it, so the engine is built inside the loop
+uvicorn runs (`serve`), never before it. Two ways in:
+
+    python -m terra_nb.serve --model data/toy/model         # the command line (`make serve`)
+
+    with ServerThread("data/toy/model") as server:          # in this process: tests, notebooks, the load test
+        server.url, server.ws_url                           # http://127.0.0.1:PORT, ws://127.0.0.1:PORT
+        server.kv_blocks()                                  # {"free": ..., "total": ...} of the engine core
+        server.call(session_rollout(server.engine, ...))    # anything async, on the server's loop
+
+Shutdown (Ctrl-C, SIGTERM, `ServerThread.stop`) first ends every live session (`app.end_sessions`:
+each aborts its engine request and tells its client), then lets uvicorn close, then stops the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from .app import build_app, end_sessions
+from .engine import close_engine, kv_blocks, make_server_engine
+
+__all__ = ["ServerThread", "TerraServer", "serve"]
+
+
+class TerraServer(uvicorn.Server):
+    """uvicorn's server, which ends the live sessions before closing their connections."""
+
+    async def shutdown(self, sockets=None) -> None:
+        await end_sessions(self.config.app)
+        await super().shutdown(sockets)
+
+
+async def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, sock: socket.socket | None = None,
+                metrics: bool = True, decoder: str = "auto", max_sessions: int = 128, max_frames: int = 1000,
+                log_level: str = "info", log_config=uvicorn.config.LOGGING_CONFIG, on_ready=None,
+                engine_args: dict | None = None) -> None:
+    """Build the engine on this loop, serve until told to stop, stop the engine.
+
+    `sock`: a bound socket to serve on (host/port ignored); `on_ready(server, app)`: called once
+    uvicorn listens; `engine_args`: `make_async_engine` overrides (e.g. `max_num_seqs`)."""
+    engine = make_server_engine(model, metrics=metrics, **(engine_args or {}))
+    try:
+        app = build_app(engine, decoder=decoder, max_sessions=max_sessions, max_frames=max_frames, metrics=metrics)
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config,
+                                access_log=False, timeout_graceful_shutdown=10)
+        server = TerraServer(config)
+        task = asyncio.create_task(server.serve(sockets=None if sock is None else [sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if on_ready is not None and server.started:
+            on_ready(server, app)
+        await task
+    finally:
+        await close_engine(engine)
+
+
+class ServerThread:
+    """The server in this process, on its own event loop in a daemon thread, on a known port
+    (0: a free one). `start()` returns once it listens (or raises what stopped it)."""
+
+    def __init__(self, model: str | Path, host: str = "127.0.0.1", port: int = 0, **options):
+        self.model, self.host, self.options = model, host, options
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.port = self.sock.getsockname()[1]
+        self.url, self.ws_url = f"http://{host}:{self.port}", f"ws://{host}:{self.port}"
+        self.server = self.app = self.loop = None
+        self._ready, self._error = threading.Event(), None
+        self._thread = threading.Thread(target=self._run, name=f"terra-serve-{self.port}", daemon=True)
+
+    @property
+    def engine(self):
+        return self.app.state.terra.engine
+
+    def start(self, timeout: float = 600) -> "ServerThread":
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the server did not start within {timeout} s")
+        if self._error is not None or self.app is None:
+            raise RuntimeError(f"the server did not start: {self._error!r}") from self._error
+        return self
+
+    def _run(self) -> None:
+        def ready(server, app):
+            self.server, self.app = server, app
+            self._ready.set()
+
+        async def main():
+            self.loop = asyncio.get_running_loop()
+            await serve(self.model, self.host, sock=self.sock, on_ready=ready, log_level="warning", log_config=None,
+                        **self.options)
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # noqa: BLE001 - reported by start()
+            self._error = e
+        finally:
+            self._ready.set()
+
+    def call(self, coro, timeout: float | None = None):
+        """Run a coroutine on the server's loop (where its engine lives) and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def kv_blocks(self) -> dict | None:
+        """{"free": ..., "total": ...} KV-cache blocks of the engine core now."""
+        return self.call(kv_blocks(self.engine), timeout=30)
+
+    def stop(self, timeout: float = 60) -> None:
+        """Shut down as Ctrl-C would (every session ended first), and wait for it."""
+        if self.server is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(setattr, self.server, "should_exit", True)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the server did not stop within {timeout} s")
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,137 @@
+"""One client's video on the engine, a frame at a time: `session_rollout`'s sessions, stepped.
+
+`session_rollout` knows every rollout's length and (open loop) its actions up front; a server's
+client does not: it sends the actions of the next frame when it has seen the last one. A
+`WorldSession` drives the same vLLM streaming-input sessions with the same chunks, built by the
+same functions (`frame_request`, `continuation`, `chunk_params`, read by `_read_session`), so a
+greedy session equals `session_rollout`'s rollout token for token, and a seeded one draws the
+same codes (rollout 0's seeds):
+
+* `start(context, actions)` opens a session on the context (its frames and their actions) and
+  returns the first frame's codes;
+* `step(actions)` sends `[last code] + 6 slots` with the actions after the last frame, and
+  returns the next frame's codes;
+* when a session's window is full (`round_frames`, 25 frames), it is closed and the next step
+  opens a new one on the last `overlap` frames (3), as `layout.plan_rounds` plans a rollout's
+  rounds: a client can drive for as long as it likes;
+* `close()` ends the session as `session_rollout` ends one (its input stream closes);
+  `abort()` cancels it: `AsyncLLM.generate` then aborts the request, which frees its KV blocks.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import torch
+
+from ..port.engine_limits import max_prompt_frames
+from ..port.layout import FrameLayout
+from ..port.rollout import SamplingConfig
+from ..port.session_rollout import _chunks, _read_session, chunk_params, continuation
+from ..port.vllm_rollout import frame_request
+
+__all__ = ["WorldSession", "round_frames"]
+
+
+def round_frames(engine) -> int:
+    """Frames a session holds before it rolls over: the engine's longest prompt and one new frame
+    (the layout's 25 on an engine `make_async_engine` built with its defaults)."""
+    layout = FrameLayout.from_config(engine.model_config.hf_config)
+    return max_prompt_frames(layout, engine.model_config.max_model_len) + 1
+
+
+class WorldSession:
+    """A closed-loop video on an `AsyncLLM`; the policy is whoever calls `step`."""
+
+    def __init__(self, engine, sampling: SamplingConfig = SamplingConfig(), overlap: int = 3, tag: str | None = None):
+        self.engine, self.sampling, self.overlap = engine, sampling, overlap
+        self.layout = FrameLayout.from_config(engine.model_config.hf_config)
+        self.round_frames = round_frames(engine)
+        self.tag = tag or uuid.uuid4().hex[:12]
+        self.video: list[torch.Tensor] = []  # context and generated frames, [P] each
+        self.rows: list[torch.Tensor] = []   # rows[k]: the actions after video frame k, [6, 3]
+        self.n_ctx = 0
+        self.rounds = 0
+        self._feed = self._made = self._reader = None
+        self._in_session = 0                 # frames in the open session's prompt and output
+        self._ended: list[asyncio.Task] = []  # readers of closed rounds, finishing
+
+    @property
+    def frames(self) -> int:
+        """Frames generated so far."""
+        return len(self.video) - self.n_ctx
+
+    async def start(self, context: torch.Tensor, actions: torch.Tensor) -> list[int]:
+        """Context `[n_ctx, P]` (checked codes) and its actions `[n_ctx, 6, 3]` -> frame 0's codes."""
+        if self.video:
+            raise RuntimeError("a WorldSession starts once")
+        self.video, self.rows, self.n_ctx = list(context.long()), list(actions.float()), context.shape[0]
+        self._open(0)
+        return await self._next_frame()
+
+    async def step(self, actions: torch.Tensor) -> list[int]:
+        """The actions `[6, 3]` after the last frame -> the next frame's codes."""
+        self.rows.append(actions.float())
+        if self._reader is None:  # the last window was full: a new session on the last frames
+            self._open(len(self.video) - self.overlap)
+        else:
+            self._feed.put_nowait(self._chunk(continuation(int(self.video[-1][-1]), actions, self.layout)))
+        return await self._next_frame()
+
+    async def close(self) -> None:
+        """End the open session as `session_rollout` does (its input stream closes) and wait for it."""
+        if self._reader is not None:
+            self._end_round()
+        await asyncio.gather(*self._ended, return_exceptions=True)
+
+    def abort(self) -> None:
+        """Cancel the session now: vLLM aborts its request and frees its KV blocks (in the
+        reader's task: nothing here awaits, so it works from a cancelled caller too)."""
+        for task in [self._reader, *self._ended]:
+            if task is not None:
+                task.cancel()
+        self._reader = None
+
+    # ------------------------------------------------------------------------ internals
+    def _chunk(self, prompt: dict):
+        from vllm.engine.protocol import StreamingInput
+
+        # The seed of video frame len(video), rollout 0: what session_rollout gives a batch of one.
+        return StreamingInput(prompt, chunk_params(self.sampling, self.layout, 0, len(self.video)))
+
+    def _open(self, start: int) -> None:
+        """A new vLLM session whose first chunk is the window `video[start:]` with its actions."""
+        window = torch.stack(self.video[start:])
+        window_actions = torch.stack(self.rows[start: start + window.shape[0]])
+        first = self._chunk(frame_request(window, window_actions, self.layout))
+        self._feed, self._made = asyncio.Queue(), asyncio.Queue()
+        self._feed.put_nowait(first)
+        request_id = f"terra-serve-{self.tag}-{self.rounds}"
+        self._reader = asyncio.create_task(_read_session(self.engine, _chunks(self._feed), first.sampling_params,
+                                                         request_id, self._made, self.layout))
+        self._in_session, self.rounds = window.shape[0], self.rounds + 1
+
+    async def _next_frame(self) -> list[int]:
+        """The open session's next frame, or the error that ended the session."""
+        get = asyncio.ensure_future(self._made.get())
+        try:
+            await asyncio.wait({get, self._reader}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():  # the session ended first
+                reader, self._reader = self._reader, None
+                reader.result()  # its error (a refusal stays vLLM's validation error)
+                raise RuntimeError(f"session {self.tag} ended before its frame was out")
+        finally:
+            if not get.done():
+                get.cancel()
+        codes = get.result()
+        self.video.append(torch.tensor(codes, dtype=torch.long))
+        self._in_session += 1
+        if self._in_session >= self.round_frames:
+            self._end_round()
+        return codes
+
+    def _end_round(self) -> None:
+        """Close the open session's input stream; its reader finishes by itself."""
+        self._feed.put_nowait(None)
+        self._ended = [t for t in self._ended if not t.done()] + [self._reader]
+        self._reader = None

@@ -1,0 +1,299 @@
+"""The world-model server (`terra_nb.serve`) over real HTTP and WebSocket, on the trained toy model.
+
+One server for the module (`ServerThread`: uvicorn and the engine on their own event loop in a
+thread of this process, on a free port), driven by the copyable client (`serve/client.py`) and, where
+a test needs the raw protocol, by `websockets`/`httpx` directly. The reference is the in-process
+`session_rollout` on the same engine (run on the server's loop): greedy frames must equal it token
+for token, open loop (POST /v1/rollouts) and closed loop (WS /v1/sessions, the policy in the client).
+The last test shuts the server down under an open session.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from terra_nb.port.layout import rule_of
+from terra_nb.port.rollout import SamplingConfig
+from terra_nb.port.session_rollout import session_rollout
+from terra_nb.serve import ServerThread
+from terra_nb.serve.client import AsyncClient, Client, ServerError
+from terra_nb.serve.toy import ToyDecoder, arc_actions
+from terra_nb.toyworld.tokenizer import toy_data_dir
+
+GREEDY = SamplingConfig(temperature=0)
+MAX_FRAMES = 6  # the server's --max-frames: a rollout of 7 is refused before the engine
+P = 64
+
+
+@pytest.fixture(scope="module")
+def server():
+    share = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
+    srv = ServerThread(toy_data_dir() / "model", max_frames=MAX_FRAMES, engine_args=share).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server.url, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """The toy world's demo start: 3 context frames (codes) and their actions."""
+    start = ToyDecoder().start
+    return torch.tensor(start["context"]), torch.tensor(start["actions"], dtype=torch.float32)
+
+
+def in_process(server, *args, **kwargs) -> torch.Tensor:
+    """`session_rollout` on the server's own engine (on its loop): the reference."""
+    return server.call(session_rollout(server.engine, *args, progress=False, **kwargs), timeout=300)
+
+
+def differ(a, b) -> str:
+    a, b = torch.as_tensor(a), torch.as_tensor(b)
+    diff = (a != b).flatten().nonzero().flatten().tolist()
+    return f"{len(diff)} of {a.numel()} codes differ, first at {diff[:5]}"
+
+
+def steer(frame) -> np.ndarray:
+    """A deterministic client policy: turn left after a frame whose codes sum to an odd number,
+    right otherwise (so the actions depend on what was generated)."""
+    return arc_actions(8.0, 0.05 if int(np.sum(frame)) % 2 else -0.05)
+
+
+def wait_for(predicate, timeout: float = 30.0, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    return predicate()
+
+
+# ---------------------------------------------------------------------------- health
+def test_health_metrics_and_page(server, client):
+    health = client.health()
+    assert health["status"] == "ok" and health["sessions"] == 0 and health["decoder"] == "toy"
+    assert health["layout"]["image_tokens"] == P and health["round_frames"] == 25
+    blocks = health["kv_blocks"]
+    assert blocks is not None, "the engine core has no terra_kv_blocks utility (the plugin did not run there)"
+    assert 0 < blocks["free"] < blocks["total"]
+    metrics = httpx.get(server.url + "/metrics", timeout=30)
+    assert metrics.status_code == 200 and "vllm:num_requests_running" in metrics.text
+    page = httpx.get(server.url + "/", timeout=30)
+    assert page.status_code == 200 and "/v1/sessions" in page.text and "ArrowLeft" in page.text
+
+
+# ---------------------------------------------------------------------------- parity
+def test_open_loop_rollout_streams_the_in_process_frames(server, client, toy):
+    """POST /v1/rollouts: the frames arrive one NDJSON line each, greedy equal to `session_rollout`."""
+    ctx, ctx_actions = toy
+    actions = torch.cat([ctx_actions, torch.from_numpy(np.stack([arc_actions(9.0, 0.03)] * 2))])  # 3 + 3 - 1 rows
+    frames = list(client.rollout(ctx, actions, 3, sampling={"temperature": 0}))
+    assert [f["index"] for f in frames] == [0, 1, 2] and all(f["ms"] > 0 for f in frames)
+    got = torch.tensor([f["codes"] for f in frames])
+    ref = in_process(server, ctx, actions, 3, GREEDY)
+    assert got.shape == ref.shape == (3, P)
+    assert torch.equal(got, ref), differ(got, ref)
+
+
+def test_closed_loop_session_equals_session_rollout_across_a_round(server, toy):
+    """WS /v1/sessions with the policy in the client (the async client), greedy, from a 22-frame
+    context: the window fills at 25 frames after 3 new ones and the 4th opens a new session on the
+    last 3, as `session_rollout` plans it. Equal to `session_rollout` with the same policy."""
+    g = torch.Generator().manual_seed(39)
+    ctx = torch.randint(0, 512, (22, P), generator=g)
+    ctx_actions = torch.from_numpy(np.stack([arc_actions(6.0 + k % 5, 0.01 * (k % 3 - 1)) for k in range(22)]))
+
+    async def drive():
+        async with AsyncClient(server.url, timeout=120) as client:
+            async with client.session(ctx, ctx_actions, sampling={"temperature": 0}) as s:
+                frames = [s.first["codes"]]
+                for _ in range(3):
+                    frames.append((await s.step(steer(frames[-1])))["codes"])
+                return frames
+
+    got = torch.tensor(asyncio.run(drive()))
+    ref = in_process(server, ctx, ctx_actions, 4, GREEDY, policy=lambda step, frames: steer(frames[0, -1].numpy()))
+    assert got.shape == ref.shape == (4, P)
+    assert torch.equal(got, ref), differ(got, ref)
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_bad_inputs_are_refused_by_rule_and_the_server_serves_on(server, client, toy):
+    ctx, ctx_actions = toy
+    good = {"context": ctx.tolist(), "actions": ctx_actions.tolist() * 2, "n_frames": 2, "sampling": {"temperature": 0}}
+    nan_actions = ctx_actions.clone()
+    nan_actions[1, 2, 0] = float("nan")
+    posts = {  # rule -> request body (one request each; none reaches the engine)
+        "malformed_json": b"{\"context\": [1, 2",
+        "frames_shape": {**good, "context": [row[:P - 1] for row in good["context"]]},
+        "code_out_of_range": {**good, "context": [[600] * P] + good["context"][1:]},
+        "actions_not_finite": {**good, "actions": nan_actions.tolist() * 2},
+        "too_many_frames": {**good, "n_frames": MAX_FRAMES + 1},
+        "actions_missing": {**good, "actions": ctx_actions.tolist()[:3], "n_frames": 2},
+        "bad_sampling": {**good, "sampling": {"temperature": -1}},
+    }
+    for rule, body in posts.items():
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = httpx.post(server.url + "/v1/rollouts", content=content, timeout=30)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["rule"] == rule, (rule, response.text)
+        if rule_of(error["message"]) is not None:  # the port's rules: the message is the rule's own
+            assert rule_of(error["message"]) == rule, (rule, error["message"])
+
+    from websockets.sync.client import connect
+
+    with connect(server.ws_url + "/v1/sessions") as ws:
+        def ask(message) -> dict:
+            ws.send(message if isinstance(message, str) else json.dumps(message))
+            return json.loads(ws.recv(timeout=60))
+
+        start = {"type": "start", "context": ctx.tolist(), "actions": ctx_actions.tolist(), "sampling": {"temperature": 0}}
+        assert ask("not json")["rule"] == "malformed_json"
+        assert ask({"type": "jump"})["rule"] == "bad_message"
+        assert ask({"type": "step", "actions": steer(ctx[-1].numpy()).tolist()})["rule"] == "no_session"
+        assert ask({**start, "context": ctx[:, :10].tolist()})["rule"] == "frames_shape"
+        assert ask({**start, "context": (ctx + 512).tolist()})["rule"] == "code_out_of_range"
+        first = ask(start)  # the same connection serves a good start after its refusals
+        assert first["type"] == "frame" and first["index"] == 0
+        assert ask({"type": "step", "actions": [[0.1, 0.0, 0.1]] * 5})["rule"] == "wrong_action_shape"
+        assert ask({"type": "step", "actions": [[float("nan"), 0, 0]] * 6})["rule"] == "actions_not_finite"
+        assert ask(start)["rule"] == "session_open"
+        second = ask({"type": "step", "actions": steer(first["codes"]).tolist()})  # the session goes on
+        assert second["type"] == "frame" and second["index"] == 1
+        ask({"type": "end"})
+    ref = in_process(server, ctx, ctx_actions, 2, GREEDY, policy=lambda step, frames: steer(frames[0, -1].numpy()))
+    assert torch.equal(torch.tensor([first["codes"], second["codes"]]), ref)
+    with pytest.raises(ServerError) as err:  # the client raises the server's refusal by rule
+        list(client.rollout(ctx, ctx_actions, 2))
+    assert err.value.rule == "actions_missing"
+    assert client.health()["sessions"] == 0
+
+
+# ---------------------------------------------------------------------------- disconnects
+def test_a_client_leaving_mid_frame_frees_its_kv_blocks(server, toy):
+    """A WS client that closes while its next frame is being made, and a POST client that stops
+    reading: each request is aborted and the engine core's free KV blocks return to their start."""
+    from websockets.sync.client import connect
+
+    ctx, ctx_actions = toy
+    blocks = server.kv_blocks()
+    start = blocks["free"]
+    # every block but vLLM's null block: the earlier tests' sessions (ended, refused, in-process) left none held
+    assert start == blocks["total"] - 1, blocks
+    for mid_frame in (True, False):
+        ws = connect(server.ws_url + "/v1/sessions")
+        ws.send(json.dumps({"type": "start", "context": ctx.tolist(), "actions": ctx_actions.tolist(),
+                            "sampling": {"temperature": 0}}))
+        first = json.loads(ws.recv(timeout=60))
+        assert first["type"] == "frame"
+        held = server.kv_blocks()["free"]
+        assert held < start, f"a live session holds no KV blocks ({held} free of {start})"
+        if mid_frame:
+            ws.send(json.dumps({"type": "step", "actions": steer(first["codes"]).tolist()}))
+            time.sleep(0.05)  # the frame is under way
+        ws.close()            # else: between frames, the session waiting for the client's next step
+        assert wait_for(lambda: server.kv_blocks()["free"] == start), (
+            f"KV blocks not freed after a WS disconnect {'mid-frame' if mid_frame else 'between frames'}: "
+            f"{server.kv_blocks()['free']} free, {start} at the start")
+
+    body = {"context": ctx.tolist(), "actions": ctx_actions.tolist() + [arc_actions(8.0, 0.0).tolist()] * 5,
+            "n_frames": MAX_FRAMES, "sampling": {"temperature": 0}}
+    with httpx.stream("POST", server.url + "/v1/rollouts", json=body, timeout=60) as response:
+        line = next(response.iter_lines())
+        assert json.loads(line)["type"] == "frame"
+    assert wait_for(lambda: server.kv_blocks()["free"] == start), \
+        f"KV blocks not freed after a POST client left: {server.kv_blocks()['free']} free, {start} at the start"
+    health = httpx.get(server.url + "/health", timeout=30).json()
+    assert health["sessions"] == 0 and health["requests"] == 0
+
+
+# ---------------------------------------------------------------------------- the browser page
+def test_the_page_drives_the_toy_world_in_chromium(server):
+    """The page at / in a real (headless) Chromium, as tests/test_browser.py drives JupyterLab:
+    Drive opens a session, frames arrive as PNGs, frames/s shows, an arrow key steers, Stop ends it."""
+    from test_browser import CHROMIUM, NO_CHROMIUM
+
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as p:
+        args = ["--no-sandbox"] if __import__("os").geteuid() == 0 else []
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        try:
+            page = browser.new_page()
+            page.goto(server.url + "/")
+            page.click("#start")
+            page.wait_for_function("() => +document.getElementById('frames').textContent >= 3", timeout=60_000)
+            assert page.get_attribute("#frame", "src").startswith("data:image/png;base64,")
+            assert float(page.inner_text("#fps")) > 0
+            before = page.input_value("#curvature")
+            page.keyboard.press("ArrowLeft")
+            assert float(page.input_value("#curvature")) > float(before)
+            page.click("#stop")
+            page.wait_for_function("() => document.getElementById('status').textContent.startsWith('ended')",
+                                   timeout=60_000)
+            assert "error" not in (page.get_attribute("#status", "class") or "")
+        finally:
+            browser.close()
+    assert wait_for(lambda: httpx.get(server.url + "/health", timeout=30).json()["sessions"] == 0)
+
+
+# ---------------------------------------------------------------------------- shutdown (last: stops the server)
+def test_shutdown_ends_every_session_with_a_message(server, toy):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    ctx, ctx_actions = toy
+    ws = connect(server.ws_url + "/v1/sessions")
+    ws.send(json.dumps({"type": "start", "context": ctx.tolist(), "actions": ctx_actions.tolist()}))
+    assert json.loads(ws.recv(timeout=60))["type"] == "frame"
+    stopping = threading.Thread(target=server.stop)
+    stopping.start()
+    end = json.loads(ws.recv(timeout=60))
+    assert end == {"type": "end", "frames": 1, "reason": "server shutting down"}
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=60)
+    assert closed.value.rcvd.code == 1001
+    stopping.join(60)
+    assert not stopping.is_alive()
+
+
+def test_the_command_line_and_make_serve():
+    """`make serve` runs `python -m terra_nb.serve --model data/toy/model` (its engine start is the
+    module's server above; here only the command and its options)."""
+    import subprocess
+
+    from terra_nb.serve.__main__ import parser
+    from terra_nb.workbook.paths import REPO
+
+    dry = subprocess.run(["make", "-n", "-o", "setup", "serve"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "-m terra_nb.serve --model data/toy/model" in dry.stdout
+    args = parser().parse_args(["--model", "m", "--port", "0", "--engine-arg", "max_num_seqs=64",
+                                "--engine-arg", "kv_cache_dtype=fp8"])
+    assert dict(args.engine_arg) == {"max_num_seqs": 64, "kv_cache_dtype": "fp8"} and args.max_sessions == 128
+
+
+def test_the_vllm_names_below_its_api_the_server_uses_are_there():
+    """`serve.engine.SERVING_HOOKS` on the installed vLLM (the same names on 0.26: its docstring)."""
+    import importlib
+
+    from terra_nb.serve.engine import SERVING_HOOKS
+
+    for target in SERVING_HOOKS:
+        module, qualname = target.split(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            assert hasattr(obj, part), f"{target}: vLLM {importlib.import_module('vllm').__version__} has no {part}"
+            obj = getattr(obj, part)
