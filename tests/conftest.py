@@ -29,31 +29,32 @@ def run_probe():
     return _run_probe
 
 
-VLLM026_CANDIDATES = ("/tmp/vllm026/src", "/tmp/v026/src")
-
-
 @pytest.fixture(scope="session")
 def vllm026_src():
     """Where vLLM 0.26's code is, for the probes that run it beside the installed release:
 
     * `None` when the installed vLLM *is* 0.26 (the GPU runner, `make test BACKEND=gpu`): the
       probes run against the installed package;
-    * else an unpacked 0.26 wheel: `$TERRA_VLLM026_SRC`, `/tmp/vllm026/src` or `/tmp/v026/src`
-      (`pip download --no-deps vllm==0.26.0 -d /tmp/v026 && unzip -q /tmp/v026/*.whl -d /tmp/v026/src`).
+    * else an unpacked 0.26 wheel named by `$TERRA_VLLM026_SRC`
+      (`pip download --no-deps vllm==0.26.0 -d /tmp/v026 && unzip -q /tmp/v026/*.whl -d /tmp/v026/src`,
+      then `TERRA_VLLM026_SRC=/tmp/v026/src`).
 
-    Skips, saying so, where neither is: CPU CI does not fetch the wheel (303.7 MB, 22 s to download
-    and 19 s / 709 MB to unpack, measured 2026-11-23), so the probes belong to the GPU runner there.
+    Skips, saying so, otherwise: CPU CI does not fetch the wheel (303.7 MB, 22 s to download and
+    19 s / 709 MB to unpack, measured 2026-11-23), so the probes belong to the GPU runner there.
+    Only the variable opts in, never a folder left in /tmp by an earlier session: on the 2-core
+    machine the five probes took some 1,500 s of the workers' time (2026-11-26, beside other work),
+    which `make test`'s 10 minutes cannot hold.
     """
     import vllm
 
     if vllm.__version__.startswith("0.26"):
         return None
-    env = os.environ.get("TERRA_VLLM026_SRC")
-    for path in ([env] if env else []) + list(VLLM026_CANDIDATES):
-        if os.path.isdir(os.path.join(path, "vllm", "v1")):
-            return path
-    pytest.skip(f"no vLLM 0.26 here (installed: {vllm.__version__}; no unpacked 0.26 wheel at $TERRA_VLLM026_SRC "
-                f"or {' / '.join(VLLM026_CANDIDATES)}): the GPU runner runs this probe against its vLLM 0.26")
+    path = os.environ.get("TERRA_VLLM026_SRC")
+    if path and os.path.isdir(os.path.join(path, "vllm", "v1")):
+        return path
+    pytest.skip(f"no vLLM 0.26 here (installed: {vllm.__version__}; $TERRA_VLLM026_SRC "
+                f"{'is ' + repr(path) + ', not an unpacked 0.26 wheel' if path else 'is not set'}): "
+                "the GPU runner runs this probe against its vLLM 0.26")
 
 
 @pytest.fixture(scope="session")
