@@ -114,7 +114,7 @@ class Session:
     def __init__(self, ws_url, context, actions, sampling, image, timeout):
         from websockets.sync.client import connect
 
-        self.ws = connect(ws_url, open_timeout=timeout, max_size=None)
+        self.ws = connect(ws_url, open_timeout=timeout, max_size=None).__enter__()  # closed by close()
         self.timeout = timeout
         try:
             self.ws.send(_start(context, actions, sampling, image))
