@@ -19,7 +19,7 @@ from terra_nb.port.hf_model import (
     interleave_labels,
     register,
 )
-from terra_nb.port.layout import action_slot_mask
+from terra_nb.port.interleave import action_slot_mask
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs, hf_rollout
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -92,7 +92,7 @@ def test_bad_requests_each_raise_the_named_value_error(llm, layout, sample):
 
 
 def test_probe_request_reports_errors_and_tokens():
-    from terra_nb.port.vllm_compat import RequestValidationError
+    from terra_nb.port.vllm_patch import RequestValidationError
 
     def failing(*a, **k):
         raise RequestValidationError("too many frames: x", parameter="actions")

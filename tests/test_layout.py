@@ -7,16 +7,13 @@ import pytest
 import torch
 
 from terra_nb.port.layout import FrameLayout
+from terra_nb.port.interleave import action_slot_mask, interleave_segments, segments_length, spatio_temporal_indices
 from terra_nb.port.layout import (
     RULES,
     SEED_PLACEHOLDER,
     TerraInputError,
-    action_slot_mask,
     build_prompt,
     from_seed_prompt,
-    interleave_segments,
-    segments_length,
-    spatio_temporal_indices,
     validate_actions,
     validate_codes,
     validate_prompt,
@@ -159,7 +156,7 @@ def test_grid_shape():
 
 
 def test_codes_before():
-    from terra_nb.port.layout import codes_before
+    from terra_nb.port.interleave import codes_before
 
     assert [codes_before(p, TINY) for p in (0, 5, 64, 66, 70, 71, 140)] == [0, 5, 64, 64, 64, 65, 128]
 
@@ -185,6 +182,7 @@ def test_validate_actions_refuses_data_that_is_not_numbers():
 # ---------------------------------------------------------------------------- the rule table
 def _one_of_each_refusal():
     """rule id -> a call that breaks exactly that rule (every rule of RULES appears once)."""
+    from terra_nb.port import engine_limits, interleave, rounds
     from terra_nb.port import layout as L
 
     ok = build_prompt(torch.zeros(2, 64, dtype=torch.long), TINY)
@@ -201,18 +199,19 @@ def _one_of_each_refusal():
         "slots_without_actions": lambda: L.check_plain_prompt(ok, TINY),
         "plain_prompt_too_long": lambda: L.check_plain_prompt([1] * 65, TINY),
         "generation_window": lambda: L.check_generation_window(60, 5, TINY),
-        "sequence_too_long": lambda: L.interleave_step(24 * 70, 65, TINY, torch.zeros(1, 25, 6, 3)),
+        "sequence_too_long": lambda: interleave.interleave_step(24 * 70, 65, TINY, torch.zeros(1, 25, 6, 3)),
         "ends_in_action_slots": lambda: interleave_segments(70 + 66, 1, TINY),
         "actions_not_numbers": lambda: validate_actions("abc", TINY),
         "wrong_action_shape": lambda: validate_actions(torch.zeros(2, 5, 3), TINY),
         "actions_not_finite": lambda: validate_actions(torch.full((1, 6, 3), float("inf")), TINY),
-        "actions_missing": lambda: L.interleave_step(0, 64, TINY, None),
+        "actions_missing": lambda: interleave.interleave_step(0, 64, TINY, None),
         "actions_mismatch": lambda: L.check_actions_match(2, 3, TINY),
+        "unknown_modality": lambda: L.check_modality("image"),
         "batch_mismatch": lambda: L.batched_actions(torch.zeros(2, 1, 6, 3), 3, TINY),
         "codes_not_ints": lambda: validate_codes(torch.zeros(1, 64), TINY),
         "frames_shape": lambda: build_prompt(torch.zeros(2, 63, dtype=torch.long), TINY),
-        "out_of_bounds": lambda: L.plan_rounds(3, 0),
-        "max_model_len": lambda: L.check_max_model_len(26 * 70, TINY),
+        "out_of_bounds": lambda: rounds.plan_rounds(3, 0),
+        "max_model_len": lambda: engine_limits.check_max_model_len(26 * 70, TINY),
     }
 
 

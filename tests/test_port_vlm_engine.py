@@ -113,7 +113,7 @@ def test_bad_requests_are_refused_and_the_engine_serves_on(llm, images, request_
 
 def test_same_image_again_hits_the_caches(llm, images):
     from terra_nb.lessons.port_vlm import images_encoded
-    from terra_nb.port import vllm_compat
+    from terra_nb.port import vllm_release
     from terra_nb.port_vlm.vllm_engine import cache_counters, image_request
 
     llm.reset_prefix_cache()
@@ -125,7 +125,7 @@ def test_same_image_again_hits_the_caches(llm, images):
     enc1, c1 = images_encoded(llm), cache_counters(llm)
     assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
     assert again.num_cached_tokens >= 32
-    if vllm_compat.PROMETHEUS_PREFIX_COUNTERS_EXACT:   # 0.26's undercount (vllm_compat note 5)
+    if vllm_release.PROMETHEUS_PREFIX_COUNTERS_EXACT:   # 0.26's undercount (vllm_release note 5)
         assert c1["prefix_cache_hits"] - c0["prefix_cache_hits"] >= 32
     assert c1["mm_cache_hits"] - c0["mm_cache_hits"] == 1  # the processor's output, reused
     assert enc1 == enc0  # not encoded again

@@ -165,7 +165,7 @@ def test_not_a_multimodal_model_without_the_interface_or_the_processor(tiny_chec
     from vllm.config import ModelConfig
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
-    from terra_nb.port.vllm_compat import supports_multimodal_inputs
+    from terra_nb.port.vllm_release import supports_multimodal_inputs
 
     text_only, no_processor = _demo_classes()
     for cls in (text_only, no_processor):

@@ -19,7 +19,7 @@ from terra_nb.port.session_rollout import (
     session_rollout_sync,
     shutdown_async_engine,
 )
-from terra_nb.port.vllm_compat import RequestValidationError
+from terra_nb.port.vllm_patch import RequestValidationError
 from terra_nb.port.vllm_rollout import frame_request, vllm_rollout
 
 P, A = 64, 6
@@ -79,7 +79,7 @@ def test_greedy_sessions_equal_the_frame_loop_across_a_round_boundary(engine, ti
     """20 context + 7 new frames: a round of 5 new (the window full at 25 frames), then a new session
     from the last 3 frames with 2 more. (A long context instead of 3 + 24: the same boundary for a
     sixth of the decode steps.)"""
-    from terra_nb.port.layout import plan_rounds
+    from terra_nb.port.rounds import plan_rounds
 
     assert [(r.start, r.n_window, r.n_new) for r in plan_rounds(20, 7)] == [(0, 20, 5), (22, 3, 2)]
     ctx, acts = random_inputs(2, 20, 20 + 7 - 1, seed=3)
@@ -150,7 +150,7 @@ def test_open_loop_sessions_do_not_wait_for_each_other(engine):
 def test_a_later_session_reuses_a_sessions_cached_frames_and_gets_the_same_codes(engine):
     """Prefix caching across sessions: a session's frames are cached under block hashes although the
     engine drops each chunk's last code and the next chunk sends it again (vLLM 0.26 keeps the hash
-    of the block that code ends, 0.32 trims it: vllm_compat, 8). A second session whose window is
+    of the block that code ends, 0.32 trims it: vllm_release, 8). A second session whose window is
     the first one's context plus 3 of its frames must hit those blocks and, greedy, draw the first
     session's 4th frame again; a stale hash would serve the wrong cache and change the codes."""
     ctx, acts = random_inputs(1, 3, 3 + 4 - 1, seed=17)

@@ -17,7 +17,8 @@ from terra_nb.lessons.parity import prefix_cache_steps
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 from terra_nb.port.rollout import SamplingConfig, hf_rollout
-from terra_nb.port.vllm_compat import PROMETHEUS_PREFIX_COUNTERS_EXACT, prefix_cache_counters
+from terra_nb.port.vllm_compat import prefix_cache_counters
+from terra_nb.port.vllm_release import PROMETHEUS_PREFIX_COUNTERS_EXACT
 from terra_nb.port.vllm_rollout import RolloutStats, frame_request, sampling_params, vllm_rollout
 
 P, A, FL = 64, 6, 70
@@ -139,7 +140,7 @@ def test_prefix_cache_hits_when_a_rollout_resubmits_its_longer_prompt(llm):
 
 
 @pytest.mark.skipif(not PROMETHEUS_PREFIX_COUNTERS_EXACT,
-                    reason="vLLM 0.26's Prometheus prefix counters undercount (vllm_compat note 5; 0 for a "
+                    reason="vLLM 0.26's Prometheus prefix counters undercount (vllm_release note 5; 0 for a "
                            "whole rollout on the H200): num_cached_tokens is checked above instead")
 def test_vllm_prefix_cache_counters_count_the_predicted_hits(llm):
     stats, rows, before, after = prefix_cached_rollout(llm, seed=3)

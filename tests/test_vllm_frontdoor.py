@@ -20,7 +20,8 @@ from terra_nb.port import layout as L
 from terra_nb.port import vllm_frontdoor as F
 from terra_nb.port.checkpoints import preset_config
 from terra_nb.port.layout import FrameLayout, TerraInputError
-from terra_nb.port.vllm_compat import InputProcessor, RequestValidationError
+from vllm.v1.engine.input_processor import InputProcessor
+from terra_nb.port.vllm_patch import RequestValidationError
 
 TINY = FrameLayout.from_config(preset_config("tiny"))  # 64 codes + 6 slots, vocab 513, placeholder 512
 
@@ -169,7 +170,7 @@ load_general_plugins()
 from vllm import SamplingParams
 from vllm.config import ModelConfig, VllmConfig
 from terra_nb.port import vllm_frontdoor as F
-from terra_nb.port.vllm_compat import InputProcessor
+from vllm.v1.engine.input_processor import InputProcessor
 from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample
 from terra_nb.port.layout import build_prompt
@@ -279,7 +280,7 @@ import vllm
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.config import ModelConfig, VllmConfig
-from terra_nb.port.vllm_compat import InputProcessor
+from vllm.v1.engine.input_processor import InputProcessor
 """ + _SESSION_STEPS + r"""
 mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=420)
 answers = session_answers(InputProcessor(VllmConfig(model_config=mc)))

@@ -34,7 +34,9 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
 from terra_nb.port.layout import RULES, SEED_PLACEHOLDER, build_prompt, rule_of
-from terra_nb.port.vllm_compat import VLLM_VERSION, InputProcessor, shutdown_llm
+from vllm.v1.engine.input_processor import InputProcessor
+from terra_nb.port.vllm_compat import shutdown_llm
+from terra_nb.port.vllm_hooks import VLLM_VERSION
 from terra_nb.port.vllm_rollout import make_llm
 
 N_REQUESTS = 300

@@ -123,8 +123,8 @@ def test_tampered_checkpoints_fail_and_name_the_weights(build, ckpt):
     extra = dict(sd, **{"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(32)})  # tolerated buffer
     model.load_weights(extra.items())
 
-    unused = dict(sd, **{"action_head.weight": torch.zeros(3, 3)})
-    with pytest.raises(WeightLoadingError, match=r"not used by the model: \['action_head.weight'\] \(vLLM's loader: "):
+    unused = dict(sd, **{"action_head.weight": torch.zeros(3, 3)})  # vLLM's loader refuses it itself
+    with pytest.raises(ValueError, match=r"^There is no module or parameter named 'action_head' in LlamaAction"):
         model.load_weights(unused.items())
 
     missing = {k: v for k, v in sd.items() if k != "pos_embedding_spatio_temporal.temporal_embeddings.weight"}
@@ -136,10 +136,30 @@ def test_tampered_checkpoints_fail_and_name_the_weights(build, ckpt):
         model.load_weights(no_k.items())
 
     renamed = {k.replace("action_projection", "action_proj"): v for k, v in sd.items()}
-    with pytest.raises(WeightLoadingError) as err:
+    with pytest.raises(ValueError, match=r"^There is no module or parameter named 'action_proj' in LlamaAction"):
         model.load_weights(renamed.items())
-    msg = str(err.value)
-    assert "not used by the model: ['action_proj." in msg  # the first the loader met
+
+
+def test_the_coverage_report_names_what_vllms_own_check_lets_through(build, tiny_ckpt):
+    """vLLM's engine-side check (`DefaultModelLoader.track_weights_loading`, run after the model's
+    `load_weights`) exempts every parameter of a layer that has a quantization method, quantized or
+    not: on Terra that is every linear layer, the token table and the head. A checkpoint without an
+    `o_proj`, the action projection's weight or a `k_proj` shard passes it; `coverage_report`
+    (what `load_weights` raises as `WeightLoadingError`) names each."""
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from terra_nb.port.vllm_model import coverage_report
+
+    model, sd = build(tiny_ckpt)
+    every = set(dict(model.named_parameters()))
+    for left_out, param in [("model.layers.0.self_attn.o_proj.weight", "model.layers.0.self_attn.o_proj.weight"),
+                            ("action_projection.weight", "action_projection.weight"),
+                            ("model.layers.1.self_attn.k_proj.weight", None)]:  # qkv_proj is loaded, in part
+        loaded = every - {param} if param else set(every)
+        DefaultModelLoader.track_weights_loading(None, model, set(loaded))  # vLLM: nothing to say
+        seen = [k for k in sd if k != left_out]
+        report = coverage_report(model, seen, loaded)
+        assert report and (param or "qkv_proj") in report, left_out
 
 
 def test_action_embeddings_match_hf_projection(build, ckpt):

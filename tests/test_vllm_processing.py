@@ -17,7 +17,7 @@ import vllm  # noqa: F401  (declared dependency: a broken install must fail, not
 import terra_nb  # noqa: F401
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
-from terra_nb.port.vllm_compat import dummy_mm_inputs
+from terra_nb.port.vllm_release import dummy_mm_inputs
 
 P, A, FL = 64, 6, 70  # tiny preset: codes per frame, action slots, frame length
 PH = 512  # tiny placeholder id (vocab 513)

@@ -65,14 +65,14 @@ mk() {  # mk reproduce|test ARGS...
 }
 
 ENGINE_TESTS=(test_vllm_engine test_session_rollout test_vllm_engine_v2 test_vllm_trace test_weight_mapping test_toyworld_workbook
-              test_teacher_forced test_teacher_forced_bf16 test_bench_measure test_vllm_compat)
+              test_teacher_forced test_teacher_forced_bf16 test_bench_measure test_vllm_release)
 groups() {  # name -> pytest arguments
   case "$1" in
     # test_browser: the GPU machine has neither Chromium nor Playwright; .ci/run (CPU CI) runs it
     fast) local a=(tests --ignore tests/test_browser.py); for t in "${ENGINE_TESTS[@]}"; do a+=(--ignore "tests/$t.py"); done; echo "${a[@]}" ;;
     # test_vllm_engine, test_teacher_forced and test_session_rollout share one engine (tests/conftest.py: tiny_llm)
     engine1) echo tests/test_vllm_engine.py tests/test_teacher_forced.py tests/test_session_rollout.py tests/test_vllm_engine_v2.py ;;
-    engine2) echo tests/test_vllm_trace.py tests/test_weight_mapping.py tests/test_vllm_compat.py ;;
+    engine2) echo tests/test_vllm_trace.py tests/test_weight_mapping.py tests/test_vllm_release.py ;;
     engine3) echo tests/test_toyworld_workbook.py tests/test_teacher_forced_bf16.py ;;
     engine4) echo tests/test_bench_measure.py ;;
     *) echo "unknown test group $1 (fast, engine1..engine4)" >&2; return 2 ;;

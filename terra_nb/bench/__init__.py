@@ -1,6 +1,6 @@
 """The benchmark: HF `generate`, our vLLM port and stock vLLM Llama, measured like for like.
 
-One job a module; imports flow down this list, never up (tests/test_bench_imports.py checks):
+One job a module; imports flow down this list, never up (tests/test_imports.py checks):
 
 - `stats`: speed-ups (one orientation: > 1 means the first-named side is faster), bootstrap
   intervals, verdicts (pure).

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from terra_nb.port.checkpoints import weight_shapes
 from terra_nb.port.layout import FrameLayout
-from terra_nb.port.layout import interleave_segments, segments_length
+from terra_nb.port.interleave import interleave_segments, segments_length
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 from terra_nb.workbook.show import text_table
 from terra_nb.workbook.viz import ACTION_COLOR, DPI, IMAGE_COLOR, _save
@@ -192,7 +192,7 @@ def decode_schedule(n_ctx: int, n_new: int, layout: FrameLayout, rule: str = "po
     feeds the newest code. The logits of step `j` sample code `n_ctx * P + j`.
 
     * `rule="port"` (terra_nb, `hf_model`): the step that feeds the *last* code of a frame appends
-      that frame's action slots in the same forward (`layout.interleave_segments`), so the next
+      that frame's action slots in the same forward (`interleave.interleave_segments`), so the next
       frame's first code is sampled at the last action slot, as in training and in vLLM.
     * `rule="seed"`: the seed waited until the cache held a whole frame of codes and then put the
       actions *in front of* the next fed code. The step feeding the last code of a frame therefore

@@ -243,7 +243,7 @@ def worst_case(layout: FrameLayout, max_model_len: int | None = None) -> dict[st
     must leave room for the `image_tokens` new codes. Terra: 24 frames = 13824 codes + 144 action
     tokens = 13968, plus 576 generated = 14544 <= 14550.
     """
-    from terra_nb.port.layout import max_prompt_frames
+    from terra_nb.port.engine_limits import max_prompt_frames
 
     max_model_len = layout.max_len if max_model_len is None else int(max_model_len)
     frames = max_prompt_frames(layout, max_model_len)
@@ -295,7 +295,7 @@ def encoder_profile_batch(llm, n_items: int | None = None) -> dict[str, torch.Te
     batch) copies of the one-frame dummy item, batched as the model runner batches them."""
     from vllm.multimodal.utils import group_and_batch_mm_kwargs
 
-    from terra_nb.port.vllm_compat import dummy_mm_inputs
+    from terra_nb.port.vllm_release import dummy_mm_inputs
 
     if n_items is None:
         n_items = profiling_plan(llm)["encoder_items"]
@@ -372,7 +372,7 @@ def kv_cache_report(llm) -> KVCacheReport:
 def requests_that_fit(report: KVCacheReport, layout: FrameLayout) -> list[dict[str, int]]:
     """For a prompt of 1 .. max frames (plus the frame it generates): blocks per request, how many
     such requests the KV cache holds at once, and how many run at once (also capped by max_num_seqs)."""
-    from terra_nb.port.layout import max_prompt_frames
+    from terra_nb.port.engine_limits import max_prompt_frames
 
     rows = []
     for n in range(1, max_prompt_frames(layout, report.max_model_len) + 1):

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from terra_nb.port.layout import FrameLayout
-from terra_nb.port.rollout import plan_rounds
+from terra_nb.port.layout import FrameLayout, TerraInputError, validate_actions, validate_codes
+from terra_nb.port.rounds import plan_rounds
 
 __all__ = ["TeacherForcedParity", "compare_teacher_forced", "predicted_reuse", "prefix_cache_steps", "teacher_forced_parity",
            "token_parity"]
@@ -42,7 +42,8 @@ def token_parity(reference, other) -> dict[str, Any]:
     if a.dim() == 2:
         a, b = a[None], b[None]
     if a.dim() != 3:
-        raise ValueError(f"rollouts must be [n_frames, P] or [B, n_frames, P], got {list(a.shape)}")
+        raise TerraInputError("frames_shape", what="rollouts", expected="[n_frames, P] or [B, n_frames, P]",
+                              got=list(a.shape))
     same = a == b
     first = None
     if not bool(same.all()):
@@ -245,23 +246,23 @@ def teacher_forced_parity(hf_model, llm, context, frames, actions, k: int = 5,
     item (a rollout needs `n_ctx + n - 1`) is filled with the one before it: the slots after the
     last frame come after every scored position, and attention is causal, so they change nothing
     scored. vLLM returns its top-`k` and the scored token at every position (`prompt_logprobs`).
-    `max_excused`, `tolerance`: see `compare_teacher_forced`.
+    `max_excused`, `tolerance`: see `compare_teacher_forced`. The inputs are checked by Terra's
+    rules (`layout`): codes `[n, P]` in range, one row of actions per frame but the last.
     """
     from terra_nb.lessons.weight_mapping import hf_prompt_logprobs, vllm_prompt_logprobs
 
-    context, frames = torch.as_tensor(context).cpu(), torch.as_tensor(frames).cpu()
-    if context.dim() != 2 or frames.dim() != 2 or context.shape[1] != frames.shape[1]:
-        raise ValueError(f"context and frames must be [n, P] codes of one rollout, got {list(context.shape)} "
-                         f"and {list(frames.shape)}")
+    layout = FrameLayout.from_config(llm.model_config.hf_config)
+    context, frames = (validate_codes(torch.as_tensor(x).cpu(), layout, what) for x, what in
+                       ((context, "context"), (frames, "frames")))
+    for x, what in ((context, "context"), (frames, "frames")):
+        if x.dim() != 2:
+            raise TerraInputError("frames_shape", what=f"{what} (of one rollout)",
+                                  expected=f"[n_frames, {layout.image_tokens}]", got=list(x.shape))
     prompt = torch.cat([context, frames])
-    actions = torch.as_tensor(actions).cpu()
-    actions = actions.reshape(-1, *actions.shape[-2:])
-    if actions.shape[0] < prompt.shape[0] - 1:
-        raise ValueError(f"actions for {prompt.shape[0] - 1} frames needed, got {actions.shape[0]}")
+    actions = validate_actions(torch.as_tensor(actions).cpu(), layout, n_frames=prompt.shape[0] - 1)
     if actions.shape[0] < prompt.shape[0]:
         actions = torch.cat([actions, actions[-1:]])
     actions = actions[: prompt.shape[0]]
-    layout = FrameLayout.from_config(llm.model_config.hf_config)
     hf_lp = hf_prompt_logprobs(hf_model, prompt, actions)
     vllm_lp = vllm_prompt_logprobs(llm, prompt, actions, k=k)
     return compare_teacher_forced(hf_lp, vllm_lp, layout, context.shape[0], next(hf_model.parameters()).dtype,

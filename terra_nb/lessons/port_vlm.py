@@ -190,7 +190,7 @@ def _weights(model_cls) -> str:
 
 
 def _mixins(cls) -> str:
-    names = [k.__name__ for k in cls.__mro__[1:] if k.__module__.endswith("vllm_compat")]
+    names = [k.__name__ for k in cls.__mro__[1:] if k.__module__.endswith("vllm_release")]
     return ", ".join(f"`{n}`" for n in names) or "none"
 
 
@@ -214,7 +214,7 @@ WHY = {
     "tokenizer": "Terra's prompts are image-tokenizer codes (576 per frame), not text: a tokenizer would only add "
                  "detokenisation",
     "HF processor call": "Terra's action vectors need no preprocessing; vLLM 0.26 would load an HF `AutoProcessor` "
-                         "anyway, so a compatibility class (`vllm_compat`) skips that call there",
+                         "anyway, so a compatibility class (`vllm_release`) skips that call there",
     "`apply`": "a rollout re-sends its whole prompt every frame, so Terra's `apply` computes where each frame's 6 "
                "action positions lie from the frame layout (work per frame) instead of vLLM's search of the prompt "
                "for every item",
@@ -223,7 +223,7 @@ WHY = {
     "`_get_mm_fields_config`": "every action item has the same shape [6, 3]",
     "dummy text": "no tokenizer: the dummy prompt is token ids",
     "compat mixins": "without a tokenizer or an HF processor, vLLM 0.26 and 0.32 need different methods overridden; "
-                     "`TokenizerFreeProcessorMixin` (`terra_nb/port/vllm_compat.py`) holds both",
+                     "`TokenizerFreeProcessorMixin` (`terra_nb/port/vllm_release.py`) holds both",
     "decoder": "Terra adds a learned position embedding to the hidden states, which must happen inside the compiled "
                "module (CUDA-graph replay)",
     "weights": "written before the port used `AutoWeightsLoader`; names its mismatches",

@@ -226,7 +226,7 @@ class ForwardTrace:
           (the spatial table), and the jump between frames is one temporal row;
         * `argmax_is_token`: the engine's token is the argmax of the traced logits (placeholder masked).
         """
-        from terra_nb.port.layout import action_slot_mask
+        from terra_nb.port.interleave import action_slot_mask
 
         L = self.input_ids.numel()
         out: dict[str, Any] = {

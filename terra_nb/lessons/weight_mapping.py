@@ -258,9 +258,14 @@ def tampered(state_dict: Mapping[str, torch.Tensor], kind: str) -> dict[str, tor
 
 
 def loading_error(model, state_dict: Mapping[str, torch.Tensor]) -> str | None:
-    """The `WeightLoadingError` message `model.load_weights(state_dict)` raises, or None if it loads.
+    """Why `model.load_weights(state_dict)` refuses the checkpoint, or None if it loads: the
+    `WeightLoadingError` message (parameters left unloaded, fused ones loaded in part), or vLLM's
+    loader's own `ValueError` (a checkpoint weight the model has no parameter for), shortened to
+    its first words (the rest lists every parameter of the model).
 
     (It loads whatever it can before raising: use it on a model you do not serve from.)"""
+    import textwrap
+
     from terra_nb.port.vllm_model import WeightLoadingError
 
     try:
@@ -268,6 +273,8 @@ def loading_error(model, state_dict: Mapping[str, torch.Tensor]) -> str | None:
             model.load_weights(state_dict.items())
     except WeightLoadingError as e:
         return str(e)
+    except ValueError as e:
+        return "vLLM's loader refuses it: " + textwrap.shorten(str(e), 120, placeholder=" [...]")
     return None
 
 
@@ -571,7 +578,7 @@ class WeightMap:
     rows: list[MappingRow]
     summary: dict[str, Any]
     errors: dict[str, str | None]
-    """Tamper kind -> the `WeightLoadingError` message (None: it loaded)."""
+    """Tamper kind -> why loading refused it (`loading_error`; None: it loaded)."""
 
 
 def observe_mapping(llm, kinds=tuple(TAMPER_KINDS)) -> WeightMap:

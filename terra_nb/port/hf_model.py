@@ -17,7 +17,7 @@ The caller passes **image codes only** (`input_ids`) plus the actions of every f
 appends the frame's 6 action embeddings in the same forward (7 positions), and the next frame's
 first code is sampled from the logits of the last action position: exactly what the vLLM port does
 (its prompt holds the frames plus 6 action slots each), so the two backends agree token for token.
-(Why: docs/decisions.md, 1.) The layout's rules (`layout.interleave_step`) refuse a step past the
+(Why: docs/decisions.md, 1.) The layout's rules (through `interleave.interleave_step`) refuse a step past the
 round or one that completes a frame without its actions.
 
 Weight names are exactly the released ones (`model.*`, `lm_head.weight`,
@@ -32,7 +32,8 @@ from transformers import LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .config import LlamaActionConfig
-from .layout import FrameLayout, codes_before, interleave_segments, interleave_step, spatio_temporal_indices
+from .interleave import codes_before, interleave_segments, interleave_step, spatio_temporal_indices
+from .layout import FrameLayout
 
 IGNORE_INDEX = -100
 
@@ -251,11 +252,10 @@ def register() -> None:
     pair and pick the class named in `config.architectures`.
     """
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    if LlamaActionConfig.model_type not in CONFIG_MAPPING:
-        AutoConfig.register(LlamaActionConfig.model_type, LlamaActionConfig)
+    # exist_ok=True: registering again (a second call, or a copy of this port under another name)
+    # replaces the entry instead of raising; "llama_action" shadows no built-in model type.
+    AutoConfig.register(LlamaActionConfig.model_type, LlamaActionConfig, exist_ok=True)
     pair = (LlamaActionForCausalLM, LlamaActionV2ForCausalLM)
     for auto in (AutoModel, AutoModelForCausalLM):
-        if LlamaActionConfig not in auto._model_mapping._extra_content:
-            auto.register(LlamaActionConfig, pair)
+        auto.register(LlamaActionConfig, pair, exist_ok=True)

@@ -3,7 +3,13 @@
 One frame = `image_tokens` codes followed by `action_tokens` action slots (576 + 6 = 582 for
 Terra); a round holds at most `max_frames` frames (25). The HF model, the ONNX rollout, the vLLM
 processor, the vLLM front door and the rollouts check their inputs by calling the functions here,
-so each rule is written (and worded) once.
+so each rule is written (and worded) once, and each check too: the action-slot test
+(`is_slot_id`), the image-code range (`check_codes`) and the id range (`check_ids_in_vocab`) are
+one function each, whatever the input (a prompt, a session's chunk, a tensor of frames).
+
+Helpers that are not rules live beside it and refuse only through these rules: `interleave`
+(positions of codes and slots for the HF and ONNX backends), `rounds` (a rollout split into
+generate calls), `engine_limits` (what fits an engine of a given `max_model_len`).
 
 **Refusals.** Every broken rule raises `TerraInputError`, a `ValueError` with
 
@@ -37,6 +43,7 @@ HTTP 400 body, vLLM's wrapped error), `rule_of(text)` returns the id whose templ
 | `actions_not_finite` | actions | actions contain NaN or inf |
 | `actions_missing` | actions | actions cover ... frames but ... are needed |
 | `actions_mismatch` | multi_modal_data | actions do not match the prompt |
+| `unknown_modality` | multi_modal_data | Terra's requests carry one modality |
 | `batch_mismatch` | actions | batch sizes differ |
 | `codes_not_ints` | context | ... frames must hold integer codes |
 | `frames_shape` | context | ... must have shape |
@@ -58,6 +65,9 @@ import torch
 
 SEED_PLACEHOLDER = -3
 """The original release marked action slots with -3; vLLM V1 needs an in-vocabulary id (notebook 02)."""
+
+MODALITY = "actions"
+"""Terra's one multimodal input: six (x, y, t) waypoints per frame, `multi_modal_data={"actions": ...}`."""
 
 
 # ---------------------------------------------------------------------------- the layout
@@ -121,7 +131,7 @@ class Rule(NamedTuple):
     @property
     def pattern(self) -> re.Pattern:
         """A regex matching any message this rule's template produces."""
-        parts = re.split(r"\{[a-z_]*\}", self.template.replace("{{", "{").replace("}}", "}"))
+        parts = re.split(r"\{[a-z_]*(?:![rs])?\}", self.template.replace("{{", "{").replace("}}", "}"))
         return re.compile(".*?".join(re.escape(p) for p in parts), re.S)
 
 
@@ -174,6 +184,8 @@ _RULES = (
          "actions do not match the prompt: the prompt holds {n_frames} frames with {action_tokens} action "
          "slots each, the actions cover {n_items} frames; pass one [{action_tokens}, {action_dim}] per "
          "frame of the prompt"),
+    Rule("unknown_modality", "multi_modal_data",
+         "Terra's requests carry one modality, {modality!r}: got {got}"),
     Rule("batch_mismatch", "actions", "batch sizes differ: actions hold {have} rollouts but {what} holds {batch}"),
     Rule("codes_not_ints", "context", "{what} frames must hold integer codes, got dtype {dtype}"),
     Rule("frames_shape", "context", "{what} must have shape {expected}, got {got}"),
@@ -206,7 +218,7 @@ def rule_of(message: str | BaseException) -> str | None:
     text = str(message)
     hits = [r for r in _RULES if _PATTERNS[r.id].search(text)]
     # Where several fit (a field's text may echo another rule's words), the most literal template wins.
-    return max(hits, key=lambda r: len(re.sub(r"\{[a-z_]*\}", "", r.template))).id if hits else None
+    return max(hits, key=lambda r: len(re.sub(r"\{[a-z_]*(?:![rs])?\}", "", r.template))).id if hits else None
 
 
 def _id_fields(layout: FrameLayout) -> dict:
@@ -226,22 +238,44 @@ def _first(mask: np.ndarray) -> int | None:
     return int(hit[0]) if hit.size else None
 
 
-# ---------------------------------------------------------------------------- positions
-def spatio_temporal_indices(positions: torch.Tensor, frame_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slot within the frame and frame number of every absolute position (pos % 582, pos // 582)."""
-    return positions % frame_len, torch.div(positions, frame_len, rounding_mode="floor")
+def is_slot_id(ids: np.ndarray, layout: FrameLayout) -> np.ndarray:
+    """Where `ids` hold an action-slot id, in either spelling: the seed's -3 or the in-vocabulary
+    placeholder (`layout.placeholder_id`)."""
+    return (ids == SEED_PLACEHOLDER) | (ids == layout.placeholder_id)
 
 
-def action_slot_mask(seq_len: int, layout: FrameLayout) -> torch.Tensor:
-    """True where a position of an interleaved sequence holds an action vector."""
-    slot, _ = spatio_temporal_indices(torch.arange(seq_len), layout.frame_len)
-    return slot >= layout.image_tokens
+def check_slots(slots: np.ndarray, positions: np.ndarray, layout: FrameLayout) -> None:
+    """Every id of `slots` (at absolute `positions`, same shape) is an action-slot id
+    (`wrong_action_slots`, naming the first that is not)."""
+    bad = ~is_slot_id(slots, layout)
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        raise TerraInputError("wrong_action_slots", where=where(int(positions[i]), layout), value=int(slots[i]),
+                              seed=SEED_PLACEHOLDER, placeholder=layout.placeholder_id,
+                              action_tokens=layout.action_tokens)
 
 
-def codes_before(position: int, layout: FrameLayout) -> int:
-    """How many image codes precede absolute `position` of an interleaved sequence (= codes in a cache of that length)."""
-    frame, slot = divmod(position, layout.frame_len)
-    return frame * layout.image_tokens + min(slot, layout.image_tokens)
+def check_codes(codes, layout: FrameLayout, where_of, param: str | None = None) -> None:
+    """Every image code of `codes` (an array or tensor of ids) lies in 0..num_codes-1
+    (`code_out_of_range`); `where_of(index)` names the place of the first that does not."""
+    codes = codes.numpy(force=True) if isinstance(codes, torch.Tensor) else np.asarray(codes)
+    bad = (codes < 0) | (codes >= layout.num_codes)
+    if bad.any():
+        i = tuple(int(k) for k in np.argwhere(bad)[0])
+        raise TerraInputError("code_out_of_range", param, where=where_of(i), value=int(codes[i]),
+                              last_code=layout.num_codes - 1)
+
+
+def check_modality(modality: str) -> None:
+    """A request's multimodal data is Terra's actions (`unknown_modality` for any other)."""
+    if modality != MODALITY:
+        raise TerraInputError("unknown_modality", modality=MODALITY, got=repr(modality))
+
+
+def check_at_least(name: str, value: int, low: int) -> None:
+    """`value` (the parameter `name`) is at least `low` (`out_of_bounds`)."""
+    if value < low:
+        raise TerraInputError("out_of_bounds", name, what=name, bound=f">= {low}", value=value)
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -346,18 +380,10 @@ def check_prompt(ids: np.ndarray, layout: FrameLayout, max_frames: int | None = 
         raise TerraInputError("too_many_frames", what="the prompt", n=n_frames, limit=limit,
                               why=why or f"a round is {layout.max_frames} frames")
     grid = ids.reshape(n_frames, layout.frame_len)
-    slots, codes = grid[:, layout.image_tokens:], grid[:, : layout.image_tokens]
-    is_ph = (slots == SEED_PLACEHOLDER) | (slots == layout.placeholder_id)
-    if not is_ph.all():
-        f, s = np.argwhere(~is_ph)[0].tolist()
-        raise TerraInputError("wrong_action_slots", where=where(f * layout.frame_len + layout.image_tokens + s, layout),
-                              value=int(slots[f, s]), seed=SEED_PLACEHOLDER, placeholder=layout.placeholder_id,
-                              action_tokens=layout.action_tokens)
-    bad = (codes < 0) | (codes >= layout.num_codes)
-    if bad.any():
-        f, p = np.argwhere(bad)[0].tolist()
-        raise TerraInputError("code_out_of_range", where=where(f * layout.frame_len + p, layout),
-                              value=int(codes[f, p]), last_code=layout.num_codes - 1)
+    positions = np.arange(n).reshape(n_frames, layout.frame_len)
+    P = layout.image_tokens
+    check_slots(grid[:, P:], positions[:, P:], layout)  # slots first: where a bad id sits names the rule
+    check_codes(grid[:, :P], layout, lambda i: where(int(positions[i]), layout))
 
 
 def normalize_session_chunk(
@@ -379,22 +405,15 @@ def normalize_session_chunk(
         raise TerraInputError("session_chunk", n=ids.size, chunk_len=chunk_len, action_tokens=layout.action_tokens)
     # As in `check_prompt`, where a bad id sits names the rule: slots first, then the code.
     position = (frames_before + 1) * layout.frame_len - layout.action_tokens - 1  # the re-sent code's place
-    slots = ids[1:]
-    is_ph = (slots == SEED_PLACEHOLDER) | (slots == layout.placeholder_id)
-    if not is_ph.all():
-        s = int(np.flatnonzero(~is_ph)[0])
-        raise TerraInputError("wrong_action_slots", where=where(position + 1 + s, layout), value=int(slots[s]),
-                              seed=SEED_PLACEHOLDER, placeholder=layout.placeholder_id,
-                              action_tokens=layout.action_tokens)
-    if not 0 <= ids[0] < layout.num_codes:
-        raise TerraInputError("code_out_of_range", where=where(position, layout), value=int(ids[0]),
-                              last_code=layout.num_codes - 1)
+    positions = position + np.arange(chunk_len)
+    check_slots(ids[1:], positions[1:], layout)
+    check_codes(ids[:1], layout, lambda i: where(position, layout))
     check_actions_match(1, n_items, layout)
     limit = layout.max_frames if max_frames is None else max_frames
     if frames_before + 1 > limit:
         raise TerraInputError("too_many_frames", what="the session's prompt", n=frames_before + 1, limit=limit,
                               why=why or f"a round is {layout.max_frames} frames")
-    return np.where(np.r_[False, is_ph], layout.placeholder_id, ids).tolist()
+    return np.where(np.r_[False, is_slot_id(ids[1:], layout)], layout.placeholder_id, ids).tolist()
 
 
 def check_actions_match(n_frames: int, n_items: int, layout: FrameLayout) -> None:
@@ -412,7 +431,7 @@ def check_plain_prompt(ids: Sequence[int], layout: FrameLayout) -> None:
     """
     arr = token_array(ids, layout)
     # Slots first: they are the likeliest mistake (a whole rollout prompt sent without its actions).
-    slot = _first((arr == layout.placeholder_id) | (arr == SEED_PLACEHOLDER))
+    slot = _first(is_slot_id(arr, layout))
     if slot is not None:
         raise TerraInputError("slots_without_actions", where=where(slot, layout), value=int(arr[slot]),
                               action_tokens=layout.action_tokens, action_dim=layout.action_dim)
@@ -476,11 +495,7 @@ def validate_codes(frames: torch.Tensor, layout: FrameLayout, what: str = "conte
     if frames.shape[-2] > layout.max_frames:
         raise TerraInputError("too_many_frames", what, what=what, n=frames.shape[-2], limit=layout.max_frames,
                               why=f"a round is {layout.max_frames} frames")
-    bad = (frames < 0) | (frames >= layout.num_codes)
-    if bool(bad.any()):
-        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
-        raise TerraInputError("code_out_of_range", what, where=f"{what}{list(idx)}", value=int(frames[idx]),
-                              last_code=layout.num_codes - 1)
+    check_codes(frames, layout, lambda i: f"{what}{list(i)}", param=what)
     return frames.long()
 
 
@@ -547,113 +562,7 @@ def _as_tensor(values, what: str) -> torch.Tensor:
         raise TerraInputError("actions_not_numbers", what=what, got=f"{type(values).__name__} ({e})") from None
 
 
-# ---------------------------------------------------------------------------- interleaving
-def interleave_segments(past_len: int, n_codes: int, layout: FrameLayout) -> list[tuple[str, int, int]]:
-    """How `n_codes` new image codes extend an interleaved sequence that already holds `past_len` positions.
-
-    Returns the new positions in order as segments: ``("codes", i0, i1)`` is the slice
-    ``codes[i0:i1]`` of the new codes, ``("actions", frame, frame)`` the action slots of that frame
-    (`action_tokens` positions). A frame's action slots follow as soon as its last image code is
-    in: after every complete frame of a prompt, and after the last code of a frame in a decode step.
-    A sequence ending inside a frame's codes gets no action slots (the frame is still being made).
-    `past_len` must end on an image position (the HF model never stops between action slots).
-    """
-    P, F = layout.image_tokens, layout.frame_len
-    for name, value in (("past_len", past_len), ("n_codes", n_codes)):
-        if value < 0:
-            raise TerraInputError("out_of_bounds", name, what=name, bound=">= 0", value=value)
-    slot = past_len % F
-    if slot >= P:
-        raise TerraInputError("ends_in_action_slots", frame=past_len // F, position=past_len, slot=slot,
-                              action_tokens=layout.action_tokens)
-    segs: list[tuple[str, int, int]] = []
-    frame, i = past_len // F, 0
-    while i < n_codes:
-        take = min(P - slot, n_codes - i)
-        segs.append(("codes", i, i + take))
-        i += take
-        slot += take
-        if slot == P:
-            segs.append(("actions", frame, frame))
-            frame, slot = frame + 1, 0
-    return segs
-
-
-def segments_length(segs: list[tuple[str, int, int]], layout: FrameLayout) -> int:
-    """Number of positions the segments of `interleave_segments` occupy."""
-    return sum(b - a if kind == "codes" else layout.action_tokens for kind, a, b in segs)
-
-
-def interleave_step(past_len: int, n_codes: int, layout: FrameLayout, actions=None, batch_size: int = 1):
-    """One forward step of an interleaving backend (HF, ONNX): the segments, their length, and the
-    actions as `[B, n, 6, 3]` (None when the step completes no frame).
-
-    Checks the step fits in a round (`sequence_too_long`) and that every frame it completes has
-    its actions (`actions_missing`).
-    """
-    segs = interleave_segments(past_len, n_codes, layout)
-    length = segments_length(segs, layout)
-    if past_len + length > layout.max_len:
-        raise TerraInputError("sequence_too_long", first=past_len, last=past_len + length - 1, max_len=layout.max_len,
-                              max_frames=layout.max_frames, frame_len=layout.frame_len)
-    done = [a for kind, a, _ in segs if kind == "actions"]
-    if not done:
-        return segs, length, None
-    acts = None if actions is None else batched_actions(actions, batch_size, layout)
-    have = 0 if acts is None else acts.shape[1]
-    if have <= done[-1]:
-        raise TerraInputError("actions_missing", have=have, need=done[-1] + 1,
-                              why=f"frame {done[-1]} is complete and needs its actions")
-    return segs, length, acts
-
-
-# ---------------------------------------------------------------------------- rounds
-@dataclass(frozen=True)
-class Round:
-    """One generate call: the window is video frames `start .. start+n_window-1`; it adds `n_new` frames."""
-
-    index: int
-    start: int
-    n_window: int
-    n_new: int
-
-    @property
-    def action_rows(self) -> slice:
-        """Rows of the rollout's actions this round consumes (`n_window + n_new - 1` rows)."""
-        return slice(self.start, self.start + self.n_window + self.n_new - 1)
-
-
-def _at_least(name: str, value: int, low: int) -> None:
-    if value < low:
-        raise TerraInputError("out_of_bounds", name, what=name, bound=f">= {low}", value=value)
-
-
-def plan_rounds(n_ctx: int, n_frames: int, max_frames: int = 25, overlap: int = 3) -> list[Round]:
-    """Split the generation of `n_frames` new frames after `n_ctx` context frames into rounds.
-
-    The first round's window is the whole context; each later one is the last `overlap` frames of the
-    video so far. Every round fills its window up to `max_frames` frames (fewer in the last round).
-    `plan_rounds(3, 44)` -> rounds (start 0, window 3, 22 new) and (start 22, window 3, 22 new):
-    a 47-frame video.
-    """
-    _at_least("context frames", n_ctx, 1)
-    _at_least("n_frames", n_frames, 1)
-    if n_ctx >= max_frames:
-        raise TerraInputError("too_many_frames", "context", what="the context", n=n_ctx, limit=max_frames - 1,
-                              why=f"a round is {max_frames} frames and one is left for a new frame")
-    if not 1 <= overlap < max_frames:
-        raise TerraInputError("out_of_bounds", "overlap", what="overlap", bound=f"in 1..{max_frames - 1}",
-                              value=overlap)
-    rounds, start, window, video, left = [], 0, n_ctx, n_ctx, n_frames
-    while left > 0:
-        n_new = min(left, max_frames - window)
-        rounds.append(Round(len(rounds), start, window, n_new))
-        video += n_new
-        left -= n_new
-        start, window = video - overlap, overlap
-    return rounds
-
-
+# ---------------------------------------------------------------------------- rollouts
 def rollout_inputs(context, actions, n_frames: int, layout: FrameLayout) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Validate and normalise rollout inputs -> (context [B, n_ctx, P] int64, actions [B, T, 6, 3] float32, batched).
 
@@ -668,8 +577,8 @@ def rollout_inputs(context, actions, n_frames: int, layout: FrameLayout) -> tupl
     if not batched:
         context = context.unsqueeze(0)
     B, n_ctx = context.shape[:2]
-    _at_least("context frames", n_ctx, 1)
-    _at_least("n_frames", n_frames, 1)
+    check_at_least("context frames", n_ctx, 1)
+    check_at_least("n_frames", n_frames, 1)
     need = n_ctx + n_frames - 1
     actions = torch.as_tensor(actions) if not isinstance(actions, (list, tuple)) else actions
     if isinstance(actions, torch.Tensor) and actions.dim() == 4:
@@ -680,42 +589,3 @@ def rollout_inputs(context, actions, n_frames: int, layout: FrameLayout) -> tupl
         actions = validate_actions(actions, layout, n_frames=need).unsqueeze(0).expand(B, -1, -1, -1)
     return context, actions, batched
 
-
-# ---------------------------------------------------------------------------- engine limits
-def max_prompt_frames(layout: FrameLayout, max_model_len: int) -> int:
-    """Most frames a prompt may hold so that one more frame can still be generated.
-
-    A round holds at most `max_frames` frames (25), so a prompt holds at most 24; a shorter
-    `max_model_len` lowers that: the prompt plus `image_tokens` new codes must fit.
-    """
-    return max(0, min(layout.max_frames - 1, (max_model_len - layout.image_tokens) // layout.frame_len))
-
-
-def engine_limit_why(layout: FrameLayout, max_model_len: int) -> str:
-    """Why an engine of `max_model_len` takes prompts of at most `max_prompt_frames` frames."""
-    return (f"a round is {layout.max_frames} frames of {layout.frame_len} tokens and the last one is generated; "
-            f"max_model_len {max_model_len}")
-
-
-def check_engine_prompt_frames(n_frames: int, layout: FrameLayout, max_model_len: int, what: str = "the prompt",
-                               param: str = "prompt_token_ids", why: str | None = None) -> None:
-    """A prompt (or a rollout's longest prompt) of `n_frames` frames fits an engine of `max_model_len`."""
-    limit = max_prompt_frames(layout, max_model_len)
-    if n_frames > limit:
-        raise TerraInputError("too_many_frames", param, what=what, n=n_frames, limit=limit,
-                              why=why or engine_limit_why(layout, max_model_len))
-
-
-def check_max_model_len(max_model_len: int, layout: FrameLayout) -> None:
-    """An engine's `max_model_len` fits the temporal embedding's `max_frames` frames."""
-    if max_model_len > layout.max_len:
-        raise TerraInputError("max_model_len", value=max_model_len, max_len=layout.max_len,
-                              max_frames=layout.max_frames, frame_len=layout.frame_len)
-
-
-def check_engine_frames(max_frames: int, layout: FrameLayout) -> int:
-    """`make_llm(max_frames=...)`: an engine's round length lies in 2..`layout.max_frames`."""
-    if not 2 <= max_frames <= layout.max_frames:
-        raise TerraInputError("out_of_bounds", "max_frames", what="max_frames", bound=f"in 2..{layout.max_frames}",
-                              value=max_frames)
-    return max_frames

@@ -45,7 +45,8 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from .config import head_dim
-from .layout import FrameLayout, spatio_temporal_indices
+from .interleave import spatio_temporal_indices
+from .layout import FrameLayout
 
 INPUTS = ("input_ids", "action_vectors", "position_ids")
 CONFIG_KEY = "terra_config"

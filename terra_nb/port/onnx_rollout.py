@@ -6,7 +6,7 @@
 `onnx_rollout` has the signature of `rollout.hf_rollout` / `vllm_rollout.vllm_rollout` and returns
 the same thing; `rollout.run_rollout` plans the rounds and validates the inputs first, so bad
 inputs get the same errors on all three backends. Per round the host does what HF's `forward`
-does inside PyTorch (`step_inputs`, built on `layout.interleave_segments`):
+does inside PyTorch (`step_inputs`, built on `interleave.interleave_segments`):
 
 * step 0 (prefill): the window's frames, each followed by its 6 action slots, with an empty cache;
 * then one code per step, except that the step feeding the **last code of a frame** also feeds
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from .config import LlamaActionConfig
-from .layout import FrameLayout, interleave_step
+from .interleave import interleave_step
+from .layout import FrameLayout
 from .onnx_export import CONFIG_KEY, INPUTS
 from .rollout import SamplingConfig, run_rollout
 
@@ -97,7 +98,7 @@ def step_inputs(codes, actions, past_len: int, layout: FrameLayout) -> dict[str,
 
     `actions` `[B, T, 6, 3]` (or `[B, T*6, 3]`; B may be 1): row f belongs to frame f of the
     sequence. A frame whose last code is among the new ones gets its 6 action slots right after it
-    (placeholder id, its action vectors), as `layout.interleave_segments` says.
+    (placeholder id, its action vectors), as `interleave.interleave_segments` says.
     """
     codes = torch.as_tensor(codes)
     B, n = codes.shape

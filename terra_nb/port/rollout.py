@@ -18,7 +18,7 @@ The backend hook (HF here, vLLM in `vllm_*.py`)::
 autoregressively, with frame `i`'s 6 action embeddings right after its last image code and every new
 frame sampled starting from the last action position of the previous frame. `run_rollout` validates
 all inputs before the first backend call (`layout.rollout_inputs`, here `prepare_inputs`) and
-checks every round's output. The rounds are `layout.plan_rounds`.
+checks every round's output. The rounds are `rounds.plan_rounds`.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from typing import Callable
 
 import torch
 
-from .layout import FrameLayout, Round, plan_rounds, validate_codes
+from .layout import FrameLayout, validate_codes
+from .rounds import Round, plan_rounds
 from .layout import rollout_inputs as prepare_inputs
 
 __all__ = ["GenerateRound", "Round", "SamplingConfig", "hf_generate_kwargs", "hf_rollout", "plan_rounds",

@@ -18,7 +18,7 @@ async generator of `vllm.engine.protocol.StreamingInput`), all rollouts concurre
   later chunk is `[that code] + 6 slots` with the frame's actions as one item: 7 tokens prefilled
   per frame, and the next frame is generated;
 * a round ends after `max_frames` frames (25) and the next round opens a new session from the last
-  `overlap` (3) frames, exactly as `vllm_rollout` plans them (`layout.plan_rounds`);
+  `overlap` (3) frames, exactly as `vllm_rollout` plans them (`rounds.plan_rounds`);
 * open loop (no policy), each session sends its next chunk as soon as its own frame is out
   (`_open_round`); a closed loop waits for the whole batch's frame, which the policy reads (`_round`).
 
@@ -50,16 +50,9 @@ from pathlib import Path
 
 import torch
 
-from .layout import (
-    FrameLayout,
-    TerraInputError,
-    batched_actions,
-    check_engine_prompt_frames,
-    plan_rounds,
-    rollout_inputs,
-    validate_actions,
-    validate_codes,
-)
+from .engine_limits import check_engine_prompt_frames
+from .layout import FrameLayout, TerraInputError, batched_actions, rollout_inputs, validate_actions, validate_codes
+from .rounds import plan_rounds
 from .rollout import SamplingConfig
 from .vllm_processing import MODALITY
 from .vllm_rollout import engine_kwargs, engine_layout, frame_request, request_seed, sampling_params

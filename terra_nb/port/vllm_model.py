@@ -4,9 +4,12 @@ Structure as in vLLM's multimodal models (e.g. `paligemma.py`), on vLLM's `Llama
 
 * **Actions are a multimodal input.** `embed_multimodal(actions=[n_items, 6, 3])` runs the action
   projection (v1: `Linear(3, H)`; v2: `Linear-ReLU-Linear-ReLU-Linear`) and returns one `[6, H]`
-  embedding per frame. vLLM scatters them into the six action slots of their frame
-  (`embed_input_ids(..., is_multimodal=...)`); every other position embeds its token id
-  (image codes 0 .. vocab-2 as themselves, code 0 included).
+  embedding per frame. vLLM's default `SupportsMultiModal.embed_input_ids` (as for its llava,
+  paligemma and qwen2_vl) embeds every id with the backbone's table (image codes 0 .. vocab-2 as
+  themselves, code 0 included; the placeholder id is in the vocabulary) and scatters the items into
+  the six action slots of their frame (`is_multimodal`). On vLLM 0.26 its language-model lookup
+  would keep the model alive after the engine stops, which `vllm_release.UncachedLanguageModelMixin`
+  avoids.
 * **The spatio-temporal position embedding** is added from vLLM's `positions` tensor,
   `spatio[pos % 582] + temporal[pos // 582]`, at the top of the backbone's forward
   (`LlamaActionModel`, a `@support_torch_compile` subclass of vLLM's `LlamaModel`, the pattern of
@@ -22,8 +25,10 @@ Structure as in vLLM's multimodal models (e.g. `paligemma.py`), on vLLM's `Llama
 * **The placeholder id is masked** in `compute_logits` (-inf, as HF's `suppress_tokens`): no
   request can sample it, and none needs a `logit_bias` (which vLLM refuses with speculative decoding).
 * **Weights** load from the released HF names with vLLM's `AutoWeightsLoader` and a
-  `WeightsMapper` (see `load_weights`), which fails loudly, naming them, when a checkpoint weight
-  is left over or a parameter is left unloaded.
+  `WeightsMapper` (see `load_weights`). The loader itself refuses a checkpoint weight the model has
+  no parameter for; `coverage_report` adds what neither it nor vLLM's engine-side check
+  (`DefaultModelLoader.track_weights_loading`, which exempts every parameter of a layer with a
+  quantization method, quantized or not) says: a parameter left unloaded, a fused one loaded in part.
 """
 from __future__ import annotations
 
@@ -44,7 +49,6 @@ from vllm.model_executor.models.utils import (
     AutoWeightsLoader,
     PPMissingLayer,
     WeightsMapper,
-    _merge_multimodal_embeddings,
     maybe_prefix,
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
@@ -52,14 +56,16 @@ from vllm.sequence import IntermediateTensors
 from vllm.utils.tensor_schema import TensorSchema, TensorShape
 
 from .config import LlamaActionConfig
+from .engine_limits import check_max_model_len
 from .hf_model import LearnableFactorizedSpatioTemporalPositionalEmbedding
-from .layout import FrameLayout, check_max_model_len
+from .layout import FrameLayout, check_modality
 from .vllm_processing import (
     MODALITY,
     LlamaActionDummyInputsBuilder,
     LlamaActionMultiModalProcessor,
     LlamaActionProcessingInfo,
 )
+from .vllm_release import UncachedLanguageModelMixin
 
 __all__ = [
     "LlamaActionForCausalLM",
@@ -71,7 +77,7 @@ __all__ = [
 
 
 class WeightLoadingError(ValueError):
-    """The checkpoint and the model disagree: lists the leftover and the missing names."""
+    """The checkpoint left parameters of the model unloaded, or fused ones loaded in part: names them."""
 
 
 class TerraActionInputs(TensorSchema):
@@ -210,7 +216,7 @@ class LlamaActionModel(LlamaModel):
     info=LlamaActionProcessingInfo,
     dummy_inputs=LlamaActionDummyInputsBuilder,
 )
-class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
+class LlamaActionForCausalLM(UncachedLanguageModelMixin, nn.Module, SupportsMultiModal, SupportsPP):
     """Terra v1 for vLLM: prompts of [576 image codes, 6 action slots] per frame (see module doc)."""
 
     packed_modules_mapping = {
@@ -222,9 +228,8 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
 
     @classmethod
     def get_placeholder_str(cls, modality: str, i: int) -> str | None:
-        if modality == MODALITY:
-            return None  # no text prompts: the slots are token ids already in the prompt
-        raise ValueError(f"only the {MODALITY!r} modality is supported, got {modality!r}")
+        check_modality(modality)
+        return None  # no text prompts: the slots are token ids already in the prompt
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -276,26 +281,6 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         dtype = next(self.action_projection.parameters()).dtype
         return self.action_projection(data.to(dtype))
 
-    def embed_input_ids(
-        self,
-        input_ids: torch.Tensor,
-        multimodal_embeddings: MultiModalEmbeddings | None = None,
-        *,
-        is_multimodal: torch.Tensor | None = None,
-        **kwargs,
-    ) -> torch.Tensor:
-        """Token embeddings, with the action embeddings scattered into the slots of a prefill.
-
-        vLLM calls this eagerly, outside the CUDA graph, on every step of a multimodal model,
-        decode steps included, so it is kept to one gather (plus the scatter when a prefill
-        chunk holds action slots). Every id that reaches it is a valid token: the processor and
-        the front door (`vllm_frontdoor`) refuse negative and out-of-vocabulary ids before the engine.
-        """
-        embeds = self.model.embed_input_ids(input_ids)
-        if multimodal_embeddings is None or len(multimodal_embeddings) == 0:
-            return embeds
-        return _merge_multimodal_embeddings(embeds, multimodal_embeddings, is_multimodal)
-
     # ------------------------------------------------------------------ forward
     def forward(
         self,
@@ -329,21 +314,15 @@ class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
         `pos_embedding_spatio_temporal.*` moves into the backbone (`model.`); the backbone's own
         names (`{q,k,v}_proj` into `qkv_proj`, `{gate,up}_proj` into `gate_up_proj`, rotary buffers
         dropped, quantization scales) are vLLM's `LlamaModel`'s business; `lm_head.*` and
-        `action_projection.*` keep their names. Raises `WeightLoadingError` for a checkpoint weight
-        the model has no parameter for (the loader's own error, naming it) and, from the loader's
-        return value, for parameters left unloaded or fused ones loaded in part (`coverage_report`).
+        `action_projection.*` keep their names. A checkpoint weight the model has no parameter for
+        stops the loader (its `ValueError` names it); parameters left unloaded, or fused ones
+        loaded in part, raise `WeightLoadingError` (`coverage_report`).
         """
         mapper = self.hf_to_vllm_mapper
         if self.config.tie_word_embeddings:
             mapper = mapper | WeightsMapper(orig_to_new_prefix={"lm_head.": None})  # the embedding's tensor
         seen: list[str] = []
-        try:
-            loaded = AutoWeightsLoader(self).load_weights(_recorded(weights, seen), mapper=mapper)
-        except (ValueError, KeyError) as err:  # the loader's first sentence names it (the rest is a set)
-            said = str(err).split(". ")[0]
-            raise WeightLoadingError(
-                f"checkpoint and {type(self).__name__} disagree:\n  checkpoint weights not used by the model: "
-                f"{seen[-1:]} (vLLM's loader: {said})") from err
+        loaded = AutoWeightsLoader(self).load_weights(_recorded(weights, seen), mapper=mapper)
         report = coverage_report(self, seen, loaded)
         if report:
             raise WeightLoadingError(report)

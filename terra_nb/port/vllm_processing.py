@@ -58,22 +58,20 @@ from vllm.multimodal.processing import (
 )
 
 from .config import LlamaActionConfig
+from .engine_limits import engine_limit_why, max_prompt_frames
 from .layout import (
+    MODALITY,
     SEED_PLACEHOLDER,
     FrameLayout,
     TerraInputError,
     build_prompt,
     check_actions_match,
-    engine_limit_why,
-    max_prompt_frames,
     normalize_prompt,
     normalize_session_chunk,
     validate_actions,
 )
-from .vllm_compat import DummyOptions, TokenIdsDummyInputsMixin, TokenizerFreeProcessorMixin
 from .vllm_frontdoor import continuation_frames, require_door, vllm_refusals
-
-MODALITY = "actions"
+from .vllm_release import DummyOptions, TokenIdsDummyInputsMixin, TokenizerFreeProcessorMixin
 
 
 class ActionItems(ModalityDataItems[torch.Tensor, torch.Tensor]):

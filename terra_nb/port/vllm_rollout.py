@@ -43,7 +43,8 @@ from .gpu_settings import (  # noqa: F401  (part of this module's API: make_llm'
     gpu_memory_share,
     set_triton_fp32_precision,
 )
-from .layout import FrameLayout, build_prompt, check_engine_frames, check_engine_prompt_frames, max_prompt_frames
+from .engine_limits import check_engine_frames, check_engine_prompt_frames, max_prompt_frames
+from .layout import FrameLayout, build_prompt
 from .rollout import SamplingConfig, prepare_inputs, run_rollout
 from .vllm_processing import MODALITY
 

@@ -120,15 +120,11 @@ def greedy_generate(model: TinyVLMForConditionalGeneration, inputs, max_new_toke
 def register() -> None:
     """Register the config, model and processor with the Auto classes (idempotent)."""
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from .hf_processing import TinyVLMProcessor
 
-    if TinyVLMConfig.model_type not in CONFIG_MAPPING:
-        AutoConfig.register(TinyVLMConfig.model_type, TinyVLMConfig)
-    if TinyVLMConfig not in AutoModelForImageTextToText._model_mapping._extra_content:
-        AutoModelForImageTextToText.register(TinyVLMConfig, TinyVLMForConditionalGeneration)
-    try:
-        AutoProcessor.register(TinyVLMConfig, TinyVLMProcessor)
-    except ValueError:
-        pass  # already registered
+    # exist_ok=True: registering again (a second call, or a copy under another name) replaces the
+    # entry instead of raising; "tiny_vlm" shadows no built-in model type.
+    AutoConfig.register(TinyVLMConfig.model_type, TinyVLMConfig, exist_ok=True)
+    AutoModelForImageTextToText.register(TinyVLMConfig, TinyVLMForConditionalGeneration, exist_ok=True)
+    AutoProcessor.register(TinyVLMConfig, TinyVLMProcessor, exist_ok=True)

