@@ -17,7 +17,7 @@ import asyncio
 from pathlib import Path
 
 from ..port.session_rollout import make_async_engine
-from ..port.vllm_plugin import KV_BLOCKS_UTILITY
+from ..port.vllm_plugin import KV_BLOCKS_UTILITY, install_engine_utilities
 
 __all__ = ["SERVING_HOOKS", "close_engine", "kv_blocks", "make_server_engine", "prometheus_registry"]
 
@@ -34,6 +34,10 @@ def make_server_engine(model: str | Path, metrics: bool = True, **overrides):
     """`make_async_engine` with vLLM's stats on when `metrics` (what `/metrics` shows: vLLM's
     counters and gauges are fed only then; `make_async_engine` turns them off, as `vllm.LLM` does).
     Call it on the event loop the server will run."""
+    import vllm.v1.engine.core  # noqa: F401 - loaded, so the plugin's utility goes onto EngineCore here too
+
+    # A forked engine core inherits it from here; a spawned one gets it from the plugin in its own process.
+    install_engine_utilities()
     return make_async_engine(model, disable_log_stats=not metrics, **overrides)
 
 
