@@ -18,6 +18,8 @@ copy, then:
   front end a streaming-session chunk, which Terra must refuse, naming the missing method;
 * TinyVLM, the other model, found by no entry point: `register()` called by hand, then the same with
   `AutoModelForImageTextToText` and one prompt with an image;
+* TinyAV (`terra_nb/port_av/`, copied as `tiny_av_copy`, not installed): `register()` by hand and
+  its vLLM model module imported, no engine (tests/test_port_av_engine.py serves the original);
 * reports the module of every class HF built and vLLM registered: each must be the copy's. (A copy
   that named `terra_nb.port_vlm` would serve the original's classes wherever `terra_nb` is installed;
   here, where it cannot be imported, its engine would not start.)
@@ -37,12 +39,14 @@ from pathlib import Path
 import pytest
 
 import terra_nb.port
+import terra_nb.port_av
 import terra_nb.port_vlm
 
-TERRA, VLM = "terra_port_copy", "tiny_vlm_copy"
+TERRA, VLM, AV = "terra_port_copy", "tiny_vlm_copy", "tiny_av_copy"
 TERRA_ARCHS = ("LlamaActionForCausalLM", "LlamaActionV2ForCausalLM")
 VLM_ARCH = "TinyVLMForConditionalGeneration"
-SHARED = ("vllm_patch.py", "gpu_settings.py")  # shipped, the same file, in both ports
+AV_ARCH = "TinyAVForConditionalGeneration"
+SHARED = ("vllm_patch.py", "gpu_settings.py")  # shipped, the same file, in both ports (TinyAV ships gpu_settings.py)
 MAX_TOKENS = 8
 
 _SCRIPT = rf"""
@@ -148,6 +152,23 @@ def vlm():
     return res
 
 
+@part("av")
+def av():
+    # TinyAV's copy: registered in the process, its vLLM model module imported (no engine: the
+    # engine test serves the original), every class from the copy
+    import importlib
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING
+    from {AV}.vllm_plugin import register as register_av
+    register_av()
+    model = importlib.import_module("{AV}.vllm_model").{AV_ARCH}
+    cfg = AutoConfig.for_model("tiny_av")
+    return {{"registered": getattr(ModelRegistry.models.get({AV_ARCH!r}), "module_name", None),
+            "vllm_class": model.__module__,
+            "hf_class": AutoModelForImageTextToText._model_mapping[type(cfg)].__module__,
+            "processor_class": PROCESSOR_MAPPING[type(cfg)].__module__}}
+
+
 out["terra_nb_loaded"] = sorted(m for m in sys.modules if m.split(".")[0] == "terra_nb")
 print("PROBE" + json.dumps(out))
 """
@@ -170,6 +191,7 @@ def _make_copies(root: Path) -> None:
     `import terra_nb` fails loudly)."""
     _copy_package(Path(terra_nb.port.__file__).parent, root, TERRA)
     _copy_package(Path(terra_nb.port_vlm.__file__).parent, root, VLM, installed=False)
+    _copy_package(Path(terra_nb.port_av.__file__).parent, root, AV, installed=False)
     (root / "terra_nb").mkdir()
     (root / "terra_nb" / "__init__.py").write_text('raise ImportError("a copied port imported terra_nb")\n')
 
@@ -219,6 +241,13 @@ def test_a_copy_of_port_vlm_under_another_name_serves_alone_with_hf_parity(copie
     assert (vlm["hf_class"], vlm["processor_class"]) == (f"{VLM}.hf_model", f"{VLM}.hf_processing")
     assert len(vlm["hf"]) == len(vlm["vllm"]) == MAX_TOKENS
     assert vlm["hf"] == vlm["vllm"], _first_difference(vlm["hf"], vlm["vllm"])
+
+
+def test_a_copy_of_port_av_under_another_name_registers_and_imports_its_own_classes(copies):
+    assert copies["terra_nb_loaded"] == []
+    av = _part(copies, "av")
+    assert av == {"registered": f"{AV}.vllm_model", "vllm_class": f"{AV}.vllm_model",
+                  "hf_class": f"{AV}.hf_model", "processor_class": f"{AV}.hf_processing"}
 
 
 def test_a_copy_not_installed_registers_in_process_and_serves_with_the_engine_core_in_process(copies):
@@ -285,3 +314,5 @@ def test_the_files_both_ports_ship_are_the_same():
     port, vlm = Path(terra_nb.port.__file__).parent, Path(terra_nb.port_vlm.__file__).parent
     for name in SHARED:
         assert (port / name).read_text() == (vlm / name).read_text(), f"port/{name} and port_vlm/{name} differ"
+    av = Path(terra_nb.port_av.__file__).parent
+    assert (av / "gpu_settings.py").read_text() == (port / "gpu_settings.py").read_text(), "port_av/gpu_settings.py differs"
