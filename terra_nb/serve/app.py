@@ -96,28 +96,13 @@ def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: i
     state = ServerState(engine, decoder, max_sessions, max_frames)
     app = FastAPI(title="terra-nb world model server")
     app.state.terra = state
-    if metrics:  # as vLLM's server mounts them; the regex serves /metrics itself (no redirect to /metrics/)
-        import re
-
-        from prometheus_client import make_asgi_app
-        from starlette.routing import Mount
-
-        route = Mount("/metrics", make_asgi_app(registry=prometheus_registry()))
-        route.path_regex = re.compile("^/metrics(?P<path>.*)$")
-        app.routes.append(route)
+    if metrics:
+        _mount_metrics(app)
 
     @app.get("/health")
     async def health():
-        dead = bool(getattr(engine, "errored", False))
-        body = {"status": "dead" if dead else "ok", "model": str(engine.model_config.model),
-                "sessions": len(state.live), "served": state.served,
-                "requests": engine.output_processor.get_num_unfinished_requests(), "kv_blocks": None if dead else await kv_blocks(engine),
-                "decoder": getattr(decoder, "name", None), "round_frames": round_frames(engine),
-                "max_sessions": max_sessions, "max_frames": max_frames,
-                "layout": {"image_tokens": layout.image_tokens, "action_tokens": layout.action_tokens,
-                           "action_dim": layout.action_dim, "max_frames": layout.max_frames,
-                           "num_codes": layout.num_codes}}
-        return JSONResponse(body, status_code=503 if dead else 200)
+        body = await _health(state)
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/")
     async def page():
@@ -169,6 +154,33 @@ async def end_sessions(app: FastAPI, reason: str = SHUTDOWN, timeout: float = 10
     deadline = time.monotonic() + timeout
     while state.live and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
+
+
+def _mount_metrics(app: FastAPI) -> None:
+    """vLLM's Prometheus registry at /metrics, as vLLM's server mounts it (the regex answers
+    /metrics itself instead of redirecting to /metrics/)."""
+    import re
+
+    from prometheus_client import make_asgi_app
+    from starlette.routing import Mount
+
+    route = Mount("/metrics", make_asgi_app(registry=prometheus_registry()))
+    route.path_regex = re.compile("^/metrics(?P<path>.*)$")
+    app.routes.append(route)
+
+
+async def _health(state: ServerState) -> dict:
+    """The engine alive, the live sessions, the engine core's KV blocks, the limits and the layout."""
+    engine, layout = state.engine, state.layout
+    dead = bool(getattr(engine, "errored", False))
+    return {"status": "dead" if dead else "ok", "model": str(engine.model_config.model),
+            "sessions": len(state.live), "served": state.served,
+            "requests": engine.output_processor.get_num_unfinished_requests(),
+            "kv_blocks": None if dead else await kv_blocks(engine),
+            "decoder": getattr(state.decoder, "name", None), "round_frames": round_frames(engine),
+            "max_sessions": state.max_sessions, "max_frames": state.max_frames,
+            "layout": {"image_tokens": layout.image_tokens, "action_tokens": layout.action_tokens,
+                       "action_dim": layout.action_dim, "max_frames": layout.max_frames, "num_codes": layout.num_codes}}
 
 
 # ---------------------------------------------------------------------------- helpers

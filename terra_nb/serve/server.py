@@ -39,11 +39,12 @@ class TerraServer(uvicorn.Server):
 async def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, sock: socket.socket | None = None,
                 metrics: bool = True, decoder: str = "auto", max_sessions: int = 128, max_frames: int = 1000,
                 log_level: str = "info", log_config=uvicorn.config.LOGGING_CONFIG, on_ready=None,
-                engine_args: dict | None = None) -> None:
+                engine_args: dict | None = None, engine_shutdown_timeout: float | None = None) -> None:
     """Build the engine on this loop, serve until told to stop, stop the engine.
 
     `sock`: a bound socket to serve on (host/port ignored); `on_ready(server, app)`: called once
-    uvicorn listens; `engine_args`: `make_async_engine` overrides (e.g. `max_num_seqs`)."""
+    uvicorn listens; `engine_args`: `make_async_engine` overrides (e.g. `max_num_seqs`);
+    `engine_shutdown_timeout`: seconds the engine core gets to exit before vLLM kills it (`close_engine`)."""
     engine = make_server_engine(model, metrics=metrics, **(engine_args or {}))
     try:
         app = build_app(engine, decoder=decoder, max_sessions=max_sessions, max_frames=max_frames, metrics=metrics)
@@ -57,7 +58,7 @@ async def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *,
             on_ready(server, app)
         await task
     finally:
-        await close_engine(engine)
+        await close_engine(engine, engine_shutdown_timeout)
 
 
 class ServerThread:
