@@ -44,12 +44,14 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # the run ends on short units instead of one worker idling while the other finishes a long one. By
 # their seconds in the full run of 2026-11-26 12:38 (776 s of pytest, 1421 s of tests): test_bench_pairs
 # 150, test_frame_copy 135, 08 122, test_browser 90, the shared tiny_llm unit (test_session_rollout,
-# test_vllm_engine, test_teacher_forced) 79, 11 61, 07 60, test_toy_sweep 56, test_bench_measure 42,
+# test_vllm_engine, test_teacher_forced) 79, 11 61, 07 60, test_toy_sweep 56, test_serve (not in that run:
+# ~20 s of tests after its server's engine start, 25-60 s by load, measured alone) ~45, test_bench_measure 42,
 # 06 41, test_reproduce 36, test_onnx 34, test_port_copy 32, 09 31, test_toyworld_workbook, 10,
 # test_toyworld and 12 28, test_notebooks and 05 27, 03 26, 04 24, test_bench_profile and _tp 20.
 START_FIRST = ("tests/test_bench_pairs.py", "tests/test_frame_copy.py", "notebooks/08_toy_world.ipynb",
                "tests/test_browser.py", "tests/test_session_rollout.py", "notebooks/11_closed_loop.ipynb",
-               "notebooks/07_benchmark.ipynb", "tests/test_toy_sweep.py", "tests/test_bench_measure.py",
+               "notebooks/07_benchmark.ipynb", "tests/test_toy_sweep.py", "tests/test_serve.py",
+               "tests/test_bench_measure.py",
                "notebooks/06_vllm_forward.ipynb", "tests/test_reproduce.py", "tests/test_onnx.py",
                "tests/test_port_copy.py", "notebooks/09_onnx_export.ipynb", "tests/test_toyworld_workbook.py",
                "notebooks/10_port_your_model.ipynb", "tests/test_toyworld.py", "notebooks/12_faster_than_stock.ipynb",
