@@ -2,6 +2,7 @@
 notebooks carry no stderr output and no warnings."""
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import nbformat
 import pytest
 
 from terra_nb.workbook import reproduce
-from terra_nb.workbook.kernel_streams import NOISE, drop_noise
+from terra_nb_kernel import NOISE, NoiseFilter, drop_noise
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -53,19 +54,26 @@ warnings.warn("a warning about our own code", UserWarning)
 '''
 
 
+HEAVY = ("terra_nb", "torch", "transformers")
+"""What a kernel must not import while it starts (`terra_nb_kernel`'s docstring: ~9 s of CPU each)."""
+
+
 def test_kernel_drops_noise_from_engine_processes(tmp_path):
     """A child process (like the engine's) prints every noise line, a noise warning, a real line;
-    the kernel's own code warns: only the two real ones reach the notebook."""
+    the kernel's own code warns: only the two real ones reach the notebook. The kernel started
+    without importing terra_nb, torch or transformers (its output stream is `terra_nb_kernel`'s)."""
     path = nbtools.write_notebook(tmp_path / "01_noise.ipynb", [
         ("md", "# t\nWhat you will learn: x"),
         ("params", 'device = "cpu"\npreset = "tiny"\nout_dir = None'),
+        ("code", f"import sys\nprint(type(sys.stderr).__name__, [m for m in {HEAVY!r} if m in sys.modules])"),
         ("code", NOISY_CELL.format(lines=list(SAMPLES.values()))),
         ("md", "## Summary\n...\n## Pitfalls\n..."),
     ])
     (tmp_path / "out").mkdir()
     run = reproduce.run_notebook(path, tmp_path / "out", {"device": "cpu", "preset": "tiny", "out_dir": None})
     assert run.status == "ok", run.failure_line()
-    cell = [c for c in nbformat.read(tmp_path / "out" / path.name, as_version=4).cells if c.cell_type == "code"][-1]
+    started, cell = [c for c in nbformat.read(tmp_path / "out" / path.name, as_version=4).cells if c.cell_type == "code"][-2:]
+    assert "".join(o.get("text", "") for o in started.outputs) == "QuietOutStream []\n", started.outputs
     err = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stderr")
     assert "a real problem" in err and "a warning about our own code" in err
     assert not any(s in err for s in ("Triton", "NUMA", "safetensors", "reduce_op")), err
@@ -85,9 +93,15 @@ def test_committed_notebook_has_no_stderr_or_warnings(path):
 
 
 def test_blank_chunks_after_dropped_noise_go_too():
-    from terra_nb.workbook.kernel_streams import NoiseFilter
-
     f = NoiseFilter()
     chunks = ["\r" + SAMPLES["weight-loading progress bar"], "\n", "\n", "real\n", "\n"]
     assert [f.feed(c) for c in chunks] == ["", "", "", "real\n", "\n"]
     assert NoiseFilter().feed("\n") == "\n"
+
+
+def test_kernel_side_imports_no_torch():
+    """What every kernel (the output stream) and every pytest process (the nbval plugin, xdist's
+    controller included) imports stays light: no terra_nb, torch or transformers."""
+    r = subprocess.run([sys.executable, "-c", "import sys, terra_nb_kernel, terra_nb_kernel.nbval\n"
+                        f"print([m for m in {HEAVY!r} if m in sys.modules])"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "[]\n", r.stdout + r.stderr

@@ -2,5 +2,6 @@
 
 `show` and `viz` (source, shapes, figures), `results` and `reproduce` (`make reproduce` and its
 report), `bench` and `profiling` (the GPU benchmark), `paths` and `data` (where things live, the
-sample inputs), and the notebook kernels' setup for nbval and papermill.
+sample inputs), and the notebook kernels' setup for papermill (`reproduce`; nbval's plugin and the
+kernels' output stream are `terra_nb_kernel`'s, outside this package so that they import no torch).
 """

@@ -96,9 +96,9 @@ QUIET_WARNINGS = (
 processes inherit its environment, so this reaches them too; a warning about our own code never
 matches these)."""
 
-KERNEL_ARGUMENTS = ["--IPKernelApp.outstream_class=terra_nb.workbook.kernel_streams.QuietOutStream"]
+KERNEL_ARGUMENTS = ["--IPKernelApp.outstream_class=terra_nb_kernel.QuietOutStream"]
 """Added to every notebook kernel's command line: its stderr drops known environment noise
-(`kernel_streams.NOISE`)."""
+(`terra_nb_kernel.NOISE`)."""
 
 
 def kernel_environment(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,6 +1,11 @@
-"""pytest plugin (loaded by pyproject's `addopts = -p terra_nb.workbook.nbval_kernel`): nbval's notebook
+"""pytest plugin (loaded by pyproject's `addopts = -p terra_nb_kernel.nbval`): nbval's notebook
 kernels start in `reproduce.kernel_environment()` with `reproduce.KERNEL_ARGUMENTS`, like the
 kernels of `python -m terra_nb.workbook.reproduce`.
+
+Here rather than in `terra_nb.workbook`: every pytest process loads it, pytest-xdist's controller
+included, which runs no test; importing it from `terra_nb` would import torch and transformers
+there (~9 s of CPU on the 2-core machine; see the package docstring). `reproduce` is imported when
+nbval starts a kernel, in a worker that has imported terra_nb anyway.
 
 nbval starts its kernels with the environment of the pytest process, `PYTEST_CURRENT_TEST`
 included, and has no option for a kernel environment; this plugin passes one to its

@@ -4,9 +4,17 @@ Notebook kernels forward everything written to file descriptors 1 and 2, the eng
 processes included (that is how their errors reach the notebook). On the CPU backend those
 processes also print lines that say nothing about the notebook and would be stored in every
 executed copy; each is matched exactly here, with the reason it is noise, and nothing else is
-touched. `reproduce.KERNEL_ARGUMENTS` makes every kernel the workbook starts (papermill, nbval,
-`tools/nb.py`) use `QuietOutStream`; Python warnings are silenced by the same kernels'
-environment (`reproduce.kernel_environment`), where they can be named by category and message.
+touched. `terra_nb.workbook.reproduce.KERNEL_ARGUMENTS` makes every kernel the workbook starts
+(papermill, nbval, `tools/nb.py`) use `QuietOutStream`; Python warnings are silenced by the same
+kernels' environment (`reproduce.kernel_environment`), where they can be named by category and message.
+
+A package of its own, beside `terra_nb` rather than in it: every kernel imports this module while it
+starts, and importing anything under `terra_nb` runs `terra_nb/__init__`, which registers the HF
+classes and so imports torch and transformers (about 9 s of CPU a kernel on the 2-core machine,
+against 1 s for a kernel without them). A notebook that needs them imports them itself; one that
+does not (the test suite's throwaway notebooks) now starts in a second. Standard library and
+ipykernel only: keep it that way (tests/test_kernel_streams.py checks). `terra_nb_kernel.nbval`, the
+pytest plugin that starts nbval's kernels like these, sits here for the same reason.
 """
 from __future__ import annotations
 
