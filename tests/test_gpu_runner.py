@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from terra_nb.workbook import reproduce
+from terra_nb.workbook.results import record_result
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -49,17 +50,21 @@ def test_lanes_run_every_step_of_the_plan_once(tmp_path):
 
 
 def test_report_from_a_real_reproduce_summary(tmp_path):
+    """A real `reproduce` run of a notebook 06 (its summary: status, parameters), then 06's result
+    written where `record_result` writes it in that run's folder. Here, not in the notebook: a kernel
+    that imports terra_nb imports torch (~9 s of CPU), and this notebook needs nothing of it."""
     nbs = tmp_path / "nbs"
     write_notebook(nbs / "06_p.ipynb", [
         ("md", "# p\nwhat you will learn"),
         ("params", 'device = "cpu"\npreset = "tiny"\nout_dir = None'),
-        ("code", "from terra_nb.workbook.results import record_result\n"
-                 f"record_result('06_parity', {{'equal': 2184, 'tokens': 3456, 'frames': 6, "
-                 f"'first_mismatch': {{'rollout': 0, 'frame': 0, 'index': 9}}, 'teacher_forced': {TF!r}}}, out_dir)"),
+        ("code", "print(device, preset)"),
         ("md", "summary, pitfalls"),
     ])
     state = tmp_path / "state"
     assert reproduce.main(["--notebooks", str(nbs), "--out", str(state / "reproduce" / "06"), "--device", "cpu"]) == 0
+    record_result("06_parity", {"equal": 2184, "tokens": 3456, "frames": 6,
+                                "first_mismatch": {"rollout": 0, "frame": 0, "index": 9}, "teacher_forced": TF},
+                  state / "reproduce" / "06")
     env = reproduce.__dict__["json"].loads(json.dumps({"device": "NVIDIA H100 80GB HBM3", "gpu_count": 1, "cpu_count": 16,
                                                        "python": "3.12.3", "torch": "2.11.0+cu130",
                                                        "transformers": "5.17.0", "vllm": "0.26.0", "date": "d"}))

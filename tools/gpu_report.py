@@ -31,7 +31,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from terra_nb.workbook.results import markdown_table, rewrite_readme_section  # noqa: E402
+
+
+def markdown_table(rows) -> str:
+    """`terra_nb.workbook.results.markdown_table`, imported where a report is written: importing
+    anything of terra_nb imports torch and transformers (terra_nb/__init__ registers the HF classes:
+    ~9 s of CPU on the 2-core machine), which the runner's setup step (`--record-tree`) never needs."""
+    from terra_nb.workbook.results import markdown_table as table
+
+    return table(rows)
+
+
+def rewrite_readme_section(*args, **kwargs) -> bool:
+    """`terra_nb.workbook.results.rewrite_readme_section`, imported when used (see `markdown_table`)."""
+    from terra_nb.workbook.results import rewrite_readme_section as rewrite
+
+    return rewrite(*args, **kwargs)
 
 
 def gpu_slug(device: str) -> str:
