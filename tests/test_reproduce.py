@@ -1,6 +1,8 @@
 """`python -m terra_nb.workbook.reproduce` on throwaway notebooks: status, exit code, failing cell, report."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -17,8 +19,10 @@ PARAMS = 'device = "cuda"\npreset = "terra"\nout_dir = None'
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """Two notebooks, one good (records a result, saves a figure, checks its cwd and parameters),
-    one that fails in its fourth cell; executed once for the module."""
+    """One `reproduce` run over three notebooks, with a notebook parameter for 01 and for 02 over
+    `--preset terra`: 01 good (records a result, saves a figure, checks its cwd), 02 failing in its
+    fourth cell, 03 good and light (it imports nothing of terra_nb, so its kernel starts without
+    torch: ~1 s of CPU instead of ~10). Yields (root, notebooks, out, exit code, stderr)."""
     root = tmp_path_factory.mktemp("repro")
     nbs = root / "nbs"
     write_notebook(nbs / "01_good.ipynb", [
@@ -38,57 +42,80 @@ def run(tmp_path_factory):
     write_notebook(nbs / "02_bad.ipynb", [
         ("md", "# bad"),
         ("params", PARAMS),
-        ("code", "x = 1"),
+        ("code", "x = 1\nprint('preset', preset)"),
         ("code", "y = 2\nraise ValueError(f'boom {x + y}')\nz = 3"),
         ("code", "print('never runs')"),
+    ])
+    write_notebook(nbs / "03_light.ipynb", [
+        ("md", "# light\nwhat you will learn"),
+        ("params", PARAMS),
+        ("code", "print('preset', preset, 'device', device)"),
+        ("md", "summary, pitfalls"),
     ])
     (nbs / "notes.ipynb").write_text((nbs / "02_bad.ipynb").read_text())  # not NN_*: ignored
     out = root / "out"
     (out / "results").mkdir(parents=True)
     (out / "results" / "stale.json").write_text('{"from": "an earlier run"}')
-    return root, nbs, out
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = reproduce.main(["--notebooks", str(nbs), "--out", str(out), "--device", "cpu", "--preset", "terra",
+                             "--notebook-parameter", "01", "preset", "tiny", "--notebook-parameter", "02", "preset", "huge"])
+    return root, nbs, out, rc, err.getvalue()
 
 
-def test_failing_notebook_fails_the_command_and_names_the_cell(run, capsys):
-    root, nbs, out = run
-    rc = reproduce.main(["--notebooks", str(nbs), "--out", str(out), "--device", "cpu", "--preset", "tiny"])
-    err = capsys.readouterr().err
+def _printed(path: Path) -> str:
+    """The stdout of an executed notebook's code cells."""
+    cells = json.loads(path.read_text())["cells"]
+    return "".join(o.get("text", "") if isinstance(o.get("text"), str) else "".join(o.get("text", []))
+                   for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []) if o.get("name") == "stdout")
+
+
+def test_failing_notebook_fails_the_command_and_names_the_cell(run):
+    root, nbs, out, rc, err = run
     assert rc == 1
     assert "02_bad.ipynb, cell #4 (In [" in err
     assert "ValueError: boom 3" in err and "> raise ValueError(f'boom {x + y}')" in err
-    assert "01_good" not in err.split("failed:")[1]
+    assert "01_good" not in err.split("failed:")[1] and "03_light" not in err.split("failed:")[1]
 
     report = (out / "report.md").read_text()
     assert "| notebook | status | wall time (s) | executed copy |" in report
-    assert "01_good.ipynb | ok |" in report and "02_bad.ipynb | failed |" in report
+    assert "01_good.ipynb | ok |" in report and "02_bad.ipynb | failed |" in report and "03_light.ipynb | ok |" in report
     assert "notes.ipynb" not in report
     assert "## Failures" in report and "cell #4" in report
     # the good notebook's result, rendered; parameters reached it; stale results are gone
-    assert "### Good numbers" in report and "| device | cpu |" in report and "| preset | tiny |" in report
+    assert "### Good numbers" in report and "| device | cpu |" in report
     assert "| name | s_per_frame |\n|---|---|\n| a | 1.25 |" in report
     assert "earlier run" not in report
     assert "- device: " in report and "torch " in report and "- date: " in report
     assert (out / "figures" / "01_strip.png").exists()
     assert (out / "01_good.ipynb").exists() and (out / "02_bad.ipynb").exists()
     summary = json.loads((out / "summary.json").read_text())
-    assert [n["status"] for n in summary["notebooks"]] == ["ok", "failed"]
+    assert [n["status"] for n in summary["notebooks"]] == ["ok", "failed", "ok"]
     assert summary["notebooks"][1]["cell"] == 4
 
 
-def test_all_good_exits_zero_and_a_notebook_parameter_reaches_that_notebook_only(run, capsys):
-    """One run (a notebook kernel costs ~10 s here) for two claims: the good notebook alone exits 0
-    and its report holds it alone; `--notebook-parameter` reaches the notebook it names only."""
-    root, nbs, out = run
-    rc = reproduce.main(["--notebooks", str(nbs), "--out", str(out), "--only", "01", "--device", "cpu",
-                         "--preset", "terra", "--notebook-parameter", "01", "preset", "tiny",
-                         "--notebook-parameter", "02", "preset", "huge"])
-    assert rc == 0, capsys.readouterr().err
+def test_a_notebook_parameter_reaches_that_notebook_only(run):
+    """`--notebook-parameter 01 preset tiny` and `02 preset huge` over `--preset terra`: each reaches
+    the notebook it names (01's recorded result, 02's output) and no other (03 has terra)."""
+    root, nbs, out, rc, err = run
     report = (out / "report.md").read_text()
-    assert "1 of 1 ok" in report and "02_bad" not in report
-    assert "| preset | tiny |" in report
+    assert "| preset | tiny |" in report and "| preset | terra |" not in report   # 01's recorded result
+    assert _printed(out / "02_bad.ipynb") == "preset huge\n"
+    assert _printed(out / "03_light.ipynb") == "preset terra device cpu\n"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["parameters"]["preset"] == "terra"
     assert summary["notebook_parameters"] == {"01": {"preset": "tiny"}, "02": {"preset": "huge"}}
+
+
+def test_all_good_exits_zero(run, capsys):
+    """`--only 03` over the same folder and out dir: the good notebook alone exits 0 and the report
+    holds it alone (01's and 02's files from the run before are gone from it)."""
+    root, nbs, out, rc, err = run
+    assert reproduce.main(["--notebooks", str(nbs), "--out", str(out), "--only", "03", "--device", "cpu"]) == 0, \
+        capsys.readouterr().err
+    report = (out / "report.md").read_text()
+    assert "1 of 1 ok" in report and "03_light.ipynb | ok |" in report
+    assert "02_bad" not in report and "01_good" not in report and "Good numbers" not in report
     assert reproduce.main(["--notebooks", str(nbs), "--out", str(out), "--notebook-parameter", "9", "preset", "x"]) == 1
     assert "two-digit notebook number" in capsys.readouterr().err
 
