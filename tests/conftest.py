@@ -108,7 +108,7 @@ def layout(llm):
 # engines) a pytest process holds one test engine at a time: on a GPU each is capped by
 # $TERRA_NB_GPU_MEMORY_UTILIZATION. The repository's conftest.py runs a shared engine's tests back to
 # back and, under pytest-xdist (`make test`), in one worker.
-SHARED_ENGINES = ("tiny_llm",)
+SHARED_ENGINES = ("tiny_llm", "tiny_vlm_llm")
 _engines: dict = {}
 _last_user: dict = {}
 
@@ -140,6 +140,30 @@ def tiny_llm(tiny_ckpt):
     _engines["tiny_llm"] = make_llm(tiny_ckpt, disable_log_stats=False, **_gpu_share())
     yield _engines["tiny_llm"]
     _shutdown("tiny_llm")
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_ckpt(tmp_path_factory):
+    """A random TinyVLM checkpoint (notebook 10's tiny preset), written once."""
+    from terra_nb.port_vlm.checkpoints import write_random_checkpoint
+
+    return write_random_checkpoint(tmp_path_factory.mktemp("tiny_vlm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_llm(tiny_vlm_ckpt, tmp_path_factory):
+    """TinyVLM's offline engine (`port_vlm.vllm_engine.make_llm`, eager, the encoder-call counter
+    installed), shared by tests/test_port_vlm_engine.py and tests/test_vllm_serve_vlm.py (vLLM finds
+    the model through the plugin's entry point: `_ensure_entry_point`)."""
+    from terra_nb.lessons.port_vlm import ENCODER_COUNT_EXTENSION, images_encoded
+    from terra_nb.port_vlm.vllm_engine import make_llm
+    from test_port_vlm_engine import _ensure_entry_point
+
+    _ensure_entry_point(tmp_path_factory)
+    _engines["tiny_vlm_llm"] = make_llm(tiny_vlm_ckpt, worker_extension_cls=ENCODER_COUNT_EXTENSION, enforce_eager=True)
+    images_encoded(_engines["tiny_vlm_llm"])  # installs the counter
+    yield _engines["tiny_vlm_llm"]
+    _shutdown("tiny_vlm_llm")
 
 
 def pytest_collection_finish(session):

@@ -2,7 +2,7 @@
 parity with HF on prompts with 0, 1 and 2 images of different sizes, bad requests refused before
 the engine (which then serves on), and the caches hitting when an image comes again.
 
-One engine for the module (about 40 s to start). vLLM finds the model through the
+One engine (about 40 s to start), shared with tests/test_vllm_serve_vlm.py (`tiny_vlm_llm`). vLLM finds the model through the
 `vllm.general_plugins` entry point `terra_nb_vlm`; when the installed package metadata predates
 that entry point (an editable install made before it was added: `pip install -e .` refreshes it),
 the fixture puts a one-entry dist-info on the path, for this process and the engine's.
@@ -37,23 +37,14 @@ def _ensure_entry_point(tmp_path_factory) -> None:
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    from terra_nb.port_vlm.checkpoints import write_random_checkpoint
-
-    return write_random_checkpoint(tmp_path_factory.mktemp("tiny_vlm"))
+def ckpt(tiny_vlm_ckpt):
+    return tiny_vlm_ckpt
 
 
 @pytest.fixture(scope="module")
-def llm(ckpt, tmp_path_factory):
-    from terra_nb.lessons.port_vlm import ENCODER_COUNT_EXTENSION, images_encoded
-    from terra_nb.port.vllm_compat import shutdown_llm
-    from terra_nb.port_vlm.vllm_engine import make_llm
-
-    _ensure_entry_point(tmp_path_factory)
-    engine = make_llm(ckpt, worker_extension_cls=ENCODER_COUNT_EXTENSION, enforce_eager=True)
-    images_encoded(engine)  # installs the counter
-    yield engine
-    shutdown_llm(engine)
+def llm(tiny_vlm_llm):
+    """The shared TinyVLM engine (tests/conftest.py: `tiny_vlm_llm`, also used by test_vllm_serve_vlm)."""
+    return tiny_vlm_llm
 
 
 @pytest.fixture(scope="module")

@@ -259,6 +259,25 @@ def test_the_page_drives_the_toy_world_in_chromium(server):
     assert wait_for(lambda: httpx.get(server.url + "/health", timeout=30).json()["sessions"] == 0)
 
 
+# ---------------------------------------------------------------------------- load (terra_nb.serve.load, small)
+def test_a_small_load_test_passes_on_this_server(server):
+    """`python -m terra_nb.serve.load` in small on this module's server: 8 sessions at once, one
+    dropping mid-frame and two sending bad input (malformed JSON; NaN actions, then a good step):
+    every good session equals in-process `session_rollout` greedy, none hangs, each bad input gets
+    its rule, no KV block leaks."""
+    from terra_nb.serve.load import LoadPlan, checks, run_load, server_target, summarize
+
+    plan = LoadPlan(sessions=8, frames=2, drops=1, bad=2, n_contexts=2, trials=1, timeout=120)
+    load = run_load(server_target(server), plan, log=lambda line: None)
+    verdicts = checks(load)
+    assert all(v["ok"] for v in verdicts.values()), verdicts
+    assert verdicts["greedy_parity"]["compared_sessions"] == 5 + 8  # the mixed run's good ones, then all 8
+    assert verdicts["bad_inputs_refused_by_rule"] == {"ok": True, "refused": 2, "bad_clients": 2,
+                                                      "served_on_after_a_bad_step": 1, "bad_steps": 1}
+    speed = summarize(load)
+    assert speed["server"]["median"] > 0 and speed["in_process"]["median"] > 0  # the ratio is the CLI's to report
+
+
 # ---------------------------------------------------------------------------- shutdown (last: stops the server)
 def test_shutdown_ends_every_session_with_a_message(server, toy):
     """Stopping the server while a session's first frame is being made: the client is told, the

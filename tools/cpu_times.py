@@ -40,7 +40,7 @@ NOTEBOOKS = REPO / "notebooks"
 # Calls that build a vLLM engine in a notebook's code (the kernel's own, or, for
 # `bench_measure.measure`, one `python -m terra_nb.bench run` process per engine).
 ENGINE_CALLS = ("make_llm", "make_session_engine", "pairs.run_plan", "bench_measure.measure", "LLM", "vllm.LLM",
-                "AsyncLLM")
+                "AsyncLLM", "ServerThread")
 # Calls that start their engines in processes of their own, as the README says.
 ENGINE_CALL_NOTES = {"pairs.run_plan": "each side's engine in a process of its own",
                      "bench_measure.measure": "one `python -m terra_nb.bench run` process per engine"}

@@ -387,14 +387,14 @@ def plot_load(load: dict, save=None):
         a.scatter(np.full(len(ms), k) + np.linspace(-0.2, 0.2, len(ms)), ms[:, k], s=6, alpha=0.5)
     a.plot(range(ms.shape[1]), np.median(ms, 0), "k_-", ms=20, label="median")
     a.set(xlabel="frame of the session (0: after the start)", ylabel="ms, as the client saw it",
-          title=f"latency per frame, {len(good)} sessions", xticks=range(ms.shape[1]))
+          title=f"latency per frame ({len(good)} sessions, {len(load['server'])} timed runs)", xticks=range(ms.shape[1]))
     a.legend()
     trials = np.arange(len(load["server"]))
     b.bar(trials - 0.2, [r["frames_per_s"] for r in load["server"]], 0.4, label="server (WebSocket)")
     b.bar(trials + 0.2, [r["frames_per_s"] for r in load["in_process"]], 0.4, label="in-process session_rollout")
     b.set(xlabel="trial", ylabel="frames/s (all sessions)", title=f"{load['plan'].sessions} sessions at once",
           xticks=trials)
-    b.legend(loc="lower right")
+    b.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
     fig.tight_layout()
     if save:
         fig.savefig(save, dpi=110, bbox_inches="tight")
@@ -412,7 +412,7 @@ def load_results(folder=None) -> dict[str, dict]:
 def result_row(name: str, r: dict) -> dict:
     """One result file as a table row."""
     fps = r["frames_per_s"]
-    return {"file": name, "device": r["device"], "vLLM": r["versions"]["vllm"], "commit": (r["commit"] or "?")[:7],
+    return {"file": name, "device": r["device"], "vLLM": r["versions"]["vllm"], "commit": r["commit"] or "?",
             "sessions": r["sessions"], "frames": r["shapes"]["frames_per_session"], "drops": r["drops"],
             "bad": r["bad_inputs"], "server frames/s": round(fps["server"]["median"], 1),
             "in-process frames/s": round(fps["in_process"]["median"], 1), "ratio": round(fps["ratio"], 3),
