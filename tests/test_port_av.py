@@ -152,7 +152,14 @@ def test_the_longest_clip_is_what_fits_the_sequence(processor):
 
     info = processor.info
     assert dict(info.get_mm_max_tokens_per_item(512, {"image": 1, "audio": 1})) == {"image": 4, "audio": 510}
-    assert dict(get_mm_max_toks_per_item(processor, {"image": 1, "audio": 1}, None)) == {"image": 4, "audio": 510}
+    counts = {"image": 1, "audio": 1}
+    try:  # 0.32: (processor, mm_counts, cache); 0.26: (model_config, mm_registry, processor, mm_counts)
+        budget = get_mm_max_toks_per_item(processor, counts, None)
+    except TypeError:
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        budget = get_mm_max_toks_per_item(info.ctx.model_config, MULTIMODAL_REGISTRY, processor, counts)
+    assert dict(budget) == {"image": 4, "audio": 510}
     dummy = processor.dummy_inputs.get_dummy_mm_data(512, {"audio": 1})["audio"][0]
     assert info.sizes.audio_tokens(dummy.numel()) == 510
     info.parse_mm_data({"audio": [torch.zeros(16 * 510)]})  # the longest accepted

@@ -4,8 +4,9 @@ whose core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), and record
     python tools/inprocess_hang.py            # -> results/inprocess_hang.json, under the installed vLLM's version
 
 A TinyAV engine in a fresh interpreter whose `embed_multimodal` raises a `ValueError` for a clip
-longer than 8 frames (a value check placed in the model, where it must not be): one good request,
-the too-long clip, then the good request again, waited for `--wait` seconds in a thread; the
+longer than 8 frames (a value check placed in the model, where it must not be): one good request
+twice (the control: the same greedy tokens), the too-long clip, then the good request again, waited
+for `--wait` seconds in a thread; the
 interpreter is killed after `--kill-after` seconds whatever happens. Not a test: when the engine
 hangs, the run costs the whole wait, so `make test` reads the record instead
 (tests/test_port_av_hang.py) and notebook 13 shows it. Records are kept per vLLM version.
@@ -39,6 +40,12 @@ def main(argv=None) -> int:
         ckpt = write_random_checkpoint(Path(tmp) / "tiny_av")
         result = reproduce_hang(ckpt, wait_s=args.wait, kill_after_s=args.kill_after)
     result["recorded"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    import os
+
+    import torch
+
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"
+    result["device"] = f"{where} (vLLM {vllm.__version__}), engine core in process"
     records = json.loads(RECORD.read_text()) if RECORD.exists() else {}
     records[vllm.__version__] = result
     RECORD.write_text(json.dumps(records, indent=2, sort_keys=True) + "\n")

@@ -229,6 +229,7 @@ llm.collective_rpc("tiny_av_raise_on_long_clips", args=(int(sys.argv[4]),))
 greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 good = request("<audio> what", audio=[torch.ones(32)])
 out["good_before"] = list(llm.generate([good], greedy, use_tqdm=False)[0].outputs[0].token_ids)
+out["good_again"] = list(llm.generate([good], greedy, use_tqdm=False)[0].outputs[0].token_ids)  # the control
 t0 = time.perf_counter()
 try:
     llm.generate([request("<audio> what", audio=[torch.ones(16 * (int(sys.argv[4]) + 1))])], greedy, use_tqdm=False)
