@@ -30,10 +30,11 @@ def rewrite_readme_section(readme: Path, start: str, end: str, body: str) -> boo
 
 
 def figure_path(out_dir, name: str) -> Path | None:
-    """Where a notebook saves figure `name` (a PNG under `<out_dir>/figures/`), or None."""
+    """Where a notebook saves figure `name` (a PNG under `<out_dir>/figures/`, the folder made), or None."""
     if out_dir is None:
         return None
     name = name if name.endswith(".png") else name + ".png"
+    figures_dir(out_dir).mkdir(parents=True, exist_ok=True)
     return figures_dir(out_dir) / name
 
 
