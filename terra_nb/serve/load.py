@@ -197,9 +197,9 @@ async def _timed(coro, timeout: float) -> dict:
 async def server_trial(url: str, plan: LoadPlan, starts, num_codes: int) -> dict:
     """Every client at once against the server at `url`; returns each client's result (in `roles`
     order), the wall time until the last good session's last frame, and frames/s of the good ones."""
-    from .client import AsyncClient, _ws_url
+    from .client import AsyncClient
 
-    ws_url = _ws_url(url)
+    ws_url = "ws" + url[len("http"):] + "/v1/sessions"  # http(s)://host:port -> ws(s)://host:port/v1/sessions
     kinds = roles(plan)
     budget = plan.timeout * (plan.frames + 2)  # a client's whole run
     async with AsyncClient(url, timeout=plan.timeout) as client:
