@@ -48,8 +48,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # ~20 s of tests after its server's engine start, 25-60 s by load, measured alone) ~45, test_bench_measure 42,
 # 06 41, test_reproduce 36, test_onnx 34, test_port_copy 32, 09 31, test_toyworld_workbook, 10,
 # test_toyworld and 12 28, test_notebooks and 05 27, 03 26, 04 24, test_bench_profile and _tp 20.
+# Added since, placed by their times in runs of their own (not yet a full run): the shared TinyVLM
+# unit (test_port_vlm_engine + test_vllm_serve_vlm: one engine, then `vllm serve`) and 14 (an engine
+# in the kernel, a load test).
 START_FIRST = ("tests/test_bench_pairs.py", "tests/test_frame_copy.py", "notebooks/08_toy_world.ipynb",
-               "tests/test_browser.py", "tests/test_session_rollout.py", "notebooks/11_closed_loop.ipynb",
+               "tests/test_browser.py", "tests/test_port_vlm_engine.py", "tests/test_session_rollout.py",
+               "notebooks/11_closed_loop.ipynb", "notebooks/14_serving.ipynb",
                "notebooks/07_benchmark.ipynb", "tests/test_toy_sweep.py", "tests/test_serve.py",
                "tests/test_bench_measure.py",
                "notebooks/06_vllm_forward.ipynb", "tests/test_reproduce.py", "tests/test_onnx.py",

@@ -286,6 +286,9 @@ def run_load(target: Target, plan: LoadPlan, log=print) -> dict:
     (S I, I S, S I, ...). Returns every run (each with the free KV blocks read after it)."""
     starts = contexts(target.layout, plan)
     blocks = target.kv_blocks()
+    if blocks is None:
+        raise RuntimeError("the engine core reports no KV blocks (the plugin's terra_kv_blocks utility is not "
+                           "installed there): the leak check needs them")
     free_at_start = blocks["free"]
 
     def settle(run: dict, what: str) -> dict:
