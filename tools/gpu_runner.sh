@@ -65,7 +65,8 @@ mk() {  # mk reproduce|test ARGS...
 }
 
 ENGINE_TESTS=(test_vllm_engine test_session_rollout test_vllm_engine_v2 test_vllm_trace test_weight_mapping test_toyworld_workbook
-              test_teacher_forced test_teacher_forced_bf16 test_bench_measure test_vllm_release)
+              test_teacher_forced test_teacher_forced_bf16 test_bench_measure test_vllm_release
+              test_port_vlm_engine test_vllm_serve_vlm)
 groups() {  # name -> pytest arguments
   case "$1" in
     # test_browser: the GPU machine has neither Chromium nor Playwright; .ci/run (CPU CI) runs it
@@ -75,7 +76,9 @@ groups() {  # name -> pytest arguments
     engine2) echo tests/test_vllm_trace.py tests/test_weight_mapping.py tests/test_vllm_release.py ;;
     engine3) echo tests/test_toyworld_workbook.py tests/test_teacher_forced_bf16.py ;;
     engine4) echo tests/test_bench_measure.py ;;
-    *) echo "unknown test group $1 (fast, engine1..engine4)" >&2; return 2 ;;
+    # TinyVLM's offline engine, shared by these two (tests/conftest.py: tiny_vlm_llm)
+    engine5) echo tests/test_port_vlm_engine.py tests/test_vllm_serve_vlm.py ;;
+    *) echo "unknown test group $1 (fast, engine1..engine5)" >&2; return 2 ;;
   esac
 }
 NOTEBOOKS=$(ls notebooks/[0-9][0-9]_*.ipynb | sed -E 's|notebooks/([0-9][0-9])_.*|\1|')
@@ -103,7 +106,7 @@ lane_steps() {  # lane -> its steps, one per line
       done ;;
     nbval) for nb in $NOTEBOOKS; do [ "$nb" = "$LONG_NBVAL" ] || [[ " $NBVAL2 " == *" $nb "* ]] || echo "nbval $nb"; done ;;
     nbval2) for nb in $NOTEBOOKS; do if [[ " $NBVAL2 " == *" $nb "* ]]; then echo "nbval $nb"; fi; done
-            for g in ${TEST_GROUPS-engine2 engine4}; do echo "test $g"; done ;;
+            for g in ${TEST_GROUPS-engine2 engine4 engine5}; do echo "test $g"; done ;;
     engines) for nb in $NOTEBOOKS; do if [ "$nb" = "$LONG_NBVAL" ]; then echo "nbval $nb"; fi; done
              for g in ${TEST_GROUPS-engine1 engine3}; do echo "test $g"; done ;;
     fast) echo "test fast" ;;
@@ -131,14 +134,14 @@ case "${1:-plan}" in
   plan)
     echo setup
     for nb in $NOTEBOOKS; do echo "reproduce $nb"; done
-    for g in fast engine1 engine2 engine3 engine4; do echo "test $g"; done
+    for g in fast engine1 engine2 engine3 engine4 engine5; do echo "test $g"; done
     for nb in $NOTEBOOKS; do echo "nbval $nb"; done
     echo report ;;
   lanes)  # each lane of `start` and its steps
     # as `lane` reads them: a lane whose steps end in a non-zero status would not start
     for lane in $LANES; do steps=$(lane_steps $lane) || exit 2; echo "$lane: $(echo "$steps" | paste -sd ';' -)"; done ;;
   groups)  # the unit-test groups and their pytest arguments, one per line
-    for g in fast engine1 engine2 engine3 engine4; do echo "$g: $(groups $g)"; done ;;
+    for g in fast engine1 engine2 engine3 engine4 engine5; do echo "$g: $(groups $g)"; done ;;
   snapshot)  # snapshot DIR: a copy of the files here (those git does not ignore) and .git
     # `start` runs its lanes in one: every later device call (`wait`) copies the checkout again, and
     # a file being copied is briefly absent (2026-11-25, third lease: nbval 08 found no notebook 20 s
@@ -170,7 +173,7 @@ case "${1:-plan}" in
     rc=$?; cp "$STATE/reproduce/$nb/summary.json" "$OUT/reproduce_${nb}_summary.json" 2>/dev/null
     cp -r "$STATE/reproduce/$nb/results" "$OUT/reproduce_${nb}_results" 2>/dev/null; exit $rc ;;
   test)
-    g=${2:?which group: fast, engine1..engine4}; args=$(groups "$g") || exit 2
+    g=${2:?which group: fast, engine1..engine5}; args=$(groups "$g") || exit 2
     timed "test_$g" mk test -p no:cacheprovider $args ;;
   nbval)
     nb=${2:?which notebook, e.g. 06}
