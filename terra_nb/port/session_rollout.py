@@ -91,13 +91,14 @@ def spawn_engine_processes_after_cuda() -> None:
         envs.disable_envs_cache()   # vLLM re-reads the variable; the next engine core caches again
 
 
-def make_session_engine(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
+def make_session_engine(checkpoint_dir: str | Path, max_frames: int | None = None, loop_factory=None, **overrides):
     """`make_async_engine`, built on the event loop `session_rollout_sync` will run it on.
 
     Use it from a notebook: a cell runs inside the kernel's event loop, and an `AsyncLLM` built
     there starts its output handler on that loop, which `session_rollout_sync` then blocks (the
-    call hangs). Built here, the engine serves its own loop thread from the start."""
-    loop = _new_loop()
+    call hangs). Built here, the engine serves its own loop thread from the start.
+    `loop_factory`: makes that loop (e.g. `uvloop.new_event_loop`; None: asyncio's)."""
+    loop = _new_loop(loop_factory)
 
     async def build():
         return make_async_engine(checkpoint_dir, max_frames, **overrides)
@@ -343,9 +344,9 @@ def engine_loop(engine) -> asyncio.AbstractEventLoop:
         return loop
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop running forever in a daemon thread."""
-    loop = asyncio.new_event_loop()
+def _new_loop(loop_factory=None) -> asyncio.AbstractEventLoop:
+    """A new event loop (`loop_factory()`, default asyncio's) running forever in a daemon thread."""
+    loop = (loop_factory or asyncio.new_event_loop)()
     threading.Thread(target=loop.run_forever, name="terra-session-loop", daemon=True).start()
     return loop
 

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 
-from .server import serve
+from .server import run, serve
 
 
 def engine_arg(text: str) -> tuple[str, object]:
@@ -42,7 +41,7 @@ def main(argv=None) -> None:
     args = parser().parse_args(argv)
     print(f"terra_nb.serve: starting the engine on {args.model}; then http://{args.host}:{args.port}/ "
           "(the page), /health, /metrics, POST /v1/rollouts, WS /v1/sessions", flush=True)
-    asyncio.run(serve(args.model, args.host, args.port, metrics=not args.disable_log_stats, decoder=args.decoder,
+    run(serve(args.model, args.host, args.port, metrics=not args.disable_log_stats, decoder=args.decoder,
                       max_sessions=args.max_sessions, max_frames=args.max_frames, log_level=args.log_level,
                       engine_args=dict(args.engine_arg)))
 

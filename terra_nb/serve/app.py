@@ -170,10 +170,12 @@ def _mount_metrics(app: FastAPI) -> None:
 
 
 async def _health(state: ServerState) -> dict:
-    """The engine alive, the live sessions, the engine core's KV blocks, the limits and the layout."""
+    """The engine alive, the live sessions, the engine core's KV blocks, the CPU time of the server's
+    event loop so far (what the load test charges a frame), the limits and the layout."""
     engine, layout = state.engine, state.layout
     dead = bool(getattr(engine, "errored", False))
     return {"status": "dead" if dead else "ok", "model": str(engine.model_config.model),
+            "loop_cpu_s": time.thread_time(),  # this handler runs on the server's loop: that thread's CPU so far
             "sessions": len(state.live), "served": state.served,
             "requests": engine.output_processor.get_num_unfinished_requests(),
             "kv_blocks": None if dead else await kv_blocks(engine),

@@ -227,11 +227,11 @@ async def in_process_trial(engine, context: torch.Tensor, actions: torch.Tensor,
     from ..port.rollout import SamplingConfig
     from ..port.session_rollout import session_rollout
 
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.thread_time()
     codes = await session_rollout(engine, context, actions, frames, SamplingConfig(temperature=0), progress=False)
     wall = time.perf_counter() - began
     return {"codes": codes, "seconds": wall, "frames": codes.shape[0] * codes.shape[1],
-            "frames_per_s": codes.shape[0] * codes.shape[1] / wall}
+            "frames_per_s": codes.shape[0] * codes.shape[1] / wall, "loop_cpu_s": time.thread_time() - cpu}
 
 
 def reference_inputs(plan: LoadPlan, starts, trial: dict) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -257,19 +257,31 @@ class Target:
     run_reference: object  # (coroutine factory engine -> coro) -> result
     layout: object
     engine: object = None
+    loop_cpu: object = None  # () -> CPU seconds of the server's event-loop thread so far (None: unknown)
 
 
 def run_async(coro):
-    """`asyncio.run(coro)`, also from a thread whose loop is running (a notebook's cell): then in a
-    thread of its own."""
+    """`server.run(coro)` (uvloop where installed), also from a thread whose loop is running (a
+    notebook's cell): then in a thread of its own."""
+    from .server import run
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
+        return run(coro)
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+        return pool.submit(run, coro).result()
+
+
+def _server_run(target: Target, plan: LoadPlan, starts) -> dict:
+    """One server trial, with the CPU time its event loop spent on it (where the target can say)."""
+    cpu = target.loop_cpu() if target.loop_cpu else None
+    run = run_async(server_trial(target.url, plan, starts, target.layout.num_codes))
+    if cpu is not None:
+        run["loop_cpu_s"] = target.loop_cpu() - cpu
+    return run
 
 
 def wait_free(kv_blocks, count: int, timeout: float = 30.0) -> int:
@@ -297,14 +309,14 @@ def run_load(target: Target, plan: LoadPlan, log=print) -> dict:
             f"free KV blocks {run['free_after']} (start {free_at_start})")
         return run
 
-    mixed = settle(run_async(server_trial(target.url, plan, starts, target.layout.num_codes)),
+    mixed = settle(_server_run(target, plan, starts),
                    f"mixed: {plan.sessions} sessions, {plan.drops} drops, {plan.bad} bad, server")
     timed = replace(plan, drops=0, bad=0)
     server_runs, inproc_runs = [], []
     for t in range(plan.trials):  # the first server run gives the clients' actions to the in-process runs
         for side in ("server", "in-process") if t % 2 == 0 else ("in-process", "server"):
             if side == "server":
-                run = run_async(server_trial(target.url, timed, starts, target.layout.num_codes))
+                run = _server_run(target, timed, starts)
                 server_runs.append(run)
             else:
                 ctx, acts, _ = reference_inputs(timed, starts, server_runs[0])
@@ -363,14 +375,23 @@ def summarize(load: dict) -> dict:
     ms, first = [m for r in good for m in r["ms"][1:]], [r["ms"][0] for r in good]
     ratio = statistics.median(server) / statistics.median(inproc)
     return {"server": {"median": statistics.median(server), "trials": server,
-                       "seconds": [r["seconds"] for r in load["server"]]},
+                       "seconds": [r["seconds"] for r in load["server"]], **_loop_cpu(load["server"])},
             "in_process": {"median": statistics.median(inproc), "trials": inproc,
-                           "seconds": [r["seconds"] for r in load["in_process"]]},
+                           "seconds": [r["seconds"] for r in load["in_process"]], **_loop_cpu(load["in_process"])},
             "ratio": ratio, "within_10pct": ratio >= 0.9,
             "mixed_run": {"frames_per_s": load["mixed"]["frames_per_s"], "seconds": load["mixed"]["seconds"],
                           "good_frames": load["mixed"]["frames"]},
             "latency_ms": {"step_median": _q(ms, 0.5), "step_p90": _q(ms, 0.9),
                            "first_frame_median": _q(first, 0.5), "first_frame_p90": _q(first, 0.9), "steps": len(ms)}}
+
+
+def _loop_cpu(runs: list[dict]) -> dict:
+    """The event loop's CPU time a frame (ms) and its busy share (CPU / wall), medians over the
+    trials: a loop busy near 1.0 is what limits frames/s. Empty where the trials lack it."""
+    if not runs or any("loop_cpu_s" not in r for r in runs):
+        return {}
+    return {"loop_cpu_ms_per_frame": statistics.median(1e3 * r["loop_cpu_s"] / r["frames"] for r in runs),
+            "loop_busy": statistics.median(r["loop_cpu_s"] / r["seconds"] for r in runs)}
 
 
 def _q(values, q: float) -> float | None:
@@ -438,7 +459,12 @@ def server_target(server) -> Target:
     from ..port.layout import FrameLayout
 
     layout = FrameLayout.from_config(server.engine.model_config.hf_config)
-    return Target(server.url, server.kv_blocks, lambda make: server.call(make(server.engine)), layout, server.engine)
+
+    async def loop_cpu():
+        return time.thread_time()
+
+    return Target(server.url, server.kv_blocks, lambda make: server.call(make(server.engine)), layout, server.engine,
+                  lambda: server.call(loop_cpu()))
 
 
 def url_target(url: str, model, engine_args: dict, metrics: bool):
@@ -448,18 +474,25 @@ def url_target(url: str, model, engine_args: dict, metrics: bool):
     from ..port.layout import FrameLayout
     from ..port.session_rollout import engine_loop, make_session_engine
 
+    from .server import event_loop_factory
+
+    def health():
+        return httpx.get(url.rstrip("/") + "/health", timeout=60).json()
+
     def kv_blocks():
-        return httpx.get(url.rstrip("/") + "/health", timeout=60).json()["kv_blocks"]
+        return health()["kv_blocks"]
 
     if kv_blocks() is None:
         raise RuntimeError(f"{url}/health reports no KV blocks: the leak check needs them")
-    engine = make_session_engine(model, disable_log_stats=not metrics, **engine_args)
+    # On the same kind of event loop as the server's (uvloop where installed).
+    engine = make_session_engine(model, loop_factory=event_loop_factory(), disable_log_stats=not metrics, **engine_args)
     layout = FrameLayout.from_config(engine.model_config.hf_config)
 
     def run_reference(make):
         return asyncio.run_coroutine_threadsafe(make(engine), engine_loop(engine)).result()
 
-    return engine, Target(url.rstrip("/"), kv_blocks, run_reference, layout, engine)
+    return engine, Target(url.rstrip("/"), kv_blocks, run_reference, layout, engine,
+                          lambda: health().get("loop_cpu_s"))
 
 
 def engine_settings(engine) -> dict:

@@ -25,7 +25,25 @@ import uvicorn
 from .app import build_app, end_sessions
 from .engine import close_engine, kv_blocks, make_server_engine
 
-__all__ = ["ServerThread", "TerraServer", "serve"]
+__all__ = ["ServerThread", "TerraServer", "event_loop_factory", "run", "serve"]
+
+
+def event_loop_factory():
+    """uvloop's event loop where it is installed (vLLM installs it, and `vllm serve` runs on it),
+    else None (asyncio's own). The server's loop carries every session's messages beside the
+    engine's output handler, so its speed is the server's; uvloop's transports and callbacks cost
+    less a message than asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def run(coro):
+    """`asyncio.run(coro)` on `event_loop_factory()`'s loop."""
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        return runner.run(coro)
 
 
 class TerraServer(uvicorn.Server):
@@ -48,8 +66,10 @@ async def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *,
     engine = make_server_engine(model, metrics=metrics, **(engine_args or {}))
     try:
         app = build_app(engine, decoder=decoder, max_sessions=max_sessions, max_frames=max_frames, metrics=metrics)
+        # No per-message deflate: a frame's message is a few hundred bytes of codes on a local
+        # network, and compressing each one (both ways, every session) is work on this loop.
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config,
-                                access_log=False, timeout_graceful_shutdown=10)
+                                access_log=False, timeout_graceful_shutdown=10, ws_per_message_deflate=False)
         server = TerraServer(config)
         task = asyncio.create_task(server.serve(sockets=None if sock is None else [sock]))
         while not server.started and not task.done():
@@ -99,7 +119,7 @@ class ServerThread:
                         **self.options)
 
         try:
-            asyncio.run(main())
+            run(main())
         except BaseException as e:  # noqa: BLE001 - reported by start()
             self._error = e
         finally:

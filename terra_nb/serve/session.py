@@ -32,6 +32,9 @@ from ..port.vllm_rollout import frame_request
 
 __all__ = ["WorldSession", "round_frames"]
 
+_ENDED = object()
+"""Put on a round's frame queue when its reader ends: a frame awaited after it is never coming."""
+
 
 def round_frames(engine) -> int:
     """Frames a session holds before it rolls over: the engine's longest prompt and one new frame
@@ -109,21 +112,19 @@ class WorldSession:
         request_id = f"terra-serve-{self.tag}-{self.rounds}"
         self._reader = asyncio.create_task(_read_session(self.engine, _chunks(self._feed), first.sampling_params,
                                                          request_id, self._made, self.layout))
+        # Frames and the reader's end arrive in order on one queue: a frame is one plain `get` (the
+        # server awaits one a session and frame, so no task or wait is made for it).
+        self._reader.add_done_callback(lambda _, made=self._made: made.put_nowait(_ENDED))
         self._in_session, self.rounds = window.shape[0], self.rounds + 1
 
     async def _next_frame(self) -> list[int]:
         """The open session's next frame, or the error that ended the session."""
-        get = asyncio.ensure_future(self._made.get())
-        try:
-            await asyncio.wait({get, self._reader}, return_when=asyncio.FIRST_COMPLETED)
-            if not get.done():  # the session ended first
-                reader, self._reader = self._reader, None
+        codes = await self._made.get()
+        if codes is _ENDED:  # the session ended first
+            reader, self._reader = self._reader, None
+            if reader is not None and not reader.cancelled():
                 reader.result()  # its error (a refusal stays vLLM's validation error)
-                raise RuntimeError(f"session {self.tag} ended before its frame was out")
-        finally:
-            if not get.done():
-                get.cancel()
-        codes = get.result()
+            raise RuntimeError(f"session {self.tag} ended before its frame was out")
         self.video.append(torch.tensor(codes, dtype=torch.long))
         self._in_session += 1
         if self._in_session >= self.round_frames:

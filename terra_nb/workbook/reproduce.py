@@ -303,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         per_notebook.setdefault(nn, {})[name] = _parse_value(value)
     kernel_env()
+    if device == "cpu":   # a fixed KV cache: no warm-up pass at every engine start (terra_nb_kernel.cpu_engines)
+        from terra_nb_kernel.cpu_engines import apply_cpu_engine_settings
+        apply_cpu_engine_settings()
     env = environment_info(device)
 
     runs = [NotebookRun(notebook=str(_rel(p))) for p in notebooks]
