@@ -272,6 +272,8 @@ def cpu_model() -> str:
 
 
 def _git_commit() -> str | None:
+    """The checkout's short commit (+ "-dirty"), else `$TERRA_COMMIT` (a tree copied without its
+    .git, as on the GPU machine, names its commit so), else None."""
     try:
         r = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -279,14 +281,14 @@ def _git_commit() -> str | None:
         )
         commit = r.stdout.strip()
         if not commit:
-            return None
+            return os.environ.get("TERRA_COMMIT") or None
         dirty = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=5,
         ).stdout.strip()
         return commit + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("TERRA_COMMIT") or None
 
 
 def environment_info(device: str | None = None) -> dict[str, Any]:
