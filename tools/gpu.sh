@@ -213,7 +213,7 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
               > "$OUT/log_quality.txt" 2>&1 || echo "quality failed"
           else
             "${pin[@]}" python3 -m terra_nb.bench pairs --plan "$plan" --ckpt-root "/tmp/ckpt_$i" --out "$OUT/pairs_$plan.json" \
-              ${LEASE:+--lease "$LEASE"} ${COMMIT:+--commit "$COMMIT"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} \
+              ${LEASE:+--lease "$LEASE"} ${COMMIT:+--commit "$COMMIT"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} ${TRIALS:+--trials "$TRIALS"} \
               > "$OUT/log_pairs_$plan.txt" 2>&1 || echo "$plan failed"
           fi
         done

@@ -137,6 +137,8 @@ def main(argv=None):
     pp.add_argument("--lease", help="which machine lease ran it, e.g. 'H200 lease 1 of 2026-11-26'")
     pp.add_argument("--deadline-s", type=float, default=None, help="skip rounds that would start after this many seconds")
     pp.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale (pairs.with_commit)")
+    pp.add_argument("--trials", type=int, default=None,
+                    help="rounds of every block instead of the plan's (recorded in the file's plan: remake repeats it)")
     q = sub.add_parser("quality", help="the toy model's quality under each engine variant (bench/quality.py: fp32, "
                        "bf16, FP8 KV, FP8 weights) against HF float32, teacher-forced and free-running")
     q.add_argument("--out", required=True)
@@ -157,6 +159,8 @@ def main(argv=None):
         from terra_nb.bench.plans import named_plan
 
         plan = named_plan(a.plan) if a.cmd == "pairs" else plan_of(json.loads(Path(a.result).read_text()))
+        if getattr(a, "trials", None):
+            plan = dataclasses.replace(plan, blocks=tuple(dataclasses.replace(b, trials=a.trials) for b in plan.blocks))
         ckpt = checkpoint(Path(a.ckpt_root), Workload(preset=plan.preset))
         res = run_plan(plan, ckpt, Path(a.out), a.lease, a.deadline_s, commit=a.commit)
         for c in res["analysis"]:
