@@ -118,6 +118,24 @@ def test_open_loop_rollout_streams_the_in_process_frames(server, client, toy):
     assert torch.equal(got, ref), differ(got, ref)
 
 
+def test_the_server_streams_whole_frames_and_they_equal_hf(server, client, toy):
+    """The server's engine sends a frame's codes at once (vLLM's stream interval at 64 codes:
+    `engine.serving_defaults`), the in-process references above run on that same engine, so here
+    the frames are checked against HF's greedy rollout, an engine that streams nothing."""
+    from terra_nb.port.hf_model import LlamaActionForCausalLM
+    from terra_nb.port.rollout import hf_rollout
+
+    assert server.engine.vllm_config.scheduler_config.stream_interval == P
+    ctx, ctx_actions = toy
+    actions = torch.cat([ctx_actions, torch.from_numpy(arc_actions(9.0, 0.03))[None].expand(2, -1, -1)])
+    frames = list(client.rollout(ctx, actions, 3, sampling={"temperature": 0}))
+    hf = LlamaActionForCausalLM.from_pretrained(str(toy_data_dir() / "model")).eval()
+    ref = hf_rollout(hf, ctx, actions, 3, GREEDY, progress=False)
+    got = torch.tensor([f["codes"] for f in frames])
+    assert got.shape == ref.shape == (3, P)
+    assert torch.equal(got, ref), differ(got, ref)
+
+
 def test_closed_loop_session_equals_session_rollout_across_a_round(server, toy):
     """WS /v1/sessions with the policy in the client (the async client), greedy, from a 24-frame
     context: the first frame fills the window (25 frames) and the second opens a new session on

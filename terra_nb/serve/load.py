@@ -485,7 +485,10 @@ def url_target(url: str, model, engine_args: dict, metrics: bool):
     if kv_blocks() is None:
         raise RuntimeError(f"{url}/health reports no KV blocks: the leak check needs them")
     # On the same kind of event loop as the server's (uvloop where installed).
-    engine = make_session_engine(model, loop_factory=event_loop_factory(), disable_log_stats=not metrics, **engine_args)
+    from .engine import serving_defaults
+
+    engine = make_session_engine(model, loop_factory=event_loop_factory(), disable_log_stats=not metrics,
+                                 **{**serving_defaults(model), **engine_args})
     layout = FrameLayout.from_config(engine.model_config.hf_config)
 
     def run_reference(make):
@@ -501,7 +504,8 @@ def engine_settings(engine) -> dict:
     return {"model": str(mc.model), "dtype": str(mc.dtype).replace("torch.", ""), "max_model_len": mc.max_model_len,
             "max_num_seqs": sc.max_num_seqs, "max_num_batched_tokens": sc.max_num_batched_tokens,
             "enforce_eager": mc.enforce_eager, "enable_prefix_caching": cc.enable_prefix_caching,
-            "block_size": cc.block_size, "log_stats": bool(getattr(engine, "log_stats", None))}
+            "block_size": cc.block_size, "log_stats": bool(getattr(engine, "log_stats", None)),
+            "stream_interval": getattr(sc, "stream_interval", None)}
 
 
 # ---------------------------------------------------------------------------- the command
