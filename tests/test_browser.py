@@ -6,13 +6,14 @@ autosave never writes into `notebooks/`), and Playwright drives the system's Chr
 
 - notebook 01 renders (headings, code, stored outputs); a screenshot goes to
   `outputs/browser/01_hf_model.png`;
-- notebook 08 runs in the browser up to its steering widget, and dragging the curvature slider
-  makes the widget roll the vLLM engine out again: the GIF and the reported errors change.
+- notebook 08's steering widget runs in the browser, and dragging the curvature slider makes
+  the widget roll the vLLM engine out again: the GIF and the reported errors change.
 
-08 runs with smaller parameters than its defaults (`BROWSER_PARAMS`, injected as papermill would:
-2 clips in the score instead of 16, 4 frames per rollout instead of 12), which takes its run in
-the browser from several minutes to about one and a half on 2 CPU cores; every cell up to the
-widget still runs, and the widget drives the notebook's real vLLM engine.
+08 runs only the cells the widget needs (`WIDGET_NEEDS`: parameters, imports, the engine), each
+selected and run from the Run menu as a reader would, then the widget cell: the scores, tables and
+figures between them cost CPU time and are not what this test checks. It runs with fewer
+frames per rollout than the default (`BROWSER_PARAMS`, injected as papermill would: 4 instead of
+12), and the widget drives the notebook's real vLLM engine.
 
 Skipped, saying why, where no Chromium is installed, except in CI (`CI=true`), where a missing
 browser is an error: `.ci/run` installs it (and fails when it cannot), and `make test`'s setup
@@ -41,12 +42,18 @@ if CHROMIUM is None and os.environ.get("CI", "").lower() in ("1", "true", "yes")
     raise RuntimeError(f"CI=true but {NO_CHROMIUM}: the browser test must run in CI")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
-BROWSER_PARAMS = {"n_clips": 2, "n_frames": 4}
-"""08's parameters here: 2 held-out clips in the score (default 16), 4 generated frames per rollout (12)."""
+BROWSER_PARAMS = {"n_frames": 4}
+"""08's parameters here: 4 generated frames per rollout (default 12)."""
+WIDGET_NEEDS = (
+    'device = "auto"',                       # the parameters cell
+    "# Parameters",                          # BROWSER_PARAMS, injected after it
+    "import os",                             # imports, N_CONTEXT, the resolved device
+    "engine_fn = engine_rollout_fn(llm)",    # the vLLM engine the widget drives
+)
+"""Text that marks, in exactly one code cell each, the cells the widget needs, in notebook order."""
 WIDGET_CELL = "steering_widget(engine_fn"
-AFTER_WIDGET = "Free the engine"   # the next cell shuts the engine down: the widget needs it running
 SCREENSHOTS = OUTPUTS / "browser"
-RUN_TIMEOUT_S = 300       # 08 up to the widget (about a minute on 2 free cores)
+RUN_TIMEOUT_S = 300       # 08's widget and the cells it needs (engine start included: under a minute)
 ROLLOUT_TIMEOUT_S = 120   # one widget rollout (a few seconds)
 
 
@@ -172,19 +179,44 @@ def _errors(page) -> list[str]:
     return [text for text in stderr if re.search(r"Traceback|\w+Error\b", text)]
 
 
-def _run_to_widget(page) -> None:
-    """Select the cell after the widget's and 'Run All Above Selected Cell' from the Run menu."""
-    cell = page.locator(".jp-CodeCell", has=page.locator(f".cm-content:has-text('{WIDGET_CELL}')"))
-    page.locator(".jp-MarkdownCell", has=page.locator(f"h2:has-text('{AFTER_WIDGET}')")).click()
+def _code_cell(page, marker: str):
+    """The one code cell whose source holds `marker` (a second match would be run by mistake)."""
+    cell = page.locator(".jp-CodeCell", has=page.locator(f".cm-content:has-text('{marker}')"))
+    assert cell.count() == 1, f"{cell.count()} code cells hold {marker!r}: pick text of one cell"
+    return cell
+
+
+def _run_cell(page, cell) -> None:
+    """Select the cell (a click on its prompt: command mode) and 'Run Selected Cell' from the Run menu.
+    The kernel queues the runs: the next cell can be issued before this one finishes."""
+    cell.locator(".jp-InputPrompt").click()
+    sync_api.expect(cell).to_have_class(re.compile(r"\bjp-mod-active\b"))   # the menu runs the active cell
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile("^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text="Run All Above Selected Cell").click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile("^Run Selected Cell$")).click()
+
+
+def _prompt(cell) -> str:
+    """The cell's run count, "[3]:" (text_content: innerText is empty for a cell scrolled off screen)."""
+    return cell.locator(".jp-InputPrompt").text_content().strip()
+
+
+def _run_to_widget(page) -> None:
+    """Run the cells the widget needs, then the widget's, in the fresh kernel; wait for its sliders."""
+    cells = [_code_cell(page, marker) for marker in (*WIDGET_NEEDS, WIDGET_CELL)]
+    for cell in cells:
+        _run_cell(page, cell)
+    widget = cells[-1]
     deadline = time.time() + RUN_TIMEOUT_S
     while time.time() < deadline:
         assert not _errors(page), f"notebook 08 failed in the browser:\n{_errors(page)}"
-        if cell.locator(".noUi-handle").count():
-            return
+        # The run count as well as the handle: the notebook's stored output holds a widget view too.
+        if _prompt(widget) == f"[{len(cells)}]:" and widget.locator(".noUi-handle").count():
+            break
         time.sleep(1)
-    pytest.fail(f"the steering widget did not appear within {RUN_TIMEOUT_S} s")
+    else:
+        pytest.fail(f"the steering widget did not appear within {RUN_TIMEOUT_S} s")
+    # Each intended cell ran once, in order, and nothing else ran in between (the counts of a fresh kernel).
+    assert [_prompt(cell) for cell in cells] == [f"[{i}]:" for i in range(1, len(cells) + 1)]
 
 
 def _drag_to_right_end(page, slider) -> None:
