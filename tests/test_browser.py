@@ -179,10 +179,15 @@ def _errors(page) -> list[str]:
     return [text for text in stderr if re.search(r"Traceback|\w+Error\b", text)]
 
 
-def _code_cell(page, marker: str):
-    """The one code cell whose source holds `marker` (a second match would be run by mistake)."""
+def _code_cell(page, marker: str, timeout_s: float = 120):
+    """The one code cell whose source holds `marker` (a second match would be run by mistake).
+    Waits for it: JupyterLab renders the cells below the first screen later, in idle time (its
+    deferred windowing), and on a loaded machine that can take a while."""
     cell = page.locator(".jp-CodeCell", has=page.locator(f".cm-content:has-text('{marker}')"))
-    assert cell.count() == 1, f"{cell.count()} code cells hold {marker!r}: pick text of one cell"
+    deadline = time.time() + timeout_s
+    while cell.count() == 0 and time.time() < deadline:
+        time.sleep(0.5)
+    assert cell.count() == 1, f"{cell.count()} code cells hold {marker!r} after {timeout_s:.0f} s: pick text of one cell"
     return cell
 
 

@@ -351,18 +351,21 @@ def _new_loop(loop_factory=None) -> asyncio.AbstractEventLoop:
     return loop
 
 
-def shutdown_async_engine(engine) -> None:
+def shutdown_async_engine(engine, timeout: float | None = None) -> None:
     """Stop the engine (`AsyncLLM.shutdown`) and the event loop thread `session_rollout_sync` gave it.
 
     The output handler is cancelled first: `AsyncLLM.shutdown` stops the engine core before it,
-    and a handler still waiting logs the dead core as an error.
+    and a handler still waiting logs the dead core as an error. `timeout`: seconds the core gets
+    to exit before vLLM kills it (`vllm_compat.engine_shutdown_timeout`: 1 s on the CPU).
     """
+    from .vllm_compat import engine_shutdown_timeout
+
     loop = engine.__dict__.pop("_terra_loop", None)
     handler = getattr(engine, "output_handler", None)
     if loop is not None and handler is not None:
         asyncio.run_coroutine_threadsafe(_cancel(handler), loop).result()
         engine.output_handler = None
-    engine.shutdown()
+    engine.shutdown(timeout=engine_shutdown_timeout(timeout))
     if loop is not None:
         loop.call_soon_threadsafe(loop.stop)
 
