@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from .parity import GreedyParity
+
 EMBED_LOG_EXTENSION = "terra_nb.lessons.port_av.EmbedCallLog"
 """Pass as `make_llm(..., worker_extension_cls=EMBED_LOG_EXTENSION)` to log `embed_multimodal`'s calls."""
 
@@ -134,24 +136,12 @@ def processed_items(hf_processor, images=None, audio=None) -> dict:
 
 # ----------------------------------------------------------------------------- parity
 @dataclass
-class Parity:
-    name: str
-    path: str
-    prompt_tokens: int
-    hf: list[int]
-    vllm: list[int]
+class Parity(GreedyParity):
+    """A TinyAV prompt's greedy tokens, HF against vLLM, with its items sent raw or already processed."""
+    path: str = ""
 
-    @property
-    def equal_count(self) -> int:
-        return sum(a == b for a, b in zip(self.hf, self.vllm))
-
-    @property
-    def equal(self) -> bool:
-        return self.hf == self.vllm
-
-    def row(self) -> dict:
-        return {"prompt": self.name, "items as": self.path, "prompt tokens": self.prompt_tokens,
-                "tokens equal": f"{self.equal_count} of {len(self.hf)}", "equal": self.equal}
+    def columns(self) -> dict:
+        return {"items as": self.path}
 
 
 def greedy_parity(llm, hf_model, hf_processor, prompts: dict, max_tokens: int) -> list[Parity]:
@@ -172,7 +162,7 @@ def greedy_parity(llm, hf_model, hf_processor, prompts: dict, max_tokens: int) -
     refs = {name: greedy_generate(hf_model, hf_processor(text=text, images=images or None, audio=audio or None),
                                   max_tokens) for name, (text, images, audio) in prompts.items()}
     for (name, path, _), out in zip(reqs, outs):
-        rows.append(Parity(name, path, len(out.prompt_token_ids), refs[name], list(out.outputs[0].token_ids)))
+        rows.append(Parity(name, len(out.prompt_token_ids), refs[name], list(out.outputs[0].token_ids), path=path))
     return rows
 
 

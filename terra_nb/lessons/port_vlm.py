@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .parity import GreedyParity
+
 ENCODER_COUNT_EXTENSION = "terra_nb.lessons.port_vlm.EncoderCountExtension"
 """Pass as `make_llm(..., worker_extension_cls=ENCODER_COUNT_EXTENSION)` to count encoder runs."""
 
@@ -112,24 +114,12 @@ def worker_merge_error(hidden_size: int, placeholders: int, rows: int) -> str:
 
 # ----------------------------------------------------------------------------- parity
 @dataclass
-class Parity:
-    name: str
-    images: int
-    prompt_tokens: int
-    hf: list[int]
-    vllm: list[int]
+class Parity(GreedyParity):
+    """A TinyVLM prompt's greedy tokens, HF against vLLM, and how many images it holds."""
+    images: int = 0
 
-    @property
-    def equal_count(self) -> int:
-        return sum(a == b for a, b in zip(self.hf, self.vllm))
-
-    @property
-    def equal(self) -> bool:
-        return self.hf == self.vllm
-
-    def row(self) -> dict:
-        return {"prompt": self.name, "images": self.images, "prompt tokens": self.prompt_tokens,
-                "tokens equal": f"{self.equal_count} of {len(self.hf)}", "equal": self.equal}
+    def columns(self) -> dict:
+        return {"images": self.images}
 
 
 def greedy_parity(llm, hf_model, hf_processor, prompts: dict, max_tokens: int) -> list[Parity]:
@@ -145,7 +135,7 @@ def greedy_parity(llm, hf_model, hf_processor, prompts: dict, max_tokens: int) -
     result = []
     for (name, (text, images)), out in zip(prompts.items(), outs):
         ref = greedy_generate(hf_model, hf_processor(text=text, images=list(images) or None), max_tokens)
-        result.append(Parity(name, len(images), len(out.prompt_token_ids), ref, list(out.outputs[0].token_ids)))
+        result.append(Parity(name, len(out.prompt_token_ids), ref, list(out.outputs[0].token_ids), images=len(images)))
     return result
 
 
