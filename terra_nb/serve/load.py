@@ -425,12 +425,15 @@ def plot_load(load: dict, save=None):
     return fig
 
 
-def load_results(folder=None) -> dict[str, dict]:
-    """{file name: contents} of the committed load-test results (`results/serve/*.json`)."""
+def load_results(folder=None, earlier: bool = False) -> dict[str, dict]:
+    """{file name: contents} of the committed load-test results (`results/serve/*.json`); with
+    `earlier`, also those of the rounds they superseded (`results/serve/earlier/`, named
+    `earlier/<file>`; decisions 32 tells each round's story)."""
     from ..workbook.paths import REPO
 
     folder = Path(folder) if folder else REPO / "results" / "serve"
-    return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    paths = sorted(folder.glob("*.json")) + (sorted(folder.glob("earlier/*.json")) if earlier else [])
+    return {p.relative_to(folder).as_posix(): json.loads(p.read_text()) for p in paths}
 
 
 def result_row(name: str, r: dict) -> dict:
