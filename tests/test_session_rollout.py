@@ -107,10 +107,13 @@ def test_step_profiles_split_a_frame_step_on_both_engines_without_changing_a_cod
     assert "generate" not in vars(engine)
     # the loop: 3 frames after its first call, each at least P engine steps (a prefill, P-1 decodes)
     assert loop["mode"] == "frame loop" and loop["frames"] == 3 and loop["engine_steps"] >= P
-    assert 0 <= loop["front_end_ms"] < loop["wall_ms"] and 0 < loop["decode_step_ms"] < loop["wall_ms"] / (P - 1)
+    # A frame's P - 1 decode steps fit in its wall time; the two are medians over different samples
+    # (steps, frames), so under load one may lead the other by a few per cent (6.43 against 6.27 ms
+    # once on a fresh clone): a quarter of slack, far below what a wrong step count would give (P x).
+    assert 0 <= loop["front_end_ms"] < loop["wall_ms"] and 0 < loop["decode_step_ms"] < 1.25 * loop["wall_ms"] / (P - 1)
     # the session: every rollout's frames after its first; the gap lies inside the frame's wall time
     assert sess["mode"] == "session" and sess["frames"] == 2 * 3
-    assert 0 < sess["gap_ms"] < sess["wall_ms"] and 0 < sess["decode_step_ms"] < sess["wall_ms"] / (P - 1)
+    assert 0 < sess["gap_ms"] < sess["wall_ms"] and 0 < sess["decode_step_ms"] < 1.25 * sess["wall_ms"] / (P - 1)
     for prof in (loop, sess):
         assert [f["index"] for f in prof["by_frame"]] == [1, 2, 3]  # per frame after the window's
         assert prof["overhead_ms"] == pytest.approx(prof["wall_ms"] - (P - 1) * prof["decode_step_ms"], abs=0.05)  # ms rounded to 3 places
