@@ -50,6 +50,10 @@ $(STAMP): pyproject.toml
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
 	@# beside torch+cpu; nothing here needs them.
 	@if [ "$(BACKEND)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi
+	@# jsonschema (read by nbformat, papermill and Jupyter's server) imports rfc3987-syntax where it is
+	@# installed, only to check "iri" strings, and builds its grammar on import: 2.2 s of every process
+	@# that reads a notebook (pytest and each of its workers, papermill, JupyterLab). Nothing here checks IRIs.
+	@$(PY) -m pip uninstall -q -y rfc3987-syntax 2>/dev/null || true
 	@touch $@
 
 reproduce: setup

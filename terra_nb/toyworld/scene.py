@@ -328,6 +328,25 @@ def _ego_mask(ex, ey):
     return body, body & roof
 
 
+NEAREST_CHUNK = 1024
+"""Samples per pass of `_nearest`: their squared distances to ~130 road samples (0.5 MB) stay in
+the cache, where the whole frame's (8.5 MB a temporary) did not: 7.0 -> 3.9 ms a frame."""
+
+
+def _nearest(px, py, rx, ry) -> np.ndarray:
+    """Index of the nearest road sample (rx, ry) [k] for each sample (px, py) [n, 1]: the argmin of
+    (px - rx)**2 + (py - ry)**2, the same float32 arithmetic element by element, in chunks."""
+    j = np.empty(len(px), dtype=np.intp)
+    d, e = np.empty((NEAREST_CHUNK, len(rx)), np.float32), np.empty((NEAREST_CHUNK, len(rx)), np.float32)
+    for a in range(0, len(px), NEAREST_CHUNK):
+        b = min(a + NEAREST_CHUNK, len(px))
+        dd, ee = d[: b - a], e[: b - a]
+        np.square(np.subtract(px[a:b], rx, out=dd), out=dd)
+        np.square(np.subtract(py[a:b], ry, out=ee), out=ee)
+        j[a:b] = np.argmin(np.add(dd, ee, out=dd), 1)
+    return j
+
+
 def render_frame(world: World, pose, ss: int = SUPERSAMPLE) -> np.ndarray:
     """One ego-centric frame [IMG, IMG, 3] uint8 at `pose` (x, y, heading)."""
     if ss not in _GRID_CACHE:
@@ -349,8 +368,7 @@ def render_frame(world: World, pose, ss: int = SUPERSAMPLE) -> np.ndarray:
         rx, ry = world.road_xy[idx, 0].astype(np.float32), world.road_xy[idx, 1].astype(np.float32)
         rth, rs = world.road_th[idx], world.road_s[idx]
         px, py = wx.reshape(-1, 1), wy.reshape(-1, 1)
-        d2 = (px - rx) ** 2 + (py - ry) ** 2
-        j = np.argmin(d2, 1)
+        j = _nearest(px, py, rx, ry)
         dxp, dyp = px[:, 0] - rx[j], py[:, 0] - ry[j]
         ct, st = np.cos(rth[j]), np.sin(rth[j])
         rs_ = (rs[j] + ct * dxp + st * dyp).reshape(ex.shape)
