@@ -39,6 +39,8 @@ UV_ARGS := --python $(PY) $(TORCH_INDEX) $(if $(TORCH_INDEX),--index-strategy un
 # --compile-bytecode: uv installs without .pyc files (pip compiles them), and the test suite's
 # engine processes were seen running Python with -B (they never write them), so every one of them
 # compiled torch, vLLM and transformers from source: `import vllm` 48 s instead of 8 on a fresh clone.
+UNINSTALL = $(PY) -m uv pip uninstall -q --python $(PY) $(1) 2>/dev/null || $(PY) -m pip uninstall -q -y $(1) 2>/dev/null || true
+
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if $(PY) -m pip install -q uv 2>/dev/null && $(PY) -m uv pip install -q --compile-bytecode $(UV_ARGS) -e ".[$(BACKEND),dev]"; then \
@@ -47,13 +49,14 @@ $(STAMP): pyproject.toml
 		echo "uv could not install: pip instead" >&2; \
 		$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q $(TORCH_INDEX) -e ".[$(BACKEND),dev]"; \
 	fi
-	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import transformers`
-	@# beside torch+cpu; nothing here needs them.
-	@if [ "$(BACKEND)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true; fi
-	@# jsonschema (read by nbformat, papermill and Jupyter's server) imports rfc3987-syntax where it is
-	@# installed, only to check "iri" strings, and builds its grammar on import: 2.2 s of every process
-	@# that reads a notebook (pytest and each of its workers, papermill, JupyterLab). Nothing here checks IRIs.
-	@$(PY) -m pip uninstall -q -y rfc3987-syntax 2>/dev/null || true
+	@# Packages taken out again (with uv where it installed: pip takes 2-5 s a call):
+	@# * PyPI's torchvision/torchaudio/torchcodec (CPU only) are CUDA builds that break `import transformers`
+	@#   beside torch+cpu; nothing here needs them.
+	@# * jsonschema (read by nbformat, papermill and Jupyter's server) imports rfc3987-syntax where it is
+	@#   installed, only to check "iri" strings, and builds its grammar on import: 2.2 s of every process
+	@#   that reads a notebook (pytest and each of its workers, papermill, JupyterLab). Nothing here checks IRIs.
+	@$(if $(filter cpu,$(BACKEND)),$(call UNINSTALL,torchvision torchaudio torchcodec))
+	@$(call UNINSTALL,rfc3987-syntax)
 	@touch $@
 
 reproduce: setup

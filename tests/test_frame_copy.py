@@ -152,14 +152,14 @@ def runs(tiny_ckpt, sample, tmp_path_factory):
 
     toy_ckpt, toy_ctx, toy_acts = toy_inputs()
     tiny_ctx, tiny_acts = tiny_inputs()
-    # The n-gram engine runs in a process of its own (`_ngram_in_a_subprocess`): vLLM's n-gram
+    # The n-gram engine runs in a process of its own (`_ngram_in_a_forked_process`): vLLM's n-gram
     # proposer imports numba, and once llvmlite is loaded every later in-process engine of that
     # process fails in vLLM 0.32's kernel registration (`register_kernels` scans every module:
     # "'_lib_fn_wrapper' object has no attribute 'get'", triton_utils/dispatcher.py:139), which
     # would break the next test module that builds an engine in this pytest worker.
     plan = [("toy", toy_ckpt, {}), ("toy_frame_copy", toy_ckpt, dict(speculative_k=TOY_K)),
             ("tiny", tiny_ckpt, {}), ("tiny_frame_copy", tiny_ckpt, dict(speculative_k=TINY_K))]
-    out = {}
+    out = {"toy_ngram": _ngram_in_a_forked_process(tmp_path_factory.mktemp("ngram"))}
     for name, ckpt, kw in plan:
         llm = make_llm(ckpt, disable_log_stats=False, **kw)
         try:
@@ -179,7 +179,6 @@ def runs(tiny_ckpt, sample, tmp_path_factory):
             out[name] = res
         finally:
             shutdown_llm(llm)
-    out["toy_ngram"] = _ngram_in_a_subprocess(tmp_path_factory.mktemp("ngram"))
     return out
 
 
@@ -197,31 +196,32 @@ def sample_one_frame(llm, context, actions) -> torch.Tensor:
     return torch.tensor([list(o.outputs[0].token_ids) for o in outs])
 
 
-NGRAM_SCRIPT = """
-import json, sys
-sys.path.insert(0, {tests!r})
-import torch
-from test_frame_copy import GREEDY, TOY_K, spec_counts, toy_inputs
-from terra_nb.port.vllm_compat import shutdown_llm
-from terra_nb.port.vllm_rollout import make_llm, vllm_rollout
-ckpt, ctx, acts = toy_inputs()
-llm = make_llm(ckpt, disable_log_stats=False, speculative_k=TOY_K, speculative="ngram")
-codes = vllm_rollout(llm, ctx, acts, 4, GREEDY, progress=False)
-torch.save({{"codes": codes, "counts": spec_counts(llm)}}, {out!r})
-shutdown_llm(llm)
-"""
+def _ngram_run(out: str) -> None:
+    """The toy workload with vLLM's n-gram proposer; its codes and counters saved to `out`."""
+    from terra_nb.port.vllm_compat import shutdown_llm
+
+    ckpt, ctx, acts = toy_inputs()
+    llm = make_llm(ckpt, disable_log_stats=False, speculative_k=TOY_K, speculative="ngram")
+    codes = vllm_rollout(llm, ctx, acts, 4, GREEDY, progress=False)
+    torch.save({"codes": codes, "counts": spec_counts(llm)}, out)
+    shutdown_llm(llm)
 
 
-def _ngram_in_a_subprocess(tmp) -> dict:
-    """The toy workload with vLLM's n-gram proposer, in a fresh Python (see `runs`)."""
-    import subprocess
-    import sys
-    from pathlib import Path
+def _ngram_in_a_forked_process(tmp) -> dict:
+    """`_ngram_run` in a fork of this process (see `runs`): numba stays in the fork, which ends
+    with it, and the fork starts with torch and vLLM imported (a fresh Python spent ~12 s of the
+    2-core machine importing them again). Forked before this module builds any engine; spawned
+    instead where this process has initialized CUDA (a fork could not use it)."""
+    import multiprocessing as mp
 
     out = tmp / "ngram.pt"
-    script = NGRAM_SCRIPT.format(tests=str(Path(__file__).parent), out=str(out))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
+    ctx = mp.get_context("spawn" if torch.cuda.is_initialized() else "fork")
+    proc = ctx.Process(target=_ngram_run, args=(str(out),))
+    proc.start()
+    proc.join(timeout=600)
+    if proc.is_alive():
+        proc.kill()
+    assert proc.exitcode == 0 and out.exists(), f"the n-gram process ended with exit code {proc.exitcode}"
     return torch.load(out)
 
 
