@@ -2,6 +2,8 @@
 seed-setting rows of issue 25 measured in-process on the tiny preset."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from terra_nb.bench import (measure as bench_measure, render as bench_render, results as bench_results, runner as bench_runner,
@@ -61,8 +63,11 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     from terra_nb.bench.runner import run
 
     wl = bench_workload.Workload(preset="tiny", long_frames=2, long_repeats=1)
-    res = run(["hf_static", "hf_seed", "vllm_seed"], wl, tmp_path / "ckpt", steps=bench_measure.StepSpec((1,), 2))
-    by = {r["name"]: r for r in res["rows"]}
+    res = run(["hf_seed", "vllm_seed"], wl, tmp_path / "ckpt", steps=bench_measure.StepSpec((1,), 2))
+    # hf_static on a one-frame video: torch.compile traces the model again for every prompt length
+    # (a second frame cost ~7 s of tracing on the 2-core machine and tests nothing more)
+    static = run(["hf_static"], dataclasses.replace(wl, long_frames=1), tmp_path / "ckpt")
+    by = {r["name"]: r for r in res["rows"] + static["rows"]}
     # what each frame of HF's video cost, and the port's frame steps over its own video
     assert len(by["hf_seed"]["frame_s"]) == 2 and sum(by["hf_seed"]["frame_s"]) <= by["hf_seed"]["trials_s"][0] + 1e-3
     # each trial's frames too, summing to at most that trial's seconds
@@ -80,9 +85,9 @@ def test_seed_setting_rows_measure_the_seeds_video_with_the_seeds_engine(tmp_pat
     assert by["hf_seed"]["tokens_per_call"] == by["vllm_seed"]["tokens_per_call"] == 64
     assert by["vllm_seed"]["engine"] == {"enforce_eager": True, "enable_prefix_caching": False, "max_num_seqs": 5}
     assert all(by[r]["frames"] == 2 and by[r]["s_per_frame"] > 0 for r in ("hf_seed", "vllm_seed"))
-    assert not [e for e in res["errors"] if e["group"] == "hf_static"], (res["errors"], HF_STATIC_NEEDS)
+    assert not [e for e in static["errors"] if e["group"] == "hf_static"], (static["errors"], HF_STATIC_NEEDS)
     assert by["hf_static"]["engine"] == {"cache": "static", "compile": True, "compile_mode": "reduce-overhead", "cache_len": 25 * 70}
-    assert len(by["hf_static"]["frame_s"]) == 2 and by["hf_static"]["warmup_s"] > 0
+    assert len(by["hf_static"]["frame_s"]) == 1 and by["hf_static"]["warmup_s"] > 0
     merged = bench_results.merge([res])
     assert merged["ratios"]["seed_setting_vs_hf"] == by["hf_seed"]["s_per_frame"] / by["vllm_seed"]["s_per_frame"]
 
