@@ -144,7 +144,7 @@ SIDE_PRELOAD = ("torch", "transformers", "vllm", "terra_nb.bench.sides", "terra_
 
 
 def side_process_context():
-    """Where each side's process comes from: a fresh interpreter either way, holding no engine, no
+    """Where each side's process comes from: a process of its own either way, holding no engine, no
     CUDA and no vLLM state of the parent's.
 
     * On a GPU: spawned (a new Python per side).
