@@ -51,11 +51,14 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # Added since, placed by their times in runs of their own (not yet a full run): the shared TinyVLM
 # unit (test_port_vlm_engine + test_vllm_serve_vlm: one engine, then `vllm serve`) and 14 (an engine
 # in the kernel, a load test).
-START_FIRST = ("tests/test_bench_pairs.py", "tests/test_frame_copy.py", "notebooks/08_toy_world.ipynb",
+# Re-placed 2026-11-26 (session 13) by three fresh-clone runs, after the benchmark's sides started
+# forking from a fork server: test_bench_measure 45-108 s (torch.compile beside other work),
+# test_bench_pairs 27-37 s.
+START_FIRST = ("notebooks/08_toy_world.ipynb", "tests/test_frame_copy.py", "tests/test_bench_measure.py",
                "tests/test_browser.py", "tests/test_port_vlm_engine.py", "tests/test_session_rollout.py",
                "notebooks/11_closed_loop.ipynb", "notebooks/14_serving.ipynb",
                "notebooks/07_benchmark.ipynb", "tests/test_toy_sweep.py", "tests/test_serve.py",
-               "tests/test_bench_measure.py",
+               "tests/test_bench_pairs.py",
                "notebooks/06_vllm_forward.ipynb", "tests/test_reproduce.py", "tests/test_onnx.py",
                "tests/test_port_copy.py", "notebooks/09_onnx_export.ipynb", "tests/test_toyworld_workbook.py",
                "notebooks/10_port_your_model.ipynb", "tests/test_toyworld.py", "notebooks/12_faster_than_stock.ipynb",
