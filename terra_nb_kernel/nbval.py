@@ -9,7 +9,9 @@ nbval starts a kernel, in a worker that has imported terra_nb anyway.
 
 nbval starts its kernels with the environment of the pytest process, `PYTEST_CURRENT_TEST`
 included, and has no option for a kernel environment; this plugin passes one to its
-`start_new_kernel` (see `reproduce.NOT_FOR_KERNELS` for why it matters).
+`start_new_kernel` (see `reproduce.NOT_FOR_KERNELS` for why it matters). The kernels are forked
+from a zygote that has imported torch and transformers where it serves their environment, as
+reproduce's are (`terra_nb_kernel.zygote`).
 """
 from __future__ import annotations
 
@@ -21,17 +23,28 @@ def pytest_configure(config) -> None:
         import nbval.kernel
     except ImportError:  # nbval not installed: nothing to configure
         return
+    from terra_nb_kernel import zygote
+
     start = nbval.kernel.start_new_kernel
     if getattr(start, "terra_nb_environment", False):
         return
+
+    class KernelSpecs(nbval.kernel.NbvalKernelspecManager):
+        """nbval's specs, with the workbook's kernel command (`zygote.kernel_argv`)."""
+
+        def get_kernel_spec(self, kernel_name):
+            spec = super().get_kernel_spec(kernel_name)
+            spec.argv = zygote.kernel_argv(spec.argv)
+            return spec
 
     @functools.wraps(start)
     def start_new_kernel(*args, **kwargs):
         from terra_nb.workbook.reproduce import KERNEL_ARGUMENTS, kernel_environment
 
-        kwargs.setdefault("env", kernel_environment())
+        kwargs["env"] = zygote.kernel_environment(kwargs.get("env") or kernel_environment())
         kwargs["extra_arguments"] = [*kwargs.get("extra_arguments", []), *KERNEL_ARGUMENTS]
         return start(*args, **kwargs)
 
     start_new_kernel.terra_nb_environment = True
     nbval.kernel.start_new_kernel = start_new_kernel
+    nbval.kernel.NbvalKernelspecManager = KernelSpecs

@@ -29,6 +29,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
+from terra_nb_kernel import zygote
+
 from terra_nb.workbook.paths import NOTEBOOKS, OUTPUTS, REPO
 from terra_nb.workbook.results import load_results, markdown_table, result_to_markdown
 
@@ -45,20 +47,23 @@ class CurrentEnvKernelSpecManager(KernelSpecManager):
         if kernel_name == KERNEL_NAME:
             import ipykernel.kernelspec as iks
 
-            return self.kernel_spec_class(resource_dir=iks.RESOURCES, **iks.get_kernel_dict())
+            spec = iks.get_kernel_dict()
+            spec["argv"] = zygote.kernel_argv(spec["argv"])
+            return self.kernel_spec_class(resource_dir=iks.RESOURCES, **spec)
         return super().get_kernel_spec(kernel_name)
 
 
 class CurrentEnvKernelManager(AsyncKernelManager):
     """nbclient/papermill kernel manager whose specs include KERNEL_NAME (the venv's python), and
-    whose kernels start in `kernel_environment()`."""
+    whose kernels start in `kernel_environment()`, forked from a zygote where one serves it
+    (`terra_nb_kernel.zygote`)."""
 
     @default("kernel_spec_manager")
     def _default_ksm(self):
         return CurrentEnvKernelSpecManager(data_dir=self.data_dir)
 
     async def _async_pre_start_kernel(self, **kw):
-        kw.setdefault("env", kernel_environment())
+        kw["env"] = zygote.kernel_environment(kw.get("env") or kernel_environment())
         kw["extra_arguments"] = [*kw.get("extra_arguments", []), *KERNEL_ARGUMENTS]
         return await super()._async_pre_start_kernel(**kw)
 
