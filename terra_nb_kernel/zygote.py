@@ -9,9 +9,10 @@ second.
 A forked kernel must behave like a fresh one, so the zygote is used only where that holds:
 
 * **Same environment.** The kernel's environment must equal the one the zygote imported under
-  (apart from jupyter's per-kernel `JPY_*` variables): variables read at interpreter start or at
-  import time (`PYTHONWARNINGS`, `TRANSFORMERS_*`, `OMP_*`) then had the values the kernel would
-  have read. Any other difference and the kernel starts the ordinary way.
+  (apart from `PER_KERNEL_PREFIXES`): variables read at interpreter start or at import time
+  (`PYTHONWARNINGS`, `LD_PRELOAD`, `TRANSFORMERS_*`, `OMP_*`) then had the values the kernel would
+  have read. Any other difference and the kernel starts the ordinary way (and the next zygote
+  serves the new environment).
 * **Nothing a notebook sets first.** vLLM is not preloaded: its logger reads `VLLM_LOGGING_LEVEL`
   at import, and the notebooks set that variable before they import vLLM.
 * **A CPU build of torch.** Forking after CUDA's driver is loaded is unsafe; with a CUDA or ROCm
@@ -48,11 +49,16 @@ from dataclasses import dataclass
 PRELOAD = ("torch", "transformers", "terra_nb")
 SOCKET_VAR = "TERRA_NB_KERNEL_ZYGOTE"
 """In a kernel's environment: the zygote's socket path (set by the starter), or "off"."""
-PER_KERNEL_PREFIXES = ("JPY_",)
-"""Variables jupyter sets per kernel; the only ones allowed to differ from the zygote's."""
+PER_KERNEL_PREFIXES = ("JPY_", "VLLM_")
+"""Variables allowed to differ between the zygote and a kernel (which gets its own values): jupyter's
+per-kernel ones, and vLLM's, which nothing preloaded reads (vLLM is not preloaded; `main` checks).
+An in-process vLLM engine sets some of its own in the process that starts kernels, with values new
+for every engine (`VLLM_DIST_IDENT`)."""
 LAUNCHER = "terra_nb_kernel.launch"
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _HEADER = struct.Struct("!Q")
+NOT_HERE = 3
+"""The zygote's exit status where it must not fork (a GPU build of torch): no zygote is started again."""
 
 
 def comparable(env: dict[str, str]) -> dict[str, str]:
@@ -71,13 +77,13 @@ def differences(a: dict[str, str], b: dict[str, str]) -> list[str]:
 class Zygote:
     """A zygote process serving kernels whose environment equals `env`."""
 
-    def __init__(self, env: dict[str, str]):
-        self.env = comparable(env)
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] | None = None):
+        self.env = {k: v for k, v in env.items() if k != SOCKET_VAR}
         self.dir = tempfile.mkdtemp(prefix="terra-nb-zygote-")
         self.path = os.path.join(self.dir, "socket")
         self.log = open(os.path.join(self.dir, "log"), "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "terra_nb_kernel.zygote", self.path], env=self.env,
+            [sys.executable, "-m", "terra_nb_kernel.zygote", self.path, *(PRELOAD if preload is None else preload)], env=self.env,
             stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def serves(self, env: dict[str, str]) -> bool:
@@ -99,16 +105,35 @@ _zygote: Zygote | None = None
 
 def kernel_environment(env: dict[str, str]) -> dict[str, str]:
     """`env` for a kernel about to start, with the zygote's socket where one serves this environment.
-    Starts the zygote on first use (that kernel starts the ordinary way while the zygote imports)."""
+
+    Starts a zygote for `env` where none serves it, replacing the last one (that kernel starts the
+    ordinary way while the new zygote imports). A process's environment changes rarely but does
+    change: an in-process vLLM engine sets variables of its own (a pytest worker's first engine),
+    and every kernel started afterwards inherits them."""
     global _zygote
     if SOCKET_VAR in env or os.environ.get(SOCKET_VAR) == "off":
         return env  # the caller chose (a zygote of its own, or "off")
-    if _zygote is None:
-        _zygote = Zygote(env)
-        atexit.register(_zygote.stop)
-    if _zygote.serves(env):
+    if not _forkable_torch() or (_zygote is not None and _zygote.process.poll() == NOT_HERE):
+        return env
+    if _zygote is not None and _zygote.serves(env):
         return {**env, SOCKET_VAR: _zygote.path}
-    return {k: v for k, v in env.items() if k != SOCKET_VAR}
+    if _zygote is not None:
+        _zygote.stop()  # kernels forked from it run on; their launchers then wait on them directly
+    _zygote = Zygote(env)
+    return env
+
+
+def _forkable_torch() -> bool:
+    """False where this process has imported a GPU build of torch (the zygote checks for itself)."""
+    torch = sys.modules.get("torch")
+    version = getattr(torch, "version", None)
+    return version is None or not (getattr(version, "cuda", None) or getattr(version, "hip", None))
+
+
+@atexit.register
+def _stop_zygote() -> None:
+    if _zygote is not None:
+        _zygote.stop()
 
 
 def kernel_argv(argv: list[str]) -> list[str]:
@@ -274,18 +299,21 @@ def _watch_launcher(fd: int) -> None:
 _zygote_pid = os.getpid()
 
 
-def main(path: str) -> None:
+def main(path: str, preload: list[str]) -> None:
     # like ipykernel_launcher: the working directory is not on sys.path while ipykernel loads
     if sys.path and sys.path[0] in ("", os.getcwd()):
         del sys.path[0]
     before = dict(os.environ)
-    for name in PRELOAD:
+    for name in preload:
         importlib.import_module(name)
-    torch = sys.modules["torch"]
-    if torch.version.cuda or getattr(torch.version, "hip", None):
+    if "vllm" in sys.modules:
+        print("zygote: the preload imported vLLM, which reads VLLM_* variables: not serving", file=sys.stderr, flush=True)
+        sys.exit(NOT_HERE)
+    torch = sys.modules.get("torch")
+    if torch is not None and (torch.version.cuda or getattr(torch.version, "hip", None)):
         print("zygote: torch is a GPU build; forking after its driver loads is unsafe: not serving",
               file=sys.stderr, flush=True)
-        return
+        sys.exit(NOT_HERE)
     added = {k: v for k, v in os.environ.items() if k not in before}
     job = serve(path, before)
     if job is None:  # the starter exited
@@ -295,4 +323,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])

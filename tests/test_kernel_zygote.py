@@ -13,9 +13,9 @@ import pytest
 from terra_nb.workbook.reproduce import KERNEL_NAME, NOTEBOOKS, CurrentEnvKernelManager, kernel_environment
 from terra_nb_kernel import zygote
 
-PROBE = ("import json, os, sys; preloaded = 'torch' in sys.modules; import terra_nb; "  # as a notebook's first cell
-         "print(json.dumps({'torch': preloaded, 'pid': os.getpid(), 'ppid': os.getppid(), 'cwd': os.getcwd(), "
-         "'env': dict(os.environ)})); os.system('echo from-fd-1')")
+MARKER = "colorsys"  # the test zygote's preload: a module no kernel imports on its own
+PROBE = (f"import json, os, sys; print(json.dumps({{'preloaded': {MARKER!r} in sys.modules, 'pid': os.getpid(), "
+         "'ppid': os.getppid(), 'cwd': os.getcwd(), 'env': dict(os.environ)})); os.system('echo from-fd-1')")
 
 
 async def _run(kc, code: str, interrupt_after: float | None = None, km=None) -> str:
@@ -55,20 +55,27 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 
 @pytest.fixture(scope="module")
 def ready_zygote():
+    """A zygote that preloads only `MARKER` (the workbook's preloads torch and transformers: the
+    notebooks under nbval run through that one), ready to fork."""
     env = kernel_environment()
-    z = zygote.Zygote(env)
-    end = time.monotonic() + 180
-    while not os.path.exists(z.path):
-        assert z.process.poll() is None and time.monotonic() < end, open(os.path.join(z.dir, "log")).read()
-        time.sleep(0.2)
+    env.pop(zygote.SOCKET_VAR, None)
+    z = zygote.Zygote(env, preload=(MARKER,))
+    _wait_ready(z)
     yield z, env
     z.stop()
 
 
+def _wait_ready(z: zygote.Zygote) -> None:
+    end = time.monotonic() + 60
+    while not os.path.exists(z.path):
+        assert z.process.poll() is None and time.monotonic() < end, open(os.path.join(z.dir, "log")).read()
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="module")
 def forked_and_ordinary(ready_zygote):
-    """One kernel forked from the zygote and one refused by it (an extra variable), both probed after
-    `import terra_nb` as a notebook's first cell does it; the forked one is then interrupted."""
+    """One kernel forked from the zygote and one refused by it (an extra variable), both probed; the
+    forked one is then interrupted."""
     z, env = ready_zygote
 
     async def main():
@@ -88,10 +95,10 @@ def forked_and_ordinary(ready_zygote):
     return z, forked, interrupted, ordinary
 
 
-def test_a_forked_kernel_is_a_fresh_kernel_with_torch_already_imported(forked_and_ordinary):
+def test_a_forked_kernel_is_a_fresh_kernel_with_the_preload_already_imported(forked_and_ordinary):
     z, probe, interrupted, ordinary = forked_and_ordinary
     facts, fresh = json.loads(probe.splitlines()[0]), json.loads(ordinary.splitlines()[0])
-    assert facts["torch"] and facts["ppid"] == z.process.pid  # a fork of the zygote, imports done
+    assert facts["preloaded"] and facts["ppid"] == z.process.pid  # a fork of the zygote, imports done
     assert facts["cwd"] == fresh["cwd"] == str(NOTEBOOKS)
     # the same environment as a kernel started the ordinary way (which had one variable more)
     assert zygote.differences(facts["env"], fresh["env"]) == ["TERRA_NB_TEST_OTHER"]
@@ -104,7 +111,7 @@ def test_a_forked_kernel_is_a_fresh_kernel_with_torch_already_imported(forked_an
 def test_a_kernel_whose_environment_differs_starts_the_ordinary_way(forked_and_ordinary):
     z, _, _, ordinary = forked_and_ordinary
     fresh = json.loads(ordinary.splitlines()[0])
-    assert not fresh["torch"] and fresh["ppid"] != z.process.pid
+    assert not fresh["preloaded"] and fresh["ppid"] != z.process.pid
     assert fresh["env"]["TERRA_NB_TEST_OTHER"] == "1" and zygote.SOCKET_VAR not in fresh["env"]
 
 
@@ -127,5 +134,32 @@ def test_the_kernel_command_and_environment_rules():
     assert zygote.kernel_argv(argv) == ["/venv/bin/python", "-m", zygote.LAUNCHER, "-f", "{connection_file}"]
     assert zygote.differences({"A": "1", "JPY_PARENT_PID": "7"}, {"A": "1", zygote.SOCKET_VAR: "/s"}) == []
     assert zygote.differences({"A": "1", "B": "2"}, {"A": "2"}) == ["A", "B"]
+    assert zygote.differences({"A": "1", "VLLM_DIST_IDENT": "a"}, {"A": "1"}) == []  # nothing preloaded reads them
     # a caller that names its own zygote (or "off") is left alone
     assert zygote.kernel_environment({"A": "1", zygote.SOCKET_VAR: "off"}) == {"A": "1", zygote.SOCKET_VAR: "off"}
+
+
+def test_a_new_environment_gets_a_new_zygote_and_vllms_variables_do_not(monkeypatch):
+    """The starter's rule (`kernel_environment`), with a zygote that preloads only `json`: the first
+    kernel of an environment starts the ordinary way while its zygote imports; the next ones get the
+    socket; an environment that differs (as after an in-process engine set LD_PRELOAD) replaces the
+    zygote; one that differs only in VLLM_* variables is served by it."""
+    monkeypatch.setattr(zygote, "PRELOAD", ("json",))
+    monkeypatch.setattr(zygote, "_zygote", None)
+    monkeypatch.delenv(zygote.SOCKET_VAR, raising=False)
+    env = {"PATH": os.environ["PATH"], "A": "1"}
+    try:
+        assert zygote.kernel_environment(env) == env
+        first = zygote._zygote
+        _wait_ready(first)
+        assert zygote.kernel_environment(env) == {**env, zygote.SOCKET_VAR: first.path}
+        polluted = {**env, "LD_PRELOAD": "libgomp.so.1"}
+        assert zygote.kernel_environment(polluted) == polluted
+        second = zygote._zygote
+        assert second is not first and first.process.poll() is not None and not os.path.exists(first.dir)
+        _wait_ready(second)
+        engine = {**polluted, "VLLM_DIST_IDENT": "vllm_dist_1"}
+        assert zygote.kernel_environment(engine) == {**engine, zygote.SOCKET_VAR: second.path}
+    finally:
+        if zygote._zygote is not None:
+            zygote._zygote.stop()
