@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -163,3 +165,14 @@ def test_a_new_environment_gets_a_new_zygote_and_vllms_variables_do_not(monkeypa
     finally:
         if zygote._zygote is not None:
             zygote._zygote.stop()
+
+
+def test_no_zygote_beside_a_gpu_build_of_torch(monkeypatch):
+    """Forking after CUDA's driver has loaded is unsafe: a starter that has imported a CUDA (or ROCm)
+    build of torch starts every kernel the ordinary way and no zygote."""
+    monkeypatch.setattr(zygote, "_zygote", None)
+    monkeypatch.delenv(zygote.SOCKET_VAR, raising=False)
+    env = {"PATH": os.environ["PATH"]}
+    for version in (SimpleNamespace(cuda="13.0", hip=None), SimpleNamespace(cuda=None, hip="6.2")):
+        monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(version=version))
+        assert zygote.kernel_environment(env) == env and zygote._zygote is None
