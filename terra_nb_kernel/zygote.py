@@ -207,15 +207,15 @@ def serve(path: str, env: dict[str, str]) -> Job | None:
     finally:
         if os.getpid() == _zygote_pid:
             listener.close()
-            with_suppressed(os.unlink, path)
+            _unlink_quietly(path)
     return None
 
 
-def with_suppressed(fn, *args) -> None:
+def _unlink_quietly(path: str) -> None:
     try:
-        fn(*args)
+        os.unlink(path)
     except OSError:
-        pass
+        pass  # the starter removed the zygote's folder first
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
