@@ -19,7 +19,8 @@ A forked kernel must behave like a fresh one, so the zygote is used only where t
   build the zygote exits before it serves (the GPU machine starts every kernel the ordinary way).
 * **A process like a fresh kernel's.** The fork gets its own session (jupyter starts kernels with
   `start_new_session`), the launcher's working directory, command line, environment and standard
-  streams, and fresh seeds for `random` and numpy's global generator.
+  streams, fresh seeds for `random` and numpy's global generator, and `tqdm.auto`'s choice of
+  progress bar made again inside the kernel (`_choose_progress_bars_again`).
 * **Signals and death.** Jupyter signals the process group of the process it started: the
   *launcher* (`terra_nb_kernel.launch`), which relays each signal to the kernel's group and exits
   with the kernel's status. When the launcher is killed (SIGKILL cannot be relayed), the kernel
@@ -279,9 +280,32 @@ def run_kernel(job: Job, added: dict[str, str]) -> None:
     sys.argv = list(job.argv)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()  # `random` reseeds itself after a fork; numpy does not
-    from ipykernel import kernelapp
+    from ipykernel.kernelapp import IPKernelApp
 
-    kernelapp.launch_new_instance()
+    app = IPKernelApp.instance()  # what `python -m ipykernel_launcher` runs, in three steps
+    app.initialize()
+    _choose_progress_bars_again()
+    app.start()
+
+
+def _choose_progress_bars_again() -> None:
+    """`tqdm.auto` picks its bar when it is imported: a notebook widget where IPython says a kernel
+    runs, else text. The zygote imported it (through transformers) outside any kernel, so re-run
+    that choice in place once the kernel exists: the module objects stay, and transformers looks
+    `tqdm.auto.tqdm` up at every call. (huggingface_hub's download bars subclassed the text bar at
+    import and keep it; the workbook downloads nothing.)"""
+    import importlib
+    import warnings
+
+    if "tqdm.autonotebook" not in sys.modules:
+        return
+    from tqdm import TqdmExperimentalWarning
+
+    with warnings.catch_warnings():  # as tqdm.auto itself imports it
+        warnings.simplefilter("ignore", TqdmExperimentalWarning)
+        importlib.reload(sys.modules["tqdm.autonotebook"])
+    if "tqdm.auto" in sys.modules:
+        importlib.reload(sys.modules["tqdm.auto"])
 
 
 def _watch_launcher(fd: int) -> None:

@@ -15,9 +15,10 @@ import pytest
 from terra_nb.workbook.reproduce import KERNEL_NAME, NOTEBOOKS, CurrentEnvKernelManager, kernel_environment
 from terra_nb_kernel import zygote
 
-MARKER = "colorsys"  # the test zygote's preload: a module no kernel imports on its own
-PROBE = (f"import json, os, sys; print(json.dumps({{'preloaded': {MARKER!r} in sys.modules, 'pid': os.getpid(), "
-         "'ppid': os.getppid(), 'cwd': os.getcwd(), 'env': dict(os.environ)})); os.system('echo from-fd-1')")
+MARKER = "colorsys"  # the test zygote's preload: a module no kernel imports on its own, and tqdm.auto
+PROBE = (f"import json, os, sys; preloaded = {MARKER!r} in sys.modules; import tqdm.auto; "
+         "print(json.dumps({'preloaded': preloaded, 'pid': os.getpid(), 'ppid': os.getppid(), 'cwd': os.getcwd(), "
+         "'env': dict(os.environ), 'bar': [c.__module__ for c in tqdm.auto.tqdm.__mro__]})); os.system('echo from-fd-1')")
 
 
 async def _run(kc, code: str, interrupt_after: float | None = None, km=None) -> str:
@@ -57,11 +58,11 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 
 @pytest.fixture(scope="module")
 def ready_zygote():
-    """A zygote that preloads only `MARKER` (the workbook's preloads torch and transformers: the
-    notebooks under nbval run through that one), ready to fork."""
+    """A zygote that preloads only `MARKER` and tqdm.auto (the workbook's preloads torch and
+    transformers: the notebooks under nbval run through that one), ready to fork."""
     env = kernel_environment()
     env.pop(zygote.SOCKET_VAR, None)
-    z = zygote.Zygote(env, preload=(MARKER,))
+    z = zygote.Zygote(env, preload=(MARKER, "tqdm.auto"))
     _wait_ready(z)
     yield z, env
     z.stop()
@@ -105,6 +106,8 @@ def test_a_forked_kernel_is_a_fresh_kernel_with_the_preload_already_imported(for
     # the same environment as a kernel started the ordinary way (which had one variable more)
     assert zygote.differences(facts["env"], fresh["env"]) == ["TERRA_NB_TEST_OTHER"]
     assert zygote.SOCKET_VAR not in facts["env"]
+    # the progress bar a notebook gets (imported by the zygote outside any kernel, chosen again in it)
+    assert facts["bar"] == fresh["bar"] and "tqdm.notebook" in facts["bar"]
     assert "from-fd-1" in probe  # output written to file descriptor 1 reaches the notebook
     assert interrupted == "interrupted\n"
     assert _gone(facts["pid"])  # shut down: the kernel process ended, not just its launcher
