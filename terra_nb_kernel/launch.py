@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 
-from terra_nb_kernel.zygote import _HEADER, RELAYED, SOCKET_VAR
+from terra_nb_kernel.zygote import HEADER, RELAYED, SOCKET_VAR
 
 
 def forked_kernel(path: str, argv: list[str]) -> int | None:
@@ -30,7 +30,7 @@ def forked_kernel(path: str, argv: list[str]) -> int | None:
     env = {k: v for k, v in os.environ.items() if k != SOCKET_VAR}
     body = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
     try:
-        socket.send_fds(conn, [_HEADER.pack(len(body))], [0, 1, 2, watch_r])
+        socket.send_fds(conn, [HEADER.pack(len(body))], [0, 1, 2, watch_r])
         conn.sendall(body)
     except OSError:
         return None
@@ -72,7 +72,7 @@ def _alive(pid: int) -> bool:
 
 
 def main() -> None:
-    argv = [sys.argv[0], *sys.argv[1:]]
+    argv = list(sys.argv)
     path = os.environ.get(SOCKET_VAR)
     code = forked_kernel(path, argv) if path and path != "off" and os.path.exists(path) else None
     if code is None:  # the ordinary start, in this process

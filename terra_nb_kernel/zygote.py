@@ -57,7 +57,8 @@ An in-process vLLM engine sets some of its own in the process that starts kernel
 for every engine (`VLLM_DIST_IDENT`)."""
 LAUNCHER = "terra_nb_kernel.launch"
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-_HEADER = struct.Struct("!Q")
+HEADER = struct.Struct("!Q")
+"""A request's first bytes (sent with the file descriptors): the length of its JSON body."""
 NOT_HERE = 3
 """The zygote's exit status where it must not fork (a GPU build of torch): no zygote is started again."""
 
@@ -158,12 +159,12 @@ class Job:
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    head, fds, _flags, _addr = socket.recv_fds(conn, _HEADER.size, 4)
-    if len(head) != _HEADER.size or len(fds) != 4:
+    head, fds, _flags, _addr = socket.recv_fds(conn, HEADER.size, 4)
+    if len(head) != HEADER.size or len(fds) != 4:
         for fd in fds:
             os.close(fd)
         raise ValueError("malformed request")
-    size, body = _HEADER.unpack(head)[0], b""
+    size, body = HEADER.unpack(head)[0], b""
     while len(body) < size:
         chunk = conn.recv(size - len(body))
         if not chunk:
