@@ -26,7 +26,7 @@ def forked_kernel(path: str, argv: list[str]) -> int | None:
         conn.connect(path)
     except OSError:
         return None
-    watch_r, watch_w = os.pipe()  # the kernel's end closes when this process dies
+    watch_r, watch_w = os.pipe()  # this process holds watch_w until it exits: the kernel then reads EOF
     env = {k: v for k, v in os.environ.items() if k != SOCKET_VAR}
     body = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
     try:

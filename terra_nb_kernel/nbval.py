@@ -39,11 +39,9 @@ def pytest_configure(config) -> None:
 
     @functools.wraps(start)
     def start_new_kernel(*args, **kwargs):
-        from terra_nb.workbook.reproduce import KERNEL_ARGUMENTS, kernel_environment
+        from terra_nb.workbook.reproduce import kernel_start_arguments
 
-        kwargs["env"] = zygote.kernel_environment(kwargs.get("env") or kernel_environment())
-        kwargs["extra_arguments"] = [*kwargs.get("extra_arguments", []), *KERNEL_ARGUMENTS]
-        return start(*args, **kwargs)
+        return start(*args, **kernel_start_arguments(kwargs))
 
     start_new_kernel.terra_nb_environment = True
     nbval.kernel.start_new_kernel = start_new_kernel

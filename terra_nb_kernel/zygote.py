@@ -277,7 +277,7 @@ def run_kernel(job: Job, added: dict[str, str]) -> None:
     os.chdir(job.cwd)
     os.environ.clear()
     # what the preloaded imports added to the environment, as they would have in this process
-    os.environ.update({**added, **{k: v for k, v in job.env.items() if k != SOCKET_VAR}})
+    os.environ.update({**added, **job.env})  # the launcher's, without SOCKET_VAR
     sys.argv = list(job.argv)
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()  # `random` reseeds itself after a fork; numpy does not

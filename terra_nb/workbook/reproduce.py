@@ -63,9 +63,7 @@ class CurrentEnvKernelManager(AsyncKernelManager):
         return CurrentEnvKernelSpecManager(data_dir=self.data_dir)
 
     async def _async_pre_start_kernel(self, **kw):
-        kw["env"] = zygote.kernel_environment(kw.get("env") or kernel_environment())
-        kw["extra_arguments"] = [*kw.get("extra_arguments", []), *KERNEL_ARGUMENTS]
-        return await super()._async_pre_start_kernel(**kw)
+        return await super()._async_pre_start_kernel(**kernel_start_arguments(kw))
 
     if "transport_encryption" in AsyncKernelManager.class_trait_names():  # jupyter_client >= 8.8
 
@@ -115,6 +113,15 @@ def kernel_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     given = [w for w in env.get("PYTHONWARNINGS", "").split(",") if w]
     env["PYTHONWARNINGS"] = ",".join(dict.fromkeys([*given, *QUIET_WARNINGS]))
     return env
+
+
+def kernel_start_arguments(kw: dict[str, Any]) -> dict[str, Any]:
+    """A kernel manager's start arguments `kw` as every kernel of the workbook starts (papermill's
+    here, nbval's through `terra_nb_kernel.nbval`): in `kernel_environment()` unless `kw` names an
+    environment, forked from the zygote where one serves it, with `KERNEL_ARGUMENTS`."""
+    env = kw["env"] if "env" in kw else kernel_environment()
+    return {**kw, "env": zygote.kernel_environment(env),
+            "extra_arguments": [*kw.get("extra_arguments", []), *KERNEL_ARGUMENTS]}
 
 
 def kernel_env() -> None:
