@@ -153,6 +153,8 @@ def test_weights_are_renamed_and_transposed_once_by_gpt2s_own_loader(ckpt, state
         model = _build(TinyGPTWorldForCausalLM, ckpt)
         loaded = model.load_weights(state_dict.items())
     assert loaded == set(dict(model.named_parameters()))
+    # The one child that loads its own weights (and so transforms them): GPT-2's backbone.
+    assert [name for name, m in model.named_children() if hasattr(m, "load_weights")] == ["transformer"]
     hf_qkv = state_dict["transformer.h.0.attn.c_attn.weight"]  # Conv1D: [in, out] = [128, 384]
     assert hf_qkv.shape == (128, 384)
     assert torch.equal(model.transformer.h[0].attn.c_attn.weight, hf_qkv.t())
