@@ -79,12 +79,9 @@ def test_report_from_a_real_reproduce_summary(tmp_path):
     assert "- commit: abc1234 (every result below is this commit's)" in text and "- lease: H100 lease 7" in text
     data = json.loads((tmp_path / "out" / "gpu_report_h100.json").read_text())
     assert data["commit"] == "abc1234" and data["lease"] == "H100 lease 7" and data["notebooks"][0]["nbval"] == "passed"
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{gpu_report.README_START}\nstale\n{gpu_report.README_END}\ny\n")
-    assert gpu_report.update_readme(readme, tmp_path / "out")
-    para = readme.read_text()
-    assert "stale" not in para and "commit abc1234, H100 lease 7" in para and "1 of 1 passed" in para
-    assert "top-1 agreement 3450/3456" in para and not gpu_report.update_readme(readme, tmp_path / "out")
+    para = gpu_report.docs_section(tmp_path / "out")
+    assert "(NVIDIA H100 80GB HBM3, vLLM 0.26.0, commit abc1234, d)" in para and "1 of 1 passed" in para
+    assert "top-1 agreement 3450/3456" in para and "lease" not in para
     assert "device: NVIDIA H100 80GB HBM3" in text and "vllm 0.26.0" in text and "torch 2.11.0+cu130" in text
     assert "| 06_p.ipynb | ok | tiny |" in text and "| passed | 95.5 |" in text
     assert "2184 of 3456 codes equal" in text and "top-1 agreement 3450/3456" in text and "0.0625" in text
@@ -98,12 +95,9 @@ def test_gpu_slug():
     assert gpu_report.gpu_slug("Some GPU") == "some_gpu"
 
 
-def test_committed_readme_gpu_section_matches_the_committed_reports():
-    """README's GPU paragraph is generated from results/gpu_report_*.json, each one commit and one lease."""
-    text = (REPO / "README.md").read_text()
-    a = text.index(gpu_report.README_START) + len(gpu_report.README_START)
-    assert text[a:text.index(gpu_report.README_END)].strip() == gpu_report.readme_section().strip(), \
-        "README's GPU section is stale: run `python tools/gpu_report.py --readme`"
+def test_committed_reports_each_name_one_commit():
+    """docs/benchmarks.md's GPU paragraphs come from results/gpu_report_*.json (tests/test_docs.py),
+    each report one commit and one run."""
     for path in sorted((REPO / "results").glob("gpu_report_*.json")):
         data = json.loads(path.read_text())
         assert data["commit"] not in ("", "unknown") and data["lease"] != "lease not named", path.name

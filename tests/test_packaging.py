@@ -1,6 +1,9 @@
 """environment.yml installs what pyproject.toml declares (the conda route == the `make` route)."""
 import re
 import tomllib
+from pathlib import Path
+
+import pytest
 
 from terra_nb.workbook.paths import REPO
 
@@ -76,14 +79,15 @@ def test_vllm_plugin_entry_points_declared():
         assert ep.value == declared[name] and ep.load() is expected[name]
 
 
-def test_the_readme_links_only_files_that_exist():
-    import re
+@pytest.mark.parametrize("doc", ["README.md", "docs/benchmarks.md", "docs/toy-world.md", "docs/decisions.md"])
+def test_the_docs_link_only_files_and_sections_that_exist(doc):
+    assert not _broken_links(REPO / doc), f"{doc} links to missing files/sections: {_broken_links(REPO / doc)}"
 
-    readme = REPO / "README.md"
-    links = re.findall(r"\]\(((?!https?://|#)[^)\s]+)\)", readme.read_text())
-    assert "results/gpu_report_h200.md" in links
-    missing = [link for link in links if not (REPO / link.split("#")[0]).exists()]
-    assert not missing, f"README links to missing files: {missing}"
+
+def test_the_readme_links_every_page_of_docs():
+    links = re.findall(r"\]\(([^)#\s]+)", (REPO / "README.md").read_text())
+    assert sorted({link for link in links if link.startswith("docs/")}) == \
+        sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))
 
 
 def _slug(heading: str) -> str:
@@ -109,7 +113,7 @@ def _broken_links(doc):
     broken = []
     for link in re.findall(r"\]\(((?!https?://)[^)\s]+)\)", doc.read_text()):
         file, _, anchor = link.partition("#")
-        target = doc if not file else REPO / file
+        target = doc if not file else (Path(doc).parent / file).resolve()
         if not target.exists():
             broken.append(link)
         elif anchor and anchor not in _headings(target):
