@@ -36,7 +36,7 @@ JARGON = {  # a term the headline may use -> the glossary's bold term that defin
     r"\btargets?\b": "target", r"\bverdict\b": "verdict", r"\binterval\b": "speed-up [95% interval]",
     r"\bcuDNN attention off\b": "cuDNN attention off", r"\btoday's defaults\b": "today's defaults",
     r"\bas the seed ran vLLM\b": "as the seed ran vLLM", r"\bHF\b": "HF", r"\bthe port\b": "the port",
-    r"\brounds?\b": "round", r"\bsessions?\b": "session"}
+    r"\brounds?\b": "round", r"\bsessions?\b": "session", r"\btrials?\b": "trial"}
 ISSUE_RE = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
 NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
                 "sixteen seventeen eighteen nineteen twenty").split()
