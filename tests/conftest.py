@@ -39,11 +39,10 @@ def vllm026_src():
       (`pip download --no-deps vllm==0.26.0 -d /tmp/v026 && unzip -q /tmp/v026/*.whl -d /tmp/v026/src`,
       then `TERRA_VLLM026_SRC=/tmp/v026/src`).
 
-    Skips, saying so, otherwise: CPU CI does not fetch the wheel (303.7 MB, 22 s to download and
-    19 s / 709 MB to unpack, measured 2026-11-23), so the probes belong to the GPU runner there.
-    Only the variable opts in, never a folder left in /tmp by an earlier session: on the 2-core
-    machine the five probes took some 1,500 s of the workers' time (2026-11-26, beside other work),
-    which `make test`'s 10 minutes cannot hold.
+    Skips, saying so, otherwise: CPU CI does not fetch the wheel (about 300 MB to download and
+    700 MB unpacked), so the probes belong to the GPU runner there. Only the variable opts in,
+    never a folder an earlier run left in /tmp: on the 2-core machine the five probes take some
+    1,500 s of the workers' time, more than `make test` as a whole.
     """
     import vllm
 
