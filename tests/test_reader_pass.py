@@ -28,7 +28,7 @@ BENCHMARKS = REPO / "docs" / "benchmarks.md"
 MAX_WORDS = 800
 README_LINES, FRONT_LINES, DECISIONS_LINES, ENTRY_LINES = 200, 40, 400, 22
 COMMANDS = ("make reproduce", "make test", "make lab")
-HISTORY_RE = re.compile(r"\blease\b|\b(?:issue|session)s?\s*#?\d+|-dirty\b|/tmp/", re.IGNORECASE)
+HISTORY_RE = re.compile(r"\blease\b|(?<![-\w])(?:issue|session)s?\s*#?\d+|-dirty\b|/tmp/", re.IGNORECASE)
 STATUS_RE = re.compile(r"^- \*\*Status\.\*\* (accepted|rejected|superseded by (\d+))\b", re.MULTILINE)
 JARGON = {  # a term the headline may use -> the glossary's bold term that defines it
     r"\bthe seed\b": "the seed", r"\bstock vLLM Llama\b": "stock vLLM Llama", r"\brollouts?\b": "rollout",
@@ -215,6 +215,7 @@ def test_the_front_door_checks_fail_on_hand_made_violations():
     moved = good.replace("- **Rollout**: a video.", "") + "\n## Glossary\n- **Rollout**: later.\n## End"
     assert undefined_headline_terms(moved) == ["rollout"]
     assert len(history_mentions("the H100 lease; issue 49, session 9, abc1234-dirty, /tmp/out; tissues 3")) == 5
+    assert history_mentions("serve.load --sessions 256; 3 sessions") == []
     assert prose("a <!-- headline:start --> lease <!-- headline:end --> b") == "a  b"
 
 
