@@ -43,7 +43,6 @@ SECTIONS = (
     Section("README.md", "answer", "terra_nb.workbook.docs:answer_markdown"),
     Section("README.md", "headline", "terra_nb.bench.headline:headline_markdown"),
     Section("docs/benchmarks.md", "hf-probe", "terra_nb.workbook.docs:hf_probe_markdown"),
-    Section("docs/benchmarks.md", "earlier-ratios", "terra_nb.workbook.docs:earlier_ratios_markdown"),
     Section("docs/benchmarks.md", "gpu-report", "tools/gpu_report.py:docs_section"),
     Section("docs/benchmarks.md", "cpu-times", "tools/cpu_times.py:docs_section"),
     Section("docs/toy-world.md", "toy-standing", "terra_nb.toyworld.readme:readme_section"),
@@ -157,17 +156,6 @@ def hf_probe_markdown(path: Path | None = None) -> str:
             f"({s['cold_over_warm']:.1f}x, medians of {p['steps']} steps; `results/hf_probe_h200.json`, "
             "`python -m terra_nb.bench.hf_probe`). A first video pays that at every step: a cold HF run looks "
             "slower than a warm one. The headline's HF side therefore runs with cuDNN's attention ruled out.")
-
-
-def earlier_ratios_markdown(path: Path | None = None) -> str:
-    """Every ratio of the earlier one-engine-after-the-other runs, each between two rows of one run."""
-    from terra_nb.workbook.results import markdown_table
-
-    d = json.loads(Path(path or RESULTS / "benchmark_h200.json").read_text())
-    rows = [{"run": r["lease"], "commit": r["commit"], "ratio": r["name"], "value": f"{r['value']:.3f}x",
-             "what it divides": r["divides"]} for r in d["ratios"]]
-    return (f"`results/benchmark_h200.json` ({d['device']}; {len(d['leases'])} runs, every ratio between two rows "
-            "of one run):\n\n" + markdown_table(rows))
 
 
 def main(argv=None) -> int:
