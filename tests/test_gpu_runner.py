@@ -172,12 +172,12 @@ def test_setup_records_the_tree_for_the_report(tmp_path):
 def test_test_groups_cover_every_test_module_once_and_keep_shared_engines_together():
     """`test fast` + `test engine1..4` run every module of tests/ exactly once (but test_browser), and the modules that
     share a session engine (tests/conftest.py: SHARED_ENGINES) sit in one group, so each builds it once."""
-    import importlib.util
+    import ast
     import re
 
-    spec = importlib.util.spec_from_file_location("repo_conftest", REPO / "conftest.py")
-    repo_conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repo_conftest)
+    tree = ast.parse((REPO / "tests" / "conftest.py").read_text())
+    shared = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", None) == "SHARED_ENGINES" for t in node.targets))
     r = subprocess.run(["bash", str(REPO / "tools" / "gpu_runner.sh"), "groups"], capture_output=True, text=True)
     groups = dict(line.split(": ", 1) for line in r.stdout.splitlines())
     modules = {p.name for p in (REPO / "tests").glob("test_*.py")}
@@ -186,7 +186,7 @@ def test_test_groups_cover_every_test_module_once_and_keep_shared_engines_togeth
     # test_browser runs on CPU CI only (no Chromium on the GPU machine); every other module once
     assert r.returncode == 0 and sorted(in_groups) == sorted(ignored - {"test_browser.py"}) and ignored < modules
     named = {g: set(re.findall(r"tests/(test_\w+\.py)", args)) for g, args in groups.items()}
-    for name in repo_conftest.shared_engines():
+    for name in shared:
         users = {p.name for p in (REPO / "tests").glob("test_*.py") if re.search(rf"\b{name}\b", p.read_text())}
         holding = [g for g, mods in named.items() if users & mods]
         assert users and len(holding) == 1 and users <= named[holding[0]], (name, users, holding)
