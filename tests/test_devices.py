@@ -38,7 +38,7 @@ def test_cuda_devices_on_a_gpu():
 
 
 def test_gpu_memory_share_caps_what_engines_ask_for(monkeypatch):
-    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, gpu_memory_share
+    from terra_nb.workbook.gpu_settings import GPU_SHARE_ENV, gpu_memory_share
 
     monkeypatch.delenv(GPU_SHARE_ENV, raising=False)
     assert gpu_memory_share(None) is None and gpu_memory_share(0.6) == 0.6   # unset: unchanged
@@ -50,7 +50,7 @@ def test_gpu_memory_share_caps_what_engines_ask_for(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["0", "1.5", "half", "-0.2", "nan"])
 def test_a_bad_gpu_memory_cap_is_refused_by_name(monkeypatch, bad):
-    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, gpu_memory_share
+    from terra_nb.workbook.gpu_settings import GPU_SHARE_ENV, gpu_memory_share
 
     monkeypatch.setenv(GPU_SHARE_ENV, bad)
     with pytest.raises(ValueError, match=GPU_SHARE_ENV):
@@ -70,7 +70,7 @@ def test_triton_fp32_precision_is_set_as_asked(monkeypatch):
 
 
 def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
-    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, apply_gpu_settings
+    from terra_nb.workbook.gpu_settings import GPU_SHARE_ENV, apply_gpu_settings
 
     monkeypatch.setenv(GPU_SHARE_ENV, "0.4")
     monkeypatch.setenv("TRITON_F32_DEFAULT", "unset below")
@@ -85,7 +85,7 @@ def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
 
 
 def test_gpu_settings_fix_the_kv_cache_and_eager_mode_only_where_the_caller_chose_none(monkeypatch):
-    from terra_nb.port.vllm_rollout import EAGER_ENV, GPU_SHARE_ENV, KV_CACHE_ENV, apply_gpu_settings
+    from terra_nb.workbook.gpu_settings import EAGER_ENV, GPU_SHARE_ENV, KV_CACHE_ENV, apply_gpu_settings
 
     for name in (EAGER_ENV, KV_CACHE_ENV, GPU_SHARE_ENV):   # the GPU runner's lanes set them
         monkeypatch.delenv(name, raising=False)
