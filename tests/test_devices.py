@@ -102,6 +102,28 @@ def test_gpu_settings_fix_the_kv_cache_and_eager_mode_only_where_the_caller_chos
             apply_gpu_settings({"dtype": "bfloat16"})
 
 
+def test_a_notebooks_engine_arguments_get_the_gpu_runners_settings_on_a_gpu_only(monkeypatch):
+    """`gpu_engine_args`: what a notebook adds to `make_llm`'s arguments. On the CPU its own choices
+    alone (`make_llm` sizes a CPU engine); on a GPU also its share, capped, and the runner's fixed
+    KV cache and eager mode where it chose none."""
+    from vllm.platforms import current_platform
+
+    from terra_nb.workbook.gpu_settings import EAGER_ENV, GPU_SHARE_ENV, KV_CACHE_ENV, gpu_engine_args
+
+    monkeypatch.setenv(GPU_SHARE_ENV, "0.2")
+    monkeypatch.setenv(KV_CACHE_ENV, "1")
+    monkeypatch.setenv(EAGER_ENV, "1")
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True)
+    assert gpu_engine_args(0.3) == {} and gpu_engine_args(0.3, enforce_eager=False) == {"enforce_eager": False}
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
+    assert gpu_engine_args(0.3) == {"gpu_memory_utilization": 0.2, "kv_cache_memory_bytes": 2**30, "enforce_eager": True}
+    assert gpu_engine_args(0.1, enforce_eager=False) == {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 2**30,
+                                                          "enforce_eager": False}
+    for name in (EAGER_ENV, KV_CACHE_ENV, GPU_SHARE_ENV):
+        monkeypatch.delenv(name)
+    assert gpu_engine_args(0.3) == {"gpu_memory_utilization": 0.3} and gpu_engine_args() == {}   # vLLM's defaults
+
+
 def test_async_engines_spawn_their_engine_process_once_cuda_is_in_use(monkeypatch):
     """vLLM's environment cache, frozen by an in-process engine core, must not keep "fork"."""
     import torch

@@ -123,8 +123,8 @@ def terra():
             res["session_refusal"] = None
         except Exception as e:
             res["session_refusal"] = f"{{type(e).__name__}}: {{e}}"
-    finally:
-        shutdown_llm(llm)
+    finally:  # a test's engine gets 1 s to exit on the CPU (vLLM's default waits longer)
+        shutdown_llm(llm, timeout=None if torch.cuda.is_available() else 1.0)
     return res
 
 
@@ -147,7 +147,7 @@ def vlm():
     try:
         params = SamplingParams(temperature=0.0, max_tokens={MAX_TOKENS}, ignore_eos=True)
         res["vllm"] = list(llm.generate([image_request(text, [image])], params, use_tqdm=False)[0].outputs[0].token_ids)
-    finally:  # 1 s to exit on the CPU, not vLLM's 5 (this copy has no vllm_compat.shutdown_llm)
+    finally:  # 1 s to exit on the CPU, as Terra's part above (this copy has no vllm_compat.shutdown_llm)
         llm.llm_engine.engine_core.shutdown(timeout=None if torch.cuda.is_available() else 1.0)
     return res
 
