@@ -323,7 +323,9 @@ def test_the_ports_hold_no_workbook_setting():
     from terra_nb.workbook import gpu_settings
 
     names = (gpu_settings.GPU_SHARE_ENV, gpu_settings.KV_CACHE_ENV, gpu_settings.EAGER_ENV, "TERRA_NB_")
-    for package in (terra_nb.port, terra_nb.port_vlm, terra_nb.port_av):
+    import terra_nb.port_gpt2
+
+    for package in (terra_nb.port, terra_nb.port_vlm, terra_nb.port_av, terra_nb.port_gpt2):
         folder = Path(package.__file__).parent
         assert not (folder / "gpu_settings.py").exists(), f"{folder.name}/gpu_settings.py"
         for path in sorted(folder.glob("*.py")):

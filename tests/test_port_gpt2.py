@@ -188,13 +188,6 @@ def test_a_checkpoint_without_a_weight_is_refused_naming_it(ckpt, state_dict):
             model.load_weights(partial.items())
 
 
-def test_the_shared_gpu_settings_file_is_the_other_ports():
-    import terra_nb.port
-
-    here = Path(terra_nb.port_gpt2.__file__).parent / "gpu_settings.py"
-    assert here.read_text() == (Path(terra_nb.port.__file__).parent / "gpu_settings.py").read_text()
-
-
 # ------------------------------------------------------------------------------ engine parity
 @pytest.fixture(scope="module")
 def hf(ckpt):
@@ -208,8 +201,9 @@ def llm(ckpt):
     from terra_nb.port.vllm_compat import shutdown_llm
     from terra_nb.port_gpt2.vllm_engine import make_llm
 
-    extra = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
-    engine = make_llm(ckpt, **extra)
+    from terra_nb.workbook.gpu_settings import gpu_engine_args
+
+    engine = make_llm(ckpt, **gpu_engine_args(0.3, **({"enforce_eager": True} if torch.cuda.is_available() else {})))
     yield engine
     shutdown_llm(engine)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
@@ -9,11 +10,8 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
     """`vllm.LLM` arguments: float32 (vLLM's "auto" gives bf16 on the CPU), no tokenizer (prompts
     are token ids), `max_model_len` = the frames the frame table covers. On the CPU backend also a
     small memory share and eager mode (a tiny model starts in seconds instead of compiling); on a
-    GPU the settings of the other ports' engines (`gpu_settings.apply_gpu_settings`: memory cap,
-    full-fp32 attention for a float32 model). `overrides` go over all of these."""
+    GPU vLLM's defaults, and for a float32 model full-fp32 attention. `overrides` go over all of these."""
     from vllm.platforms import current_platform
-
-    from .gpu_settings import apply_gpu_settings
 
     config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
     kwargs = dict(model=str(checkpoint_dir), dtype="float32", skip_tokenizer_init=True,
@@ -21,8 +19,9 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
     if current_platform.is_cpu():
         kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=8, enforce_eager=True)
     kwargs.update(overrides)
-    if not current_platform.is_cpu():
-        apply_gpu_settings(kwargs)
+    if not current_platform.is_cpu() and kwargs.get("dtype") == "float32":
+        # Triton's attention multiplies float32 in TF32 by default: exact fp32 for parity with HF.
+        os.environ["TRITON_F32_DEFAULT"] = "ieee"
     return kwargs
 
 
