@@ -37,7 +37,7 @@ def prefix_cache_counters(llm) -> dict[str, float] | None:
 
 CPU_SHUTDOWN_TIMEOUT_S = 1.0
 """Seconds a CPU engine core gets to exit before vLLM kills it. vLLM's default is 5 s, and on the
-2-core CI machine the core waits about 4 s for its worker's graceful exit (measured 2026-11-26),
+2-core CI machine the core waits about 4 s for its worker's graceful exit (measured),
 of every engine a test or notebook stops; nothing of either process needs keeping."""
 
 
