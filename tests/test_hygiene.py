@@ -32,6 +32,8 @@ WORK_ROUND = (r"\b(?:second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|
               r"|\bround\s+\d+\s+of\s+(?:work|cuts|review)")
 DIRTY = r"-dirty\b"
 TMP = r"(?<![\w.~])/tmp/"
+# A widget output shows, once stored, the state it was displayed in: a progress bar's is "0%" for
+# ever. An interactive view (a slider over frames) is a widget too, and is live again once re-run.
 # a progress bar that stopped short: tqdm's "  0%|" ... "99%|", or transformers' "Loading weights: 0%"
 FROZEN_BAR = r"(?<![\d.])\d{1,2}%\|| Loading (?:weights|checkpoint shards):\s+\d{1,2}%"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -90,7 +92,8 @@ def notebook_problems(nb: dict) -> list[str]:
         problems.append("metadata: stored widget state")
     for i, cell in enumerate(nb.get("cells", [])):
         for j, out in enumerate(cell.get("outputs", [])):
-            if WIDGET_MIME in out.get("data", {}):
+            data = out.get("data", {})
+            if WIDGET_MIME in data and re.search(r"\d%|it/s|Progress\(", _joined(data.get("text/plain", ""))):
                 problems.append(f"cells[{i}] output {j}: a progress widget (frozen once stored)")
     for where, text in notebook_texts(nb):
         for what, rx in NOTEBOOK_RE.items():
