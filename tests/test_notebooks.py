@@ -108,3 +108,14 @@ def test_clean_outputs_finishes_progress_bars_and_hides_scratch_paths():
     assert nb.cells[2].outputs[0].text == "wrote $TMPDIR/run.json\n"
     assert nb.cells[2].outputs[1].data["text/plain"] == "data/toy/model and $TMPDIR/run.json"
     assert "widgets" not in nb.metadata
+
+
+def test_clean_outputs_leaves_compared_cells_as_printed():
+    """nbval compares a `# NBVAL_CHECK_OUTPUT` cell with what the kernel prints next time: its stored
+    output is never rewritten (the hygiene test flags a scratch path there instead)."""
+    import tempfile
+
+    nb = nbtools.make_notebook([("code", "# NBVAL_CHECK_OUTPUT\nprint(path)")])
+    text = f"{tempfile.gettempdir()}/x/y.json\n"
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+    assert nbtools.clean_outputs(nb).cells[0].outputs[0].text == text
