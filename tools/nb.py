@@ -15,8 +15,9 @@ only makes creating and refreshing them uniform:
 
 Cells are ('md', text), ('code', source) or ('params', source) (the papermill `parameters`
 cell); an optional third item is a list of extra tags. `execute=True` runs the notebook in a
-kernel of this interpreter with notebooks/ as the working directory and stores the outputs:
-nbval compares the `# NBVAL_CHECK_OUTPUT` cells against those stored outputs.
+kernel of this interpreter with notebooks/ as the working directory and stores the outputs,
+cleaned (`clean_outputs`: a progress bar as the text it ended on, no widget state, no scratch or
+absolute paths): nbval compares the `# NBVAL_CHECK_OUTPUT` cells against those stored outputs.
 
 CLI:
     python tools/nb.py execute notebooks/02_placeholder_design.ipynb   # refresh stored outputs
