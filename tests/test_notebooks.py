@@ -92,9 +92,13 @@ def test_clean_outputs_finishes_progress_bars_and_hides_scratch_paths():
         "r": {"_model_name": "HTMLModel", "value": "\u200725/25\u2007[00:00&lt;00:00,\u20071.0it/s]"},
         "view": {"_model_name": "VBoxModel", "children": ["IPY_MODEL_s"]},
         "s": {"_model_name": "IntSliderModel", "value": 0},
+        "box2": {"_model_name": "HBoxModel", "children": ["IPY_MODEL_l2", "IPY_MODEL_b", "IPY_MODEL_r2"]},
+        "l2": {"_model_name": "HTMLModel", "value": ""},   # vLLM's bar_format has no {bar}
+        "r2": {"_model_name": "HTMLModel", "value": "Loading shards: 100% Completed | 1/1"},
     }
     nb = nbtools.make_notebook([("code", "x"), ("code", "y"), ("code", "z")])
-    nb.cells[0].outputs = [_widget_output("box", "Loading weights:   0%|          | 0/25")]
+    nb.cells[0].outputs = [_widget_output("box", "Loading weights:   0%|          | 0/25"),
+                           _widget_output("box2", "Loading shards:   0% Completed | 0/1")]
     nb.cells[1].outputs = [_widget_output("view", "VBox(children=(IntSlider(value=0),))"),
                            _widget_output("gone", "Loading weights:   0%|          | 0/25")]
     scratch = f"{tempfile.gettempdir()}/tmpab12/out/run.json"
@@ -103,7 +107,8 @@ def test_clean_outputs_finishes_progress_bars_and_hides_scratch_paths():
                                "text/plain": f"{REPO}/data/toy/model and {scratch}"})]
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     nb = nbtools.clean_outputs(nb, state)
-    assert [o.text for o in nb.cells[0].outputs] == ["Loading weights: 100%|##########| 25/25 [00:00<00:00, 1.0it/s]\n"]
+    assert [o.text for o in nb.cells[0].outputs] == ["Loading weights: 100%|##########| 25/25 [00:00<00:00, 1.0it/s]\n",
+                                                     "Loading shards: 100% Completed | 1/1\n"]
     assert [o.data["text/plain"] for o in nb.cells[1].outputs] == ["VBox(children=(IntSlider(value=0),))"]
     assert nb.cells[2].outputs[0].text == "wrote $TMPDIR/run.json\n"
     assert nb.cells[2].outputs[1].data["text/plain"] == "data/toy/model and $TMPDIR/run.json"

@@ -124,7 +124,10 @@ def progress_text(model_id: str, widgets: dict) -> str | None:
         return None
     left, bar, right = parts
     full = int(round(10 * bar.get("value", 0) / bar["max"])) if bar.get("max") else 10
-    text = f"{left.get('value', '')}|{'#' * full}{' ' * (10 - full)}| {right.get('value', '')}"
+    if not left.get("value", "").strip():   # a bar_format without {bar}: tqdm shows its text on the right
+        text = right.get("value", "")
+    else:
+        text = f"{left['value']}|{'#' * full}{' ' * (10 - full)}| {right.get('value', '')}"
     return re.sub(r" +", " ", html.unescape(text).replace("\u2007", " ")).strip()
 
 
