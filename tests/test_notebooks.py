@@ -82,7 +82,7 @@ def _widget_output(model_id, text):
 
 def test_clean_outputs_finishes_progress_bars_and_hides_scratch_paths():
     """A tqdm notebook bar stored as a widget shows "0%" for ever: `clean_outputs` turns it into the
-    line its final state shows; an interactive view stays; no widget state or scratch path is kept."""
+    line its final state shows; an interactive view stays, its text saying what it is; no widget state or scratch path is kept."""
     import tempfile
 
     state = {
@@ -109,7 +109,8 @@ def test_clean_outputs_finishes_progress_bars_and_hides_scratch_paths():
     nb = nbtools.clean_outputs(nb, state)
     assert [o.text for o in nb.cells[0].outputs] == ["Loading weights: 100%|##########| 25/25 [00:00<00:00, 1.0it/s]\n",
                                                      "Loading shards: 100% Completed | 1/1\n"]
-    assert [o.data["text/plain"] for o in nb.cells[1].outputs] == ["VBox(children=(IntSlider(value=0),))"]
+    assert [o.data["text/plain"] for o in nb.cells[1].outputs] == [nbtools.INTERACTIVE_TEXT]
+    assert nb.cells[1].outputs[0].data[nbtools.WIDGET_VIEW]["model_id"] == "view"
     assert nb.cells[2].outputs[0].text == "wrote $TMPDIR/run.json\n"
     assert nb.cells[2].outputs[1].data["text/plain"] == "data/toy/model and $TMPDIR/run.json"
     assert "widgets" not in nb.metadata
@@ -125,3 +126,19 @@ def test_clean_outputs_leaves_compared_cells_as_printed():
     bar = _widget_output("gone", "Loading weights:   0%|          | 0/25")
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=text), bar]
     assert nbtools.clean_outputs(nb).cells[0].outputs == [nbformat.v4.new_output("stream", name="stdout", text=text), bar]
+
+
+def test_clean_reads_the_stored_widget_state(tmp_path):
+    """`nb.py clean` finishes a stored bar from the widget state the notebook kept in its metadata."""
+    nb = nbtools.make_notebook([("code", "x")])
+    nb.cells[0].outputs = [_widget_output("box", "Loading weights:   0%|          | 0/2")]
+    state = {"box": ("HBoxModel", {"children": ["IPY_MODEL_l", "IPY_MODEL_b", "IPY_MODEL_r"]}),
+             "l": ("HTMLModel", {"value": "Loading weights: 100%"}),
+             "b": ("FloatProgressModel", {"value": 2.0, "max": 2.0}), "r": ("HTMLModel", {"value": " 2/2"})}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        k: {"model_name": name, "state": st} for k, (name, st) in state.items()}}}
+    nbformat.write(nb, tmp_path / "01_x.ipynb")
+    nbtools.clean_in_place(tmp_path / "01_x.ipynb")
+    nb = nbformat.read(tmp_path / "01_x.ipynb", as_version=4)
+    assert [o.text for o in nb.cells[0].outputs] == ["Loading weights: 100%|##########| 2/2\n"]
+    assert "widgets" not in nb.metadata

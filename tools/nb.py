@@ -21,6 +21,7 @@ absolute paths): nbval compares the `# NBVAL_CHECK_OUTPUT` cells against those s
 
 CLI:
     python tools/nb.py execute notebooks/02_placeholder_design.ipynb   # refresh stored outputs
+    python tools/nb.py clean notebooks/*.ipynb                          # clean stored outputs, no run
     python tools/nb.py check [notebooks/*.ipynb]                        # the conventions below
     python tools/nb.py cells notebooks/02_placeholder_design.ipynb      # dump as (kind, source)
     python tools/nb.py figures [notebooks/*.ipynb]                      # typed measured figures
@@ -112,6 +113,7 @@ def run_notebook(nb: nbformat.NotebookNode, cwd: Path | str | None = None, timeo
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+INTERACTIVE_TEXT = "(an interactive widget: run the notebook to use it)"
 
 
 def progress_text(model_id: str, widgets: dict) -> str | None:
@@ -154,11 +156,27 @@ def clean_outputs(nb: nbformat.NotebookNode, widgets: dict | None = None) -> nbf
                 if line:
                     outs.append(nbformat.v4.new_output("stream", name="stderr", text=line + "\n"))
                 continue
+            if view:   # an interactive view: without a kernel, say so instead of its repr
+                out["data"]["text/plain"] = INTERACTIVE_TEXT
             outs.append(_untmp(out, tmp))
         if cell.cell_type == "code":
             cell.outputs = outs
     nb.metadata.pop("widgets", None)
     return nb
+
+
+def stored_widget_state(nb: nbformat.NotebookNode) -> dict:
+    """The widget state a notebook stored in its metadata, as `clean_outputs` reads it."""
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return {k: {**v.get("state", {}), "_model_name": v.get("model_name")} for k, v in state.items()}
+
+
+def clean_in_place(path) -> Path:
+    """`clean_outputs` on a stored notebook, without running it (bars from its stored widget state)."""
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    nbformat.write(clean_outputs(nb, stored_widget_state(nb)), path)
+    return path
 
 
 def _looks_like_progress(out) -> bool:
@@ -321,7 +339,7 @@ def typed_figures(path, fixed: frozenset = FIXED_FIGURES) -> list[str]:
 
 
 def _main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("execute", "check", "cells", "figures"):
+    if not argv or argv[0] not in ("execute", "clean", "check", "cells", "figures"):
         print(__doc__.split("CLI:")[1])
         return 2
     cmd, paths = argv[0], [Path(p) for p in argv[1:]]
@@ -332,6 +350,9 @@ def _main(argv: list[str]) -> int:
         if cmd == "execute":
             execute_in_place(p)
             print(f"executed {p}")
+        elif cmd == "clean":
+            clean_in_place(p)
+            print(f"cleaned {p}")
         elif cmd == "figures":
             typed = typed_figures(p)
             print(f"{p}: " + ("ok" if not typed else "typed figures, not in any output:\n  " + "\n  ".join(typed)))
