@@ -140,7 +140,7 @@ def clean_outputs(nb: nbformat.NotebookNode, widgets: dict | None = None) -> nbf
     temporary directory is shown as `$TMPDIR/name`, one in this repository relative to it).
     `# NBVAL_CHECK_OUTPUT` cells are left as the kernel printed them."""
     widgets = widgets or {}
-    tmp = re.compile(re.escape(tempfile.gettempdir().rstrip("/")) + r"/(?:[\w.-]+/)*"
+    tmp = re.compile(r"(?<![\w.])" + re.escape(tempfile.gettempdir().rstrip("/")) + r"/(?:[\w.-]+/)*"
                      r"|" + re.escape(str(REPO)) + r"/")
     for cell in nb.cells:
         if "NBVAL_CHECK_OUTPUT" in cell.source:
