@@ -50,9 +50,9 @@ def test_kernel_environment_drops_pytest_marker():
 
 def test_nbval_kernel_stdout_has_a_file_descriptor(tmp_path, pytester):
     path = nbtools.write_notebook(tmp_path / "01_fileno.ipynb", CELLS)
-    # the repository's pytest configuration, as `make test` runs nbval; in this process (pytester:
-    # a fresh interpreter costs ~12 s of imports here), under this test's PYTEST_CURRENT_TEST as well
-    r = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
+    # the repository's pytest configuration, as `make test` runs nbval, in a pytest subprocess that
+    # inherits this test's PYTEST_CURRENT_TEST
+    r = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-c", str(REPO / "pyproject.toml"),
                                      "--rootdir", str(tmp_path), str(path))
     out = "\n".join(r.outlines)
     assert r.ret == 0 and "3 passed" in out, out[-3000:] + "\n".join(r.errlines)[-2000:]

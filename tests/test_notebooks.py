@@ -53,8 +53,8 @@ def test_check_conventions_catches_problems(tmp_path):
 def test_nbval_checks_marked_outputs_only(tmp_path, pytester):
     """nbval with this repository's configuration (pyproject's addopts: --nbval-lax
     --nbval-current-env and the kernel plugin), on two executed notebooks in one pytest session, run
-    in this process (pytester; a fresh interpreter costs ~12 s of imports on the 2-core machine, and
-    nbval's kernels are their own processes either way): 01 as executed, whose unmarked cell prints
+    in a pytest subprocess (an in-process run left nbval's kernel machinery behind, and a later
+    notebook in the same worker crashed): 01 as executed, whose unmarked cell prints
     a new random number (not compared: its cells pass), and 02, a copy whose marked cell's stored
     output no longer matches (that cell fails)."""
     cells = GOOD[:3] + [("code", "import random\nprint(random.random())")] + GOOD[3:]
@@ -64,7 +64,7 @@ def test_nbval_checks_marked_outputs_only(tmp_path, pytester):
     assert nb.cells[2].outputs[0].text == "42\n"
     nb.cells[2].outputs[0].text = "41\n"  # the marked cell's stored output no longer matches
     nbformat.write(nb, tmp_path / "02_t.ipynb")
-    r = pytester.runpytest_inprocess("-q", "-rA", "--color=no", "-p", "no:cacheprovider", "-c",
+    r = pytester.runpytest_subprocess("-q", "-rA", "--color=no", "-p", "no:cacheprovider", "-c",
                                      str(REPO / "pyproject.toml"), "--rootdir", str(tmp_path), str(path),
                                      str(tmp_path / "02_t.ipynb"))
     out = "\n".join(r.outlines)
