@@ -1,6 +1,5 @@
 """Building and ending the engines the benchmark compares: HF's model, our port's `vllm.LLM` (or a
-session engine), stock vLLM Llama of the same shape; where an engine core runs; the settings that keep
-tensor parallelism off NVLink multicast.
+session engine), stock vLLM Llama of the same shape.
 """
 from __future__ import annotations
 
@@ -12,16 +11,6 @@ import torch
 from terra_nb.bench.workload import stock_llama_checkpoint
 from terra_nb.port.config import LlamaActionConfig
 from terra_nb.port.layout import FrameLayout
-
-
-def engine_core_process(async_engine: bool = False) -> str:
-    """Where a row's engine core ran: `vllm.LLM` in this process when
-    `VLLM_ENABLE_V1_MULTIPROCESSING=0` (tools/gpu.sh sets it), else in a child process, as
-    `AsyncLLM` always does. Per-step work differs between the two (inter-process messages), so a
-    comparison of session rows with frame-loop rows says which each had."""
-    from vllm import envs
-
-    return "child process" if async_engine or envs.VLLM_ENABLE_V1_MULTIPROCESSING else "this process"
 
 
 def load_hf(ckpt: Path):
@@ -74,10 +63,3 @@ def shutdown(llm) -> None:
     from terra_nb.port.vllm_compat import shutdown_llm
 
     shutdown_llm(llm)
-
-
-NO_MULTICAST_TP_KWARGS = dict(disable_custom_all_reduce=True,
-                              compilation_config={"pass_config": {"fuse_allreduce_rms": False}})
-"""Engine settings for TP>1 that keep vLLM 0.26 off NVLink multicast (its all-reduce + RMSNorm fusion
-picks FlashInfer's multicast backend by default); `tools/gpu.sh tp` also sets the matching
-environment (`VLLM_ALLREDUCE_USE_FLASHINFER=0`, `NCCL_NVLS_ENABLE=0`, ...)."""

@@ -1,4 +1,4 @@
-"""Faster than stock: notebook 12's figures, from the committed GPU files and the toy world.
+"""Speed levers: notebook 12's figures, from the committed GPU files and the toy world.
 
 Two levers beyond stock vLLM, each priced from files in `results/faster/` (interleaved pairs, a
 quality run, the FP8-weight attempts) and, on the CPU, from the toy world:
@@ -19,8 +19,6 @@ which build clips on the CPU (no engine).
 """
 from __future__ import annotations
 
-import json
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from terra_nb.bench import roofline
+from terra_nb.bench.records import latest
 from terra_nb.port.frame_copy import frame_copy_draft
 
 FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8w_attempts")
@@ -47,12 +46,7 @@ def faster_dir() -> Path:
 
 def load(kind: str, folder: Path | None = None) -> tuple[Path, dict]:
     """The newest `results/faster/*_<kind>.json` (by its recorded date, then name) and its contents."""
-    folder = Path(folder) if folder is not None else faster_dir()
-    files = sorted(folder.glob(f"*_{kind}.json"))
-    if not files:
-        raise FileNotFoundError(f"no *_{kind}.json in {folder}")
-    loaded = [(f, json.loads(f.read_text())) for f in files]
-    return max(loaded, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name))
+    return latest(f"*_{kind}.json", Path(folder) if folder is not None else faster_dir())
 
 
 def load_all(folder: Path | None = None) -> dict[str, dict]:
@@ -62,23 +56,6 @@ def load_all(folder: Path | None = None) -> dict[str, dict]:
         path, res = load(kind, folder)
         out[kind] = dict(res, path=path)
     return out
-
-
-def lease_name(text: str | None) -> str:
-    """A lease as a reader should see it: the project's tracker numbers ("issue 38") left out."""
-    return re.sub(r",?\s*\bissues?\s*#?\d+", "", text or "").strip(" ,")
-
-
-def provenance(res: Mapping) -> str:
-    """Where and on what a file was measured: device, vLLM and torch, commit, lease, date."""
-    v = res.get("versions", {})
-    parts = [res.get("device", "?"), f"vLLM {v.get('vllm', '?')}", f"torch {v.get('torch', '?')}"]
-    if res.get("commit"):
-        parts.append(f"commit {res['commit']}")
-    if res.get("lease"):
-        parts.append(lease_name(res["lease"]))
-    parts.append(str(res.get("date", "?")))
-    return ", ".join(parts)
 
 
 # ------------------------------------------------------------------ a step's cost, from a pairs file
@@ -450,14 +427,23 @@ def kv_share_plot(config, lengths: Mapping[str, tuple[int, int]], batches: Seque
 
 # ------------------------------------------------------------------ FP8: quality and the attempts
 
+def why_not_run(error: str) -> str:
+    """A variant's failure in a few words for a table: what stopped it, not the whole message (the
+    file keeps that)."""
+    if "memory" in error.lower():
+        return "did not run: too little free GPU memory when its engine started"
+    kind = error.split(":", 1)[0]
+    return f"did not run: {kind} (the file's `error` says where)"
+
+
 def quality_rows(q: Mapping) -> list[dict]:
     """The quality file's variants against HF float32: teacher-forced top-1 agreement, largest
-    logprob gap, path error of greedy rollouts (held-out and counterfactual clips), or the error."""
+    logprob gap, path error of greedy rollouts (held-out and counterfactual clips), or why it did not run."""
     rows = []
     for name, v in q["variants"].items():
         settings = ", ".join(f"{k}={val}" for k, val in v["settings"].items())
         if "error" in v:
-            rows.append({"variant": name, "settings": settings, "top-1 agreement": "did not run: " + v["error"][:80] + " ..."})
+            rows.append({"variant": name, "settings": settings, "top-1 agreement": why_not_run(v["error"])})
             continue
         rows.append({"variant": name, "settings": settings, "top-1 agreement": f"{100 * v['top1_agreement']:.2f}%",
                      "largest logprob gap": v["max_logprob_gap"], "path error (m)": v["ade_m"],
