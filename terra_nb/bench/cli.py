@@ -55,6 +55,11 @@ def main(argv=None):
     pr.add_argument("--ckpt-root", default="checkpoints")
     pr.add_argument("--out", required=True)
     pr.add_argument("--engine-kwargs", type=json.loads, default={}, help='JSON engine arguments, e.g. \'{"max_num_seqs": 64}\'')
+    from terra_nb.bench.profiling import ProfileSpec
+
+    for f in dataclasses.fields(ProfileSpec):   # --batch, --decode-steps, --n-ctx, ...
+        kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
+        pr.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
     sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
     if a.cmd in ("pairs", "remake"):
@@ -62,10 +67,11 @@ def main(argv=None):
     elif a.cmd == "quality":
         _quality(a)
     elif a.cmd == "profile":
-        from terra_nb.bench.profiling import profile_side, summary_lines
+        from terra_nb.bench.profiling import ProfileSpec, profile_side, summary_lines
         from terra_nb.bench.workload import checkpoint
 
-        res = profile_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, engine_kwargs=a.engine_kwargs)
+        spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
+        res = profile_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, spec, a.engine_kwargs)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print("\n".join(summary_lines(res)))

@@ -261,25 +261,6 @@ def versions(model) -> dict:
 
 
 # ---------------------------------------------------------------------------- command line
-def summary_lines(res: dict) -> list[str]:
-    """One line per setting: cold vs warm ms per step, CPU seconds per pass, or the error."""
-    lines = [f"{res['device']}, torch {res['torch']}, cuDNN {res['cudnn']}, attention {res['attn_implementation']}, "
-             f"{res['dtype']}; {res['steps']} steps per pass from length {res['L_ctx']}"]
-    for name, s in res["settings"].items():
-        if s["error"]:
-            lines.append(f"  {name:20s} error: {s['error']}")
-            continue
-        lines.append(f"  {name:20s} cold {s['cold_ms_median']:8.3f} ms  warm {s['warm_ms_median']:8.3f} ms  "
-                     f"x{s['cold_over_warm']:.2f}  cpu_s {s['cpu_s_cold']:.3f}/{s['cpu_s_warm']:.3f} of "
-                     f"{s['cold_s']:.3f}/{s['warm_s']:.3f} s  lengths {s['cold_lengths'][0]}..{s['cold_lengths'][-1]}")
-    if "profile" in res:
-        for phase in ("cold", "warm"):
-            p = res["profile"][phase]
-            lines.append(f"  profiled {phase} step at {p['length']}: {p['ms']} ms; kernels {p['cuda_kernels'][:4]}; "
-                         f"cpu ops {p['cpu_ops'][:4]}")
-    return lines
-
-
 def finding_lines(res: dict) -> list[str]:
     """What a probe found, in sentences computed from its result (`new_length_probe`'s dict): which
     attention kernel the default setting ran (the profiled cold step's CPU ops), what a step at a new
@@ -332,7 +313,7 @@ def main(argv=None) -> dict:
                                    + [shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv)]))
     write = lambda res: out.write_text(json.dumps(dict(header, probe=res), indent=1))  # noqa: E731
     res = new_length_probe(model, sample.context[: a.n_ctx], sample.actions, steps, settings, flush=write)
-    print("\n".join(summary_lines(res)))
+    print("\n".join(finding_lines(res)))
     return dict(header, probe=res)
 
 

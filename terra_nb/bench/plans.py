@@ -82,7 +82,7 @@ def named_plan(name: str) -> Plan:
 
 
 PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed", "faster_fp8kv", "faster_fp8w",
-              "faster_spec_terra", "faster_spec_toy", "smoke_faster", "faster_fp8w_eager",
+              "faster_spec_terra", "faster_spec_toy", "smoke_faster",
               "faster_spec_toy_greedy", "faster_fp8kv_long")
 
 
@@ -211,24 +211,7 @@ def spec_toy_plan(shared: dict, batches: dict[int, int], trials: int = 5, ks=(4,
 
 _TOY_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.1)   # seven small engines on one GPU
 
-FP8_EAGER = dict(enforce_eager=True)
-FP8_WEIGHTS_EAGER = dict(kv_cache_dtype="fp8", quantization="fp8", compilation_config={"custom_ops": ["-quant_fp8"]})
-"""FP8 weights where vLLM 0.26's compiled FP8 path does not build (the GPU machine's Triton lacks
-fp8e4nv under torch.compile; vLLM's per-token FP8 kernel is not built for Float8_e4m3fn): every
-side eager, the activations' FP8 cast in torch (`-quant_fp8`)."""
-
-
-def fp8_weights_eager_plan(trials: int = 5) -> Plan:
-    shared = dict(_KV_SHARE, **FP8_EAGER)
-    return faster_plan("terra", shared, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV),
-                                         "port_fp8": ("port", FP8_WEIGHTS_EAGER)},
-                       {1: 6, 128: 3}, [("port_fp8", "port", ("kv_cache_dtype", "quantization"), {}),
-                                        ("port_fp8", "port_fp8kv", ("quantization",), {}),
-                                        ("port_fp8kv", "port", ("kv_cache_dtype",), {})], trials)
-
-
 FASTER_PLANS = {
-    "faster_fp8w_eager": fp8_weights_eager_plan,
     "faster_fp8kv": fp8_kv_plan,
     "faster_fp8kv_long": fp8_kv_long_plan,
     "faster_fp8w": fp8_weights_plan,
