@@ -462,28 +462,41 @@ def attempt_rows(a: Mapping) -> list[dict]:
 
 # ------------------------------------------------------------------ when each lever pays
 
+def pays(c: Mapping) -> str:
+    """Whether a lever pays, read off its interval: `yes` when the whole 95% interval is above 1,
+    `no` when it is wholly below, `cannot tell` when it straddles 1 or there is one trial a side."""
+    lo, hi = c["interval"]
+    if c["trials"] < 2:
+        return "cannot tell (1 trial a side)"
+    return "yes" if lo > 1 else "no" if hi < 1 else "cannot tell"
+
+
 def lever_rows(files: Mapping[str, Mapping]) -> list[dict]:
-    """Each lever as measured, per workload and batch: the speed-up (first over second) with its
-    interval or the word that there was one trial, and codes per step where it speculated."""
+    """Each lever as measured against the port as it ships, per workload and batch: the speed-up
+    (the lever's side over the port's) with its interval, whether it pays (`pays`), and codes per
+    step where it speculated; FP8 weights as not measured where they did not run."""
     rows = []
 
-    def add(lever, kind, c, model, note=""):
+    def add(lever, c, model, note=""):
         rows.append({"lever": lever, "model": model, "rollouts": c["batch"], "frames": c["frames"],
-                     "speed-up": ratio_text(c), "note": note})
+                     "speed-up": ratio_text(c), "pays?": pays(c), "note": note})
 
     terra, toy, greedy, kv = files["spec_terra"], files["spec_toy"], files["spec_toy_greedy"], files["fp8kv"]
-    for res, model in ((terra, "Terra, random weights, T=0.9"), (toy, "toy, T=0.9")):
+    terra_name, toy_name = "Terra shape, random weights, temperature 0.9", "toy, temperature 0.9"
+    for res, model in ((terra, terra_name), (toy, toy_name)):
         for b in res["blocks"]:
-            add("async scheduling (port over port_sync)", "", inverted(pair(res, "port_sync", "port", b["name"])), model)
-    for res, model in ((terra, "Terra, random weights, T=0.9"), (toy, "toy, T=0.9"), (greedy, "toy, greedy")):
+            add("async scheduling off", pair(res, "port_sync", "port", b["name"]), model)
+    for res, model in ((terra, terra_name), (toy, toy_name), (greedy, "toy, greedy")):
         for b in res["blocks"]:
-            c = pair(res, "port_fc8", "port", b["name"])
-            add("frame copy k=8 over the async port", "", c, model,
-                f"{codes_per_step(res, b['name'], 'port_fc8'):.2f} codes/step; break-even "
+            add("frame copy, k = 8", pair(res, "port_fc8", "port", b["name"]), model,
+                f"{codes_per_step(res, b['name'], 'port_fc8'):.2f} codes per step; break-even "
                 f"{break_even_codes_per_step(step_s(res, b['name'], 'port_fc8'), step_s(res, b['name'], 'port')):.2f}")
     for res in (kv, files["fp8kv_long"]):  # 3 frames a trial (mostly the context's prefill), then 9
         for b in res["blocks"]:
             c = pair(res, "port_fp8kv", "port", b["name"])
-            add("FP8 KV over bf16", "", c, "Terra, random weights, T=0.9",
-                (f"target {c['target']}x: {c['verdict']}" if c.get("target") else ""))
+            add("FP8 KV cache", c, terra_name, (f"target {c['target']}x: {c['verdict']}" if c.get("target") else ""))
+    if "fp8w_attempts" in files:
+        rows.append({"lever": "FP8 weights", "model": terra_name, "rollouts": "", "frames": "",
+                     "speed-up": "not measured", "pays?": "did not run on the GPU's vLLM",
+                     "note": f"{len(files['fp8w_attempts']['attempts'])} attempts, each stopped inside vLLM's FP8 path"})
     return rows

@@ -38,8 +38,8 @@ def latest(pattern: str, folder: Path | None = None, hint: str = "") -> tuple[Pa
 def provenance(res: dict) -> str:
     """'NVIDIA H100 80GB HBM3, vLLM 0.26.0, torch 2.11.0+cu130, commit 807ef4d': where and with what a
     result was measured (the commit whose code ran, never a machine's stale working-tree name)."""
-    v = res.get("versions") or {}
-    parts = [res.get("device") or "device not recorded"]
+    v = res.get("versions") or res.get("env") or {}
+    parts = [res.get("device") or (res.get("env") or {}).get("device") or "device not recorded"]
     parts += [f"{name} {v[key]}" for key, name in (("vllm", "vLLM"), ("torch", "torch")) if v.get(key)]
     commit = res.get("commit") or (res.get("env") or {}).get("git_commit")
     parts.append(f"commit {commit}" if commit and not commit.endswith("-dirty") else "commit not recorded")
@@ -75,7 +75,7 @@ def tp_rows(res: dict) -> list[dict]:
     prompt tokens per second."""
     by = {(r["tp"], r.get("batch") or "prefill"): r for r in res["rows"] if r.get("tp")}
     out = []
-    for (tp, batch), one in sorted(by.items(), key=lambda kv: str(kv[0][1])):
+    for (tp, batch), one in sorted(by.items(), key=lambda kv: (kv[0][1] == "prefill", str(kv[0][1]).zfill(6))):
         two = by.get((2, batch))
         if tp != 1 or two is None:
             continue
