@@ -14,7 +14,6 @@ Each file's `analysis` is what `pairs.analyse` computed from its trials when the
 """
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -126,7 +125,7 @@ def _ci(c: dict) -> str:
     return f"{c['speedup']:.2f}x (95% interval {c['interval'][0]:.2f} to {c['interval'][1]:.2f}, {c['trials']} trials a side)"
 
 
-def seed_sentences(seed: dict, probe: dict | None = None) -> list[str]:
+def seed_sentences(seed: dict) -> list[str]:
     """Whether the seed's 2.6x is reproduced, in the seed's setting and with today's defaults, and why."""
     eager, defaults = _pair(seed, "port_seed_vs_hf"), _pair(seed, "port_defaults_vs_hf")
     answer = {MET: "Yes", MISSED: "No"}.get(eager["verdict"], "The trials cannot tell")
@@ -147,14 +146,6 @@ def seed_sentences(seed: dict, probe: dict | None = None) -> list[str]:
         f"batch 1 the seed's ratio compares two CPU-bound loops, and it moves with the host and the library "
         f"versions. Our HF is warmed up and runs with cuDNN's attention ruled out.",
     ]
-    if probe:
-        d = probe.get("probe", probe).get("settings", {}).get("default", {})
-        if d and not d.get("error"):
-            lines.append(f"With cuDNN's attention (torch's default there), a decode step at a key length new to "
-                         f"the process cost {d['cold_over_warm']:.1f}x one at a length seen before "
-                         f"({probe.get('probe', probe).get('device', 'GPU')}, `python -m terra_nb.bench.hf_probe`): "
-                         f"a first video pays that at every step, which is how a cold HF run like the seed's "
-                         f"looks slower than a warm one.")
     verdict = {MET: "exceeded", MISSED: "not reached"}.get(defaults["verdict"], "not resolved")
     lines.append(f"**With today's defaults** (CUDA graphs, prefix caching) the port is {_ci(defaults)} HF's "
                  f"speed: the seed's {SEED_SPEEDUP:.1f}x is {verdict}.")
@@ -192,13 +183,12 @@ def provenance(stock: dict, seed: dict) -> str:
             f"`--plan headline_seed`).")
 
 
-def headline_markdown(results_dir: Path | None = None, probe_file: Path | None = None) -> str:
-    """The README's headline block: the table, the sentences, the provenance, the files."""
-    from terra_nb.workbook.paths import REPO, RESULTS
+def headline_markdown(results_dir: Path | None = None) -> str:
+    """The README's headline block: the table with its setup notes, the sentences, the provenance,
+    the files (linked relative to the repository)."""
+    from terra_nb.workbook.paths import REPO
 
     (fs, stock), (fd, seed) = latest("stock", results_dir), latest("seed", results_dir)
-    probe_path = probe_file or RESULTS / "hf_probe_h200.json"
-    probe = json.loads(probe_path.read_text()) if probe_path.exists() else None
     files = ", ".join(f"[{f.name}]({f.relative_to(REPO)})" for f in (fs, fd))
-    return "\n\n".join([headline_table(stock, seed), stock_sentence(stock), *seed_sentences(seed, probe),
+    return "\n\n".join([headline_table(stock, seed), stock_sentence(stock), *seed_sentences(seed),
                         provenance(stock, seed) + f" Files: {files}."])
