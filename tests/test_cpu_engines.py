@@ -1,10 +1,10 @@
-"""The vLLM-CPU variables the suite and `make reproduce` set (`terra_nb_kernel.cpu_engines`): what
+"""The vLLM-CPU variables the suite sets (tests/cpu_engines.py): what
 they are per pytest-xdist worker, that a caller's own value wins, and that they stay off a GPU
 machine. That an engine honours them is checked on the suite's shared engine in test_vllm_engine.py."""
 from __future__ import annotations
 
-from terra_nb_kernel import cpu_engines
-from terra_nb_kernel.cpu_engines import apply_cpu_engine_settings, cpu_engine_settings
+import cpu_engines
+from cpu_engines import apply_cpu_engine_settings, cpu_engine_settings
 
 
 def test_each_xdist_worker_gets_a_core_of_its_own_and_every_engine_a_fixed_kv_cache():
