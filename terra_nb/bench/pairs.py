@@ -36,13 +36,15 @@ from terra_nb.bench.stats import compare
 @dataclasses.dataclass(frozen=True)
 class Block:
     """One workload that several sides run in turn: `frames` frames after the context for `batch`
-    rollouts at once, `trials` rounds, sampling at `temperature`."""
+    rollouts at once, `trials` rounds, sampling at `temperature`; with `step_profile`, each engine
+    side's frame steps profiled on one more rollout after the timed rounds (`sides.Side.step_profile`)."""
     name: str
     sides: tuple[str, ...]
     batch: int
     frames: int
     trials: int = 5
     temperature: float = 0.9
+    step_profile: bool = False
 
     def __post_init__(self):
         if len(set(self.sides)) < 2:
@@ -126,6 +128,9 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | 
             if msg[0] == "counters":
                 conn.send(("counters", side.counters()))
                 continue
+            if msg[0] == "step_profile":
+                conn.send(("profile", side.step_profile(*msg[1:])))
+                continue
             conn.send(("seconds", side.trial(*msg[1:])))
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
@@ -188,6 +193,11 @@ class Worker:
         """The side's engine counters now (`settings.engine_counters`)."""
         self.conn.send(("counters",))
         return self._answer("counters")
+
+    def step_profile(self, batch: int, frames: int, temperature: float, seed: int) -> dict:
+        """The side's frame-step profile on one more rollout (`sides.Side.step_profile`)."""
+        self.conn.send(("step_profile", batch, frames, temperature, seed))
+        return self._answer("profile")
 
     def close(self) -> None:
         try:
@@ -266,6 +276,9 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, run: str | None = 
                     rec["trials_s"][s].append(round(sec, 4))
                 flush()
             rec["counters"] = counter_deltas(before, {s: workers[s].counters() for s in b.sides})
+            if b.step_profile:   # after the counters: the profiled rollout is not a trial
+                rec["step_profiles"] = {s: workers[s].step_profile(b.batch, b.frames, b.temperature, plan.seed)
+                                        for s in b.sides if workers[s].spec.kind != "hf"}
             flush()
     except SideTimeout as e:
         res["errors"].append(dict(error=str(e).split("\n")[0]))

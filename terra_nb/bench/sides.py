@@ -69,6 +69,22 @@ class Side:
     def run(self, batch: int, frames: int, sampling) -> None:
         raise NotImplementedError
 
+    def step_profile(self, batch: int, frames: int, temperature: float, seed: int) -> dict:
+        """Where a frame step's time goes on this side (`step_profile`), on one more untimed rollout:
+        the frame loop's `generate` calls and engine steps, or a session's streamed outputs."""
+        from terra_nb.bench import step_profile
+        from terra_nb.port.config import LlamaActionConfig
+        from terra_nb.port.layout import FrameLayout
+        from terra_nb.port.rollout import SamplingConfig
+
+        if self.spec.kind == "hf":
+            raise ValueError(f"side {self.spec.name!r}: HF has no engine steps to profile")
+        codes = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(self.ckpt))).image_tokens
+        roll = lambda: self.run(batch, frames, SamplingConfig(temperature=temperature, seed=seed))  # noqa: E731
+        if self.spec.kind == "session":
+            return step_profile.session_step_profile(self.engine, roll, codes, batch)
+        return step_profile.frame_loop_step_profile(self.engine, roll, codes, batch)
+
     def counters(self) -> dict[str, float]:
         """vLLM's running totals of generated tokens and speculative decoding (`engine_counters`);
         {} for an engine that keeps none (HF, sessions)."""
