@@ -26,15 +26,3 @@ def test_a_callers_value_wins_and_a_gpu_machine_gets_none(monkeypatch):
     env = {"PYTEST_XDIST_WORKER": "gw1"}
     assert apply_cpu_engine_settings(env) == {} and env == {"PYTEST_XDIST_WORKER": "gw1"}
 
-
-def test_engines_stop_within_a_second_on_the_cpu_and_as_vllm_says_on_a_gpu():
-    """`shutdown_llm` and `shutdown_async_engine` give the engine core `engine_shutdown_timeout()`
-    s to exit: 1 s without CUDA (vLLM's 5 s is mostly waiting for the worker's graceful exit),
-    vLLM's own default with it; a caller's value always wins."""
-    import torch
-
-    from terra_nb.port.vllm_compat import CPU_SHUTDOWN_TIMEOUT_S, engine_shutdown_timeout
-
-    assert engine_shutdown_timeout(3.0) == 3.0
-    assert CPU_SHUTDOWN_TIMEOUT_S == 1.0
-    assert engine_shutdown_timeout() == (None if torch.cuda.is_available() else 1.0)
