@@ -29,10 +29,12 @@ def load_hf(ckpt: Path):
 def port_engine(ckpt: Path, build=None, **kw):
     """Our port's engine (`build`: `make_llm`, or e.g. `make_session_engine`) and its start-up seconds."""
     from terra_nb.port.vllm_rollout import make_llm
+    from terra_nb.workbook.gpu_settings import gpu_engine_args
 
-    # vLLM's own default mode unless a row asks for eager: `make_llm` is eager on the CPU, the
-    # stock engine is not, and the two are compared like for like
-    kw.setdefault("enforce_eager", False)
+    # vLLM's own default mode unless a side asks for eager: `make_llm` is eager on the CPU, the
+    # stock engine is not, and the two are compared like for like; on a GPU the workbook's
+    # settings, as `stock_engine` applies them
+    kw = gpu_engine_args(**dict(kw, enforce_eager=kw.get("enforce_eager", False)))
     t0 = time.perf_counter()
     llm = (build or make_llm)(ckpt, **kw)
     return llm, time.perf_counter() - t0
@@ -54,7 +56,7 @@ def stock_engine(ckpt: Path, **engine_kwargs):
         kwargs["gpu_memory_utilization"] = 0.2  # see make_llm
     kwargs.update(engine_kwargs)
     if torch.cuda.is_available():
-        apply_gpu_settings(kwargs)  # as make_llm: the same memory cap and attention arithmetic
+        apply_gpu_settings(kwargs)  # as `port_engine`: the same memory cap; float32 attention as make_llm sets it
     t0 = time.perf_counter()
     llm = vllm.LLM(**kwargs)
     return llm, time.perf_counter() - t0
