@@ -29,7 +29,8 @@ from terra_nb.bench import roofline
 from terra_nb.bench.records import latest
 from terra_nb.port.frame_copy import frame_copy_draft
 
-FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8w_attempts")
+FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8w_attempts",
+         "fp8_weights_terra", "fp8_weights_toy")
 """The kinds of file in `results/faster/`: `<machine>_<date>_<kind>.json`."""
 
 KS = (1, 2, 4, 8, 16)
@@ -495,7 +496,11 @@ def lever_rows(files: Mapping[str, Mapping]) -> list[dict]:
         for b in res["blocks"]:
             c = pair(res, "port_fp8kv", "port", b["name"])
             add("FP8 KV cache", c, terra_name, (f"target {c['target']}x: {c['verdict']}" if c.get("target") else ""))
-    if "fp8w_attempts" in files:
+    w = files.get("fp8_weights_terra")
+    for b in (w or {}).get("blocks", []):
+        add("FP8 weights + FP8 KV cache", pair(w, "port_fp8", "port", b["name"]), terra_name,
+            f"over FP8 KV alone: {ratio_text(pair(w, 'port_fp8', 'port_fp8kv', b['name']))}")
+    if w is None and "fp8w_attempts" in files:
         rows.append({"lever": "FP8 weights", "model": terra_name, "rollouts": "", "frames": "",
                      "speed-up": "not measured", "pays?": "did not run on the GPU's vLLM",
                      "note": f"{len(files['fp8w_attempts']['attempts'])} attempts, each stopped inside vLLM's FP8 path"})
