@@ -59,4 +59,4 @@ def test_step_rows_show_each_engines_split_and_its_ceiling():
     assert overhead_ceiling(loop) == pytest.approx(3500 / 3220)
     rows = step_rows(dict(step_profiles={"128": {"stock_llama": loop, "session": sess}}))
     assert [(r["engine"], r["overhead share"], r["ceiling: wall ÷ decode"]) for r in rows] == [
-        ("stock, frame loop", "8.0%", 1.087), ("the port, sessions", "3.5%", 1.036)]
+        ("stock, frame loop", "8.0%", 1.087), ("the port, a session a rollout", "3.5%", 1.036)]

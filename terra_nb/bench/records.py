@@ -90,7 +90,7 @@ def overhead_ceiling(profile: dict) -> float:
     return profile["wall_ms"] / (profile["wall_ms"] - profile["overhead_ms"])
 
 
-STEP_ENGINES = {"stock_llama": "stock, frame loop", "vllm": "the port, frame loop", "session": "the port, sessions"}
+STEP_ENGINES = {"stock_llama": "stock, frame loop", "vllm": "the port, frame loop", "session": "the port, a session a rollout"}
 
 
 def step_rows(res: dict) -> list[dict]:
