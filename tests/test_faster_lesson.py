@@ -103,9 +103,15 @@ def test_the_committed_terra_file_prices_a_verification_step():
     assert 1.9 < be < 2.2
 
 
-def test_lease_names_leave_tracker_numbers_out():
-    assert faster.lease_name("4xH100 lease of 2026-11-26, issue 38 (third run)") == "4xH100 lease of 2026-11-26 (third run)"
-    assert faster.lease_name("1xH100 lease, issue #7") == "1xH100 lease"
+def test_provenance_is_device_versions_and_the_commit_that_ran():
+    from terra_nb.bench.records import provenance
+
+    res = dict(device="NVIDIA H100 80GB HBM3", versions=dict(vllm="0.26.0", torch="2.11.0"), commit="807ef4d",
+               env=dict(git_commit="1e1d2a3-dirty"))
+    assert provenance(res) == "NVIDIA H100 80GB HBM3, vLLM 0.26.0, torch 2.11.0, commit 807ef4d"
+    assert provenance(dict(device="cpu", env=dict(git_commit="1e1d2a3-dirty"))) == "cpu, commit not recorded"
+    assert faster.why_not_run("ValueError: Free memory on device cuda:0 (7.33/79.18 GiB) on startup is less") == \
+        "did not run: too little free GPU memory when its engine started"
 
 
 def test_ratio_text_says_when_there_is_no_interval():

@@ -1,7 +1,6 @@
-"""The new-length probe of HF's decode step (bench/hf_probe.py, issue 25) on the tiny checkpoint:
-what it records, that its cold and warm passes visit the same lengths and no two settings share one,
-that crop restores the cache (warm logits = cold logits = a forward without any cache), and the CPU
-figures `hf_seed` now records per trial."""
+"""The new-length probe of HF's decode step (bench/hf_probe.py) on the tiny checkpoint: what it
+records, that its cold and warm passes visit the same lengths and no two settings share one, and
+that crop restores the cache (warm logits = cold logits = a forward without any cache)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 from terra_nb.bench import hf_probe
-from terra_nb.bench.measure import load_hf
+from terra_nb.bench.engines import load_hf
 
 STEPS = 6
 
@@ -115,14 +114,3 @@ def test_cli_writes_the_part(tiny_ckpt, tmp_path, single_thread):
     assert part["probe"]["steps"] == 31  # what fits in a frame of 64 codes for 2 settings and the profiled step
     assert list(part["probe"]["settings"]) == ["default", "MATH"]
     assert part["command"].startswith("python -m terra_nb.bench.hf_probe --preset tiny --ckpt ")
-
-
-def test_hf_seed_records_cpu_seconds_and_context_switches_per_trial(tmp_path):
-    from terra_nb.bench.measure import bench_hf_seed
-    from terra_nb.bench.workload import Workload, checkpoint
-
-    wl = Workload(preset="tiny", long_frames=1, long_repeats=2)
-    row = bench_hf_seed(checkpoint(tmp_path / "ckpt", wl), wl)
-    assert len(row["cpu_s_trials"]) == len(row["nivcsw_trials"]) == len(row["trials_s"]) == 2
-    assert all(c > 0 for c in row["cpu_s_trials"]) and all(isinstance(n, int) and n >= 0 for n in row["nivcsw_trials"])
-    assert len(row["device_allocs"]) == 2  # beside the existing fields, unchanged

@@ -71,9 +71,9 @@ def test_a_rollouts_floor_is_its_decode_steps_floors_summed():
 
 
 def test_decode_floor_share_reads_the_profiled_frames_context():
-    """bench_analysis.decode_floor_share: the floor of a step at the profiled frames' median context
+    """records.decode_floor_share: the floor of a step at the profiled frames' median context
     (window + earlier frames + half a frame), against the profile's decode step."""
-    from terra_nb.bench.analysis import decode_floor_share
+    from terra_nb.bench.records import decode_floor_share
 
     cfg = preset_config("terra")
     layout = FrameLayout.from_config(cfg)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from terra_nb.bench import step_profile as sp
-from terra_nb.bench.analysis import step_digest
 
 
 def test_session_frames_split_each_stream_into_gap_and_decode():
@@ -42,28 +41,22 @@ def test_clocked_calls_time_every_call_and_vanish_afterwards():
     assert "step" not in vars(e) and e.step(5) == 6
 
 
-def test_step_digest_sets_the_session_against_stocks_frame_loop():
+def test_compare_steps_sets_the_session_against_stocks_frame_loop():
     loop = dict(mode="frame loop", batch=128, wall_ms=6600.0, decode_step_ms=11.0, overhead_ms=275.0)
     sess = dict(mode="session", batch=128, wall_ms=6350.0, decode_step_ms=10.9, overhead_ms=82.5)
-    rows = [dict(name="stock_llama_b128", batch=128, step_profile=loop), dict(name="session_b128", batch=128, step_profile=sess),
-            dict(name="session", batch=1)]
-    digest = step_digest(rows)
-    assert list(digest) == ["128"]
-    cmp = digest["128"]["session_vs_stock"]
+    cmp = sp.compare_steps(loop, sess)
     assert cmp["saved_ms"] == pytest.approx(250.0) and cmp["overhead_saved_ms"] == pytest.approx(192.5)
-    assert step_digest([dict(name="session", batch=1)]) is None
     with pytest.raises(ValueError, match="different batches"):
         sp.compare_steps(loop, dict(sess, batch=1))
 
 
-def test_steps_table_shows_each_engines_split_and_its_ceiling():
-    from terra_nb.bench.analysis import overhead_ceiling
-    from terra_nb.bench.render import steps_table
+def test_step_rows_show_each_engines_split_and_its_ceiling():
+    from terra_nb.bench.records import overhead_ceiling, step_rows
 
     loop = dict(mode="frame loop", batch=128, wall_ms=3500.0, decode_step_ms=5.6, overhead_ms=280.0, overhead_share=0.08)
     sess = dict(mode="session", batch=128, wall_ms=3400.0, decode_step_ms=5.7, overhead_ms=119.5, overhead_share=0.035,
                 gap_ms=165.0)
     assert overhead_ceiling(loop) == pytest.approx(3500 / 3220)
-    table = steps_table(dict(step_profiles={"128": {"stock_llama": loop, "session": sess}}))
-    assert "| 128 | stock, frame loop | 3500.0 | 5.600 | 280.0 | 8.0% |  | 1.087 |" in table
-    assert "| 128 | our port, sessions | 3400.0 | 5.700 | 119.5 | 3.5% | 165.0 | 1.036 |" in table
+    rows = step_rows(dict(step_profiles={"128": {"stock_llama": loop, "session": sess}}))
+    assert [(r["engine"], r["overhead share"], r["ceiling: wall ÷ decode"]) for r in rows] == [
+        ("stock, frame loop", "8.0%", 1.087), ("the port, a session a rollout", "3.5%", 1.036)]

@@ -9,7 +9,7 @@
 #   bash tools/gpu_runner.sh test engine1      # a group of unit tests (`bash tools/gpu_runner.sh groups` lists them)
 #   bash tools/gpu_runner.sh nbval 06          # nbval over one notebook, on the GPU
 #   bash tools/gpu_runner.sh report            # $OUT/gpu_report_<gpu>.md (+ .json) from everything above
-# The report names one commit and one lease: set TERRA_NB_LEASE (e.g. "H200 lease 2 of 2026-11-23")
+# The report names one commit and the machine's run: set TERRA_NB_LEASE (e.g. "H200, one hold")
 # and, when the device's .git is not the code's, TERRA_NB_COMMIT; then `python tools/gpu_report.py
 # --readme` regenerates the README's GPU section from the committed results/gpu_report_*.json.
 #
@@ -32,7 +32,7 @@
 # terra_nb.port.vllm_rollout.apply_gpu_settings). With the cache size given, vLLM skips its
 # start-up memory profiling, which measures the whole GPU and so failed whenever another lane
 # allocated or freed meanwhile ("No available memory for the cache blocks", "Error in memory
-# profiling": 4 of the steps of 2026-11-25's lease). A step whose log still ends so is run once more
+# profiling": 4 of the steps of one H100 run). A step whose log still ends so is run once more
 # (lanes.log says "retry"), and the report lists such retries. The check lanes run engines eager
 # ($TERRA_NB_ENFORCE_EAGER): torch.compile and CUDA graphs are the papermill lanes' to exercise.
 #
@@ -65,7 +65,7 @@ mk() {  # mk reproduce|test ARGS...
 }
 
 ENGINE_TESTS=(test_vllm_engine test_session_rollout test_vllm_engine_v2 test_vllm_trace test_weight_mapping test_toyworld_workbook
-              test_teacher_forced test_teacher_forced_bf16 test_bench_measure test_vllm_release
+              test_teacher_forced test_teacher_forced_bf16 test_bench_pairs test_vllm_release
               test_port_vlm_engine test_vllm_serve_vlm)
 groups() {  # name -> pytest arguments
   case "$1" in
@@ -75,7 +75,7 @@ groups() {  # name -> pytest arguments
     engine1) echo tests/test_vllm_engine.py tests/test_teacher_forced.py tests/test_session_rollout.py tests/test_vllm_engine_v2.py ;;
     engine2) echo tests/test_vllm_trace.py tests/test_weight_mapping.py tests/test_vllm_release.py ;;
     engine3) echo tests/test_toyworld_workbook.py tests/test_teacher_forced_bf16.py ;;
-    engine4) echo tests/test_bench_measure.py ;;
+    engine4) echo tests/test_bench_pairs.py ;;
     # TinyVLM's offline engine, shared by these two (tests/conftest.py: tiny_vlm_llm)
     engine5) echo tests/test_port_vlm_engine.py tests/test_vllm_serve_vlm.py ;;
     *) echo "unknown test group $1 (fast, engine1..engine5)" >&2; return 2 ;;
@@ -89,7 +89,7 @@ LONG_NBVAL=${LONG_NBVAL:-08}   # the notebook whose nbval runs in the engines la
 MEMORY_RACE="No available memory for the cache blocks|Error in memory profiling|less than desired GPU memory utilization|CUDA out of memory"
 
 # Which lane runs what: the longest steps spread so that the lanes end together. The step times of
-# the H100 run of 2026-11-25 (results/gpu_report_h100.md; all lanes sharing the GPU): papermill 07
+# the H100 run of results/gpu_report_h100.md (all lanes sharing the GPU): papermill 07
 # 348 s, 06 232, 04 201, 01 193, 08 183, 05 134, 11 127, 10 103, 03 81, 09 70, 02 38; nbval 08 319,
 # 03 156, 05 107, 07 102, others 37-90; test fast 391, engine1-4 107, 109, 82, 44.
 PAPERMILL_LANES=("07 03 05" "06 04 09 02" "01 08 11 10")   # a notebook not named here: the last lane
@@ -144,8 +144,8 @@ case "${1:-plan}" in
     for g in fast engine1 engine2 engine3 engine4 engine5; do echo "$g: $(groups $g)"; done ;;
   snapshot)  # snapshot DIR: a copy of the files here (those git does not ignore) and .git
     # `start` runs its lanes in one: every later device call (`wait`) copies the checkout again, and
-    # a file being copied is briefly absent (2026-11-25, third lease: nbval 08 found no notebook 20 s
-    # into the run, and passed when run again on the same commit).
+    # a file being copied is briefly absent (nbval 08 once found no notebook 20 s into a run, and
+    # passed when run again on the same commit).
     dest=${2:?where, e.g. $STATE/tree}
     rm -rf "$dest" && mkdir -p "$dest" || exit 1
     git ls-files -co --exclude-standard | while read -r f; do [ -e "$f" ] && echo "$f"; done \

@@ -1,4 +1,4 @@
-"""Re-do the issue-26 training sweep (data/toy/sweep.json) for new training settings, on a GPU.
+"""Re-do the toy model's training sweep (data/toy/sweep.json) for new training settings, on a GPU.
 
     python3 tools/toy_sweep.py OUT_DIR --run 'name:steps=12000,batch=16' --run 'name2:n_clips=8000' [--device cuda] [--clips 16]
     python3 tools/toy_sweep.py OUT_DIR --score-only data/toy/model     # score an existing checkpoint (a control)
@@ -192,7 +192,7 @@ def merge(sweeps: dict[str, dict]) -> dict:
 
 def summary(run: dict, refs: dict) -> str:
     """One line: ade and ade / constant velocity per set, steering recovered / commanded, and the
-    issue's verdict (ratio <= TARGET_RATIO on every set, every command within STEER_TOLERANCE)."""
+    toy model's verdict (ratio <= TARGET_RATIO on every set, every command within STEER_TOLERANCE)."""
     ratios = {k: v / refs[k]["constant velocity"] for k, v in run["ade_m"].items()}
     # recovered / commanded offset vs straight (commanded offsets are never 0: every command moves the car)
     steer = {c: got / want for c, (want, got) in run["steering_vs_straight_m"].items()}

@@ -1,6 +1,5 @@
 """Building and ending the engines the benchmark compares: HF's model, our port's `vllm.LLM` (or a
-session engine), stock vLLM Llama of the same shape; where an engine core runs; the settings that keep
-tensor parallelism off NVLink multicast.
+session engine), stock vLLM Llama of the same shape.
 """
 from __future__ import annotations
 
@@ -12,16 +11,6 @@ import torch
 from terra_nb.bench.workload import stock_llama_checkpoint
 from terra_nb.port.config import LlamaActionConfig
 from terra_nb.port.layout import FrameLayout
-
-
-def engine_core_process(async_engine: bool = False) -> str:
-    """Where a row's engine core ran: `vllm.LLM` in this process when
-    `VLLM_ENABLE_V1_MULTIPROCESSING=0` (tools/gpu.sh sets it), else in a child process, as
-    `AsyncLLM` always does. Per-step work differs between the two (inter-process messages), so a
-    comparison of session rows with frame-loop rows says which each had."""
-    from vllm import envs
-
-    return "child process" if async_engine or envs.VLLM_ENABLE_V1_MULTIPROCESSING else "this process"
 
 
 def load_hf(ckpt: Path):
@@ -40,10 +29,12 @@ def load_hf(ckpt: Path):
 def port_engine(ckpt: Path, build=None, **kw):
     """Our port's engine (`build`: `make_llm`, or e.g. `make_session_engine`) and its start-up seconds."""
     from terra_nb.port.vllm_rollout import make_llm
+    from terra_nb.workbook.gpu_settings import gpu_engine_args
 
-    # vLLM's own default mode unless a row asks for eager: `make_llm` is eager on the CPU, the
-    # stock engine is not, and the two are compared like for like
-    kw.setdefault("enforce_eager", False)
+    # vLLM's own default mode unless a side asks for eager: `make_llm` is eager on the CPU, the
+    # stock engine is not, and the two are compared like for like; on a GPU the workbook's
+    # settings, as `stock_engine` applies them
+    kw = gpu_engine_args(**dict(kw, enforce_eager=kw.get("enforce_eager", False)))
     t0 = time.perf_counter()
     llm = (build or make_llm)(ckpt, **kw)
     return llm, time.perf_counter() - t0
@@ -65,7 +56,7 @@ def stock_engine(ckpt: Path, **engine_kwargs):
         kwargs["gpu_memory_utilization"] = 0.2  # see make_llm
     kwargs.update(engine_kwargs)
     if torch.cuda.is_available():
-        apply_gpu_settings(kwargs)  # as make_llm: the same memory cap and attention arithmetic
+        apply_gpu_settings(kwargs)  # as `port_engine`: the same memory cap; float32 attention as make_llm sets it
     t0 = time.perf_counter()
     llm = vllm.LLM(**kwargs)
     return llm, time.perf_counter() - t0
@@ -75,10 +66,3 @@ def shutdown(llm) -> None:
     from terra_nb.port.vllm_compat import shutdown_llm
 
     shutdown_llm(llm)
-
-
-NO_MULTICAST_TP_KWARGS = dict(disable_custom_all_reduce=True,
-                              compilation_config={"pass_config": {"fuse_allreduce_rms": False}})
-"""Engine settings for TP>1 that keep vLLM 0.26 off NVLink multicast (its all-reduce + RMSNorm fusion
-picks FlashInfer's multicast backend by default); `tools/gpu.sh tp` also sets the matching
-environment (`VLLM_ALLREDUCE_USE_FLASHINFER=0`, `NCCL_NVLS_ENABLE=0`, ...)."""

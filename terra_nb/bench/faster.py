@@ -1,4 +1,4 @@
-"""Faster than stock: notebook 12's figures, from the committed GPU files and the toy world.
+"""Speed levers: notebook 12's figures, from the committed GPU files and the toy world.
 
 Two levers beyond stock vLLM, each priced from files in `results/faster/` (interleaved pairs, a
 quality run, the FP8-weight attempts) and, on the CPU, from the toy world:
@@ -19,8 +19,6 @@ which build clips on the CPU (no engine).
 """
 from __future__ import annotations
 
-import json
-import re
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,9 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from terra_nb.bench import roofline
+from terra_nb.bench.records import latest
 from terra_nb.port.frame_copy import frame_copy_draft
 
-FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8w_attempts")
+FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8w_attempts",
+         "fp8_weights_terra", "fp8_weights_toy")
 """The kinds of file in `results/faster/`: `<machine>_<date>_<kind>.json`."""
 
 KS = (1, 2, 4, 8, 16)
@@ -47,12 +47,7 @@ def faster_dir() -> Path:
 
 def load(kind: str, folder: Path | None = None) -> tuple[Path, dict]:
     """The newest `results/faster/*_<kind>.json` (by its recorded date, then name) and its contents."""
-    folder = Path(folder) if folder is not None else faster_dir()
-    files = sorted(folder.glob(f"*_{kind}.json"))
-    if not files:
-        raise FileNotFoundError(f"no *_{kind}.json in {folder}")
-    loaded = [(f, json.loads(f.read_text())) for f in files]
-    return max(loaded, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name))
+    return latest(f"*_{kind}.json", Path(folder) if folder is not None else faster_dir())
 
 
 def load_all(folder: Path | None = None) -> dict[str, dict]:
@@ -62,23 +57,6 @@ def load_all(folder: Path | None = None) -> dict[str, dict]:
         path, res = load(kind, folder)
         out[kind] = dict(res, path=path)
     return out
-
-
-def lease_name(text: str | None) -> str:
-    """A lease as a reader should see it: the project's tracker numbers ("issue 38") left out."""
-    return re.sub(r",?\s*\bissues?\s*#?\d+", "", text or "").strip(" ,")
-
-
-def provenance(res: Mapping) -> str:
-    """Where and on what a file was measured: device, vLLM and torch, commit, lease, date."""
-    v = res.get("versions", {})
-    parts = [res.get("device", "?"), f"vLLM {v.get('vllm', '?')}", f"torch {v.get('torch', '?')}"]
-    if res.get("commit"):
-        parts.append(f"commit {res['commit']}")
-    if res.get("lease"):
-        parts.append(lease_name(res["lease"]))
-    parts.append(str(res.get("date", "?")))
-    return ", ".join(parts)
 
 
 # ------------------------------------------------------------------ a step's cost, from a pairs file
@@ -450,14 +428,23 @@ def kv_share_plot(config, lengths: Mapping[str, tuple[int, int]], batches: Seque
 
 # ------------------------------------------------------------------ FP8: quality and the attempts
 
+def why_not_run(error: str) -> str:
+    """A variant's failure in a few words for a table: what stopped it, not the whole message (the
+    file keeps that)."""
+    if "memory" in error.lower():
+        return "did not run: too little free GPU memory when its engine started"
+    kind = error.split(":", 1)[0]
+    return f"did not run: {kind} (the file's `error` says where)"
+
+
 def quality_rows(q: Mapping) -> list[dict]:
     """The quality file's variants against HF float32: teacher-forced top-1 agreement, largest
-    logprob gap, path error of greedy rollouts (held-out and counterfactual clips), or the error."""
+    logprob gap, path error of greedy rollouts (held-out and counterfactual clips), or why it did not run."""
     rows = []
     for name, v in q["variants"].items():
         settings = ", ".join(f"{k}={val}" for k, val in v["settings"].items())
         if "error" in v:
-            rows.append({"variant": name, "settings": settings, "top-1 agreement": "did not run: " + v["error"][:80] + " ..."})
+            rows.append({"variant": name, "settings": settings, "top-1 agreement": why_not_run(v["error"])})
             continue
         rows.append({"variant": name, "settings": settings, "top-1 agreement": f"{100 * v['top1_agreement']:.2f}%",
                      "largest logprob gap": v["max_logprob_gap"], "path error (m)": v["ade_m"],
@@ -476,28 +463,45 @@ def attempt_rows(a: Mapping) -> list[dict]:
 
 # ------------------------------------------------------------------ when each lever pays
 
+def pays(c: Mapping) -> str:
+    """Whether a lever pays, read off its interval: `yes` when the whole 95% interval is above 1,
+    `no` when it is wholly below, `cannot tell` when it straddles 1 or there is one trial a side."""
+    lo, hi = c["interval"]
+    if c["trials"] < 2:
+        return "cannot tell (1 trial a side)"
+    return "yes" if lo > 1 else "no" if hi < 1 else "cannot tell"
+
+
 def lever_rows(files: Mapping[str, Mapping]) -> list[dict]:
-    """Each lever as measured, per workload and batch: the speed-up (first over second) with its
-    interval or the word that there was one trial, and codes per step where it speculated."""
+    """Each lever as measured against the port as it ships, per workload and batch: the speed-up
+    (the lever's side over the port's) with its interval, whether it pays (`pays`), and codes per
+    step where it speculated; FP8 weights as not measured where they did not run."""
     rows = []
 
-    def add(lever, kind, c, model, note=""):
+    def add(lever, c, model, note=""):
         rows.append({"lever": lever, "model": model, "rollouts": c["batch"], "frames": c["frames"],
-                     "speed-up": ratio_text(c), "note": note})
+                     "speed-up": ratio_text(c), "pays?": pays(c), "note": note})
 
     terra, toy, greedy, kv = files["spec_terra"], files["spec_toy"], files["spec_toy_greedy"], files["fp8kv"]
-    for res, model in ((terra, "Terra, random weights, T=0.9"), (toy, "toy, T=0.9")):
+    terra_name, toy_name = "Terra shape, random weights, temperature 0.9", "toy, temperature 0.9"
+    for res, model in ((terra, terra_name), (toy, toy_name)):
         for b in res["blocks"]:
-            add("async scheduling (port over port_sync)", "", inverted(pair(res, "port_sync", "port", b["name"])), model)
-    for res, model in ((terra, "Terra, random weights, T=0.9"), (toy, "toy, T=0.9"), (greedy, "toy, greedy")):
+            add("async scheduling off", pair(res, "port_sync", "port", b["name"]), model)
+    for res, model in ((terra, terra_name), (toy, toy_name), (greedy, "toy, greedy")):
         for b in res["blocks"]:
-            c = pair(res, "port_fc8", "port", b["name"])
-            add("frame copy k=8 over the async port", "", c, model,
-                f"{codes_per_step(res, b['name'], 'port_fc8'):.2f} codes/step; break-even "
+            add("frame copy, k = 8", pair(res, "port_fc8", "port", b["name"]), model,
+                f"{codes_per_step(res, b['name'], 'port_fc8'):.2f} codes per step; break-even "
                 f"{break_even_codes_per_step(step_s(res, b['name'], 'port_fc8'), step_s(res, b['name'], 'port')):.2f}")
     for res in (kv, files["fp8kv_long"]):  # 3 frames a trial (mostly the context's prefill), then 9
         for b in res["blocks"]:
             c = pair(res, "port_fp8kv", "port", b["name"])
-            add("FP8 KV over bf16", "", c, "Terra, random weights, T=0.9",
-                (f"target {c['target']}x: {c['verdict']}" if c.get("target") else ""))
+            add("FP8 KV cache", c, terra_name, (f"target {c['target']}x: {c['verdict']}" if c.get("target") else ""))
+    w = files.get("fp8_weights_terra")
+    for b in (w or {}).get("blocks", []):
+        add("FP8 weights + FP8 KV cache", pair(w, "port_fp8", "port", b["name"]), terra_name,
+            f"over FP8 KV alone: {ratio_text(pair(w, 'port_fp8', 'port_fp8kv', b['name']))}")
+    if w is None and "fp8w_attempts" in files:
+        rows.append({"lever": "FP8 weights", "model": terra_name, "rollouts": "", "frames": "",
+                     "speed-up": "not measured", "pays?": "did not run on the GPU's vLLM",
+                     "note": f"{len(files['fp8w_attempts']['attempts'])} attempts, each stopped inside vLLM's FP8 path"})
     return rows

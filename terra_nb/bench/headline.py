@@ -1,28 +1,30 @@
 """The benchmark's headline, rendered from the interleaved result files (`pairs`), never typed in.
 
-One table: the port against stock vLLM at 1, 32 and 128 rollouts, the port against HF in the seed's
-setting and with today's defaults; each row a speed-up of the first-named side (> 1: it is faster)
-with its 95% interval, the target and the verdict. Then one sentence each on whether the seed's 2.6x
-is reproduced and why, and the provenance (device, versions, commit, command).
+One table: the port against stock vLLM Llama at 1, 32 and 128 rollouts, the port against HF
+Transformers in the seed's setting and with today's defaults; each row a speed-up of the first-named
+side (above 1: it is faster) with its 95% interval, the target and the verdict, and a note under the
+table with each row's setup. Then one sentence each on whether the seed's 2.6x is reproduced and
+why, and the provenance (device, versions, commit, command).
 
 Each file's `analysis` is what `pairs.analyse` computed from its trials when the run wrote it
 (tests/test_bench_pairs.py recomputes it for every committed file). The newest
-`results/pairs/*_headline_stock.json` and `*_headline_seed.json` are the headline's
-files (`latest`); `python -m terra_nb.bench headline` rewrites the README's headline block.
+`results/pairs/*_headline_stock.json` and `*_headline_seed.json` are the headline's files
+(`latest`); `headline_markdown()` is the README's headline block (between `README_START` and
+`README_END`).
 """
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 from terra_nb.bench.plans import SEED_SPEEDUP
+from terra_nb.bench.records import latest as latest_file, provenance as provenance_line
 from terra_nb.bench.stats import MET, MISSED
 from terra_nb.bench.workload import SEED_FIGURES
 
 README_START, README_END = "<!-- headline:start -->", "<!-- headline:end -->"
 
-WHO = {"port": "the port", "stock": "stock vLLM Llama", "hf": "HF (cuDNN attention off)",
+WHO = {"port": "the port", "stock": "stock vLLM Llama", "hf": "HF Transformers",
        "port_seed": "the port as the seed ran vLLM", "port_defaults": "the port with today's defaults"}
 """How a side is named in sentences and tables."""
 
@@ -32,22 +34,8 @@ def latest(kind: str, results_dir: Path | None = None) -> tuple[Path, dict]:
     interleaved comparisons' files), by the date it records, and its contents."""
     from terra_nb.workbook.paths import RESULTS
 
-    return latest_lease(f"*_headline_{kind}.json", results_dir or RESULTS / "pairs",
-                        f"run `python -m terra_nb.bench pairs --plan headline_{kind}` on a GPU first")
-
-
-def latest_lease(pattern: str, results_dir: Path | None = None, hint: str = "") -> tuple[Path, dict]:
-    """The newest file under `results_dir` (default results/leases/, the earlier leases) whose name
-    matches `pattern` (by its recorded date, then name), and its contents; e.g. `*_curve.json` for the
-    earlier throughput curve."""
-    from terra_nb.workbook.paths import RESULTS
-
-    files_dir = results_dir or RESULTS / "leases"
-    files = sorted(files_dir.glob(pattern))
-    if not files:
-        raise FileNotFoundError(f"no {pattern} in {files_dir}" + (f": {hint}" if hint else ""))
-    loaded = [(f, json.loads(f.read_text())) for f in files]
-    return max(loaded, key=lambda fr: (fr[1]["date"], fr[0].name))
+    return latest_file(f"*_headline_{kind}.json", results_dir or RESULTS / "pairs",
+                       f"run `python -m terra_nb.bench pairs --plan headline_{kind}` on a GPU first")
 
 
 def _block(res: dict, name: str) -> dict:
@@ -75,35 +63,58 @@ def _rollouts(n: int) -> str:
 def _verdict_text(c: dict) -> str:
     if c["target"] is None:
         return ""
-    return f"{c['verdict']} (target ≥ {c['target']:.2f}x)"
+    return f"at least {c['target']:.2f}x: {c['verdict']}"
 
 
 def headline_rows(stock: dict, seed: dict) -> list[dict]:
-    """The table's rows: one per compared pair of both files, in the plans' order."""
+    """The table's rows: one per compared pair of both files, in the plans' order; `note` is the
+    number of the setup note under the table (1: the stock file's setup, 2: the seed file's)."""
     rows = []
-    for res in (stock, seed):
+    for note, res in ((1, stock), (2, seed)):
         for c in res["analysis"]:
             if res is seed and c["second"] != "hf":
                 continue  # the seed plan's third ratio (defaults vs seed engine) is detail, not headline
             b = _block(res, c["block"])
             lo, hi = c["interval"]
             rows.append(dict(
-                comparison=f"{WHO[c['first']]} vs {WHO[c['second']]}",
-                work=f"{_rollouts(b['batch'])}, {res['n_ctx']} + {b['frames']} frames, T {b['temperature']}",
+                comparison=f"{WHO[c['first']]} vs {WHO[c['second']]}", note=note,
+                work=f"{_rollouts(b['batch'])}, {res['n_ctx']} + {b['frames']} frames",
                 s_per_frame=f"{s_per_frame(res, c['block'], c['first']):.3f} vs {s_per_frame(res, c['block'], c['second']):.3f}",
                 trials=c["trials"], speedup=f"**{c['speedup']:.2f}x** [{lo:.2f}, {hi:.2f}]", verdict=_verdict_text(c)))
     return rows
 
 
 def headline_table(stock: dict, seed: dict) -> str:
-    """The headline as a Markdown table."""
-    head = ("| comparison (speed-up of the first over the second) | work per trial | s per frame step (all "
-            "rollouts), first vs second "
-            "| trials a side | speed-up [95% interval] | verdict |")
-    lines = [head, "|---|---|---|---|---|---|"]
+    """The headline as a Markdown table, with each row's setup in a numbered note under it."""
+    lines = ["| comparison (speed-up of the first over the second) | work per trial | seconds per frame step, "
+             "first vs second | trials a side | speed-up [95% interval] | target: verdict |",
+             "|---|---|---|---|---|---|"]
     for r in headline_rows(stock, seed):
-        lines.append(f"| {r['comparison']} | {r['work']} | {r['s_per_frame']} | {r['trials']} | {r['speedup']} | {r['verdict']} |")
-    return "\n".join(lines)
+        lines.append(f"| {r['comparison']} ({r['note']}) | {r['work']} | {r['s_per_frame']} | {r['trials']} "
+                     f"| {r['speedup']} | {r['verdict']} |")
+    return "\n".join(lines) + "\n\n" + "\n\n".join(setup_notes(stock, seed))
+
+
+def _asked(side: dict) -> str:
+    return ", ".join(f"`{k}={v}`" for k, v in side["asked"].items()) or "none (vLLM's defaults)"
+
+
+def setup_notes(stock: dict, seed: dict) -> list[str]:
+    """One note a file: what each side ran with, read from the file (its sides' engine arguments,
+    the attention kernels HF could use, the sampling temperature and the checkpoint)."""
+    temps = lambda res: " and ".join(sorted({str(b["temperature"]) for b in res["blocks"]}))  # noqa: E731
+    hf = seed["sides"]["hf"]
+    return [
+        f"(1) Both engines on the same {stock['dtype']} Terra-shaped random weights, sampling at temperature "
+        f"{temps(stock)}, each given the same engine arguments ({_asked(stock['sides']['port'])}); stock vLLM Llama is "
+        f"the same backbone without the action inputs and the learned position table. A frame step is one frame "
+        f"for every rollout at once.",
+        f"(2) The seed's setting: one video, one `generate` call per frame, temperature {temps(seed)}, "
+        f"{seed['n_ctx']} + {_block(seed, 'seed')['frames']} frames (the seed's video had 22). HF Transformers' "
+        f"attention limited to {', '.join(hf['sdpa'] or ['any kernel'])} (cuDNN's kernel rebuilds a plan at every new "
+        f"length); the port as the seed ran vLLM 0.6: {_asked(seed['sides']['port_seed'])}; the port with today's "
+        f"defaults: {_asked(seed['sides']['port_defaults'])}.",
+    ]
 
 
 def _pair(res: dict, name: str) -> dict:
@@ -114,7 +125,7 @@ def _ci(c: dict) -> str:
     return f"{c['speedup']:.2f}x (95% interval {c['interval'][0]:.2f} to {c['interval'][1]:.2f}, {c['trials']} trials a side)"
 
 
-def seed_sentences(seed: dict, probe: dict | None = None) -> list[str]:
+def seed_sentences(seed: dict) -> list[str]:
     """Whether the seed's 2.6x is reproduced, in the seed's setting and with today's defaults, and why."""
     eager, defaults = _pair(seed, "port_seed_vs_hf"), _pair(seed, "port_defaults_vs_hf")
     answer = {MET: "Yes", MISSED: "No"}.get(eager["verdict"], "The trials cannot tell")
@@ -135,14 +146,6 @@ def seed_sentences(seed: dict, probe: dict | None = None) -> list[str]:
         f"batch 1 the seed's ratio compares two CPU-bound loops, and it moves with the host and the library "
         f"versions. Our HF is warmed up and runs with cuDNN's attention ruled out.",
     ]
-    if probe:
-        d = probe.get("probe", probe).get("settings", {}).get("default", {})
-        if d and not d.get("error"):
-            lines.append(f"With cuDNN's attention (torch's default there), a decode step at a key length new to "
-                         f"the process cost {d['cold_over_warm']:.1f}x one at a length seen before "
-                         f"({probe.get('probe', probe).get('device', 'GPU')}, `python -m terra_nb.bench.hf_probe`): "
-                         f"a first video pays that at every step, which is how a cold HF run like the seed's "
-                         f"looks slower than a warm one.")
     verdict = {MET: "exceeded", MISSED: "not reached"}.get(defaults["verdict"], "not resolved")
     lines.append(f"**With today's defaults** (CUDA graphs, prefix caching) the port is {_ci(defaults)} HF's "
                  f"speed: the seed's {SEED_SPEEDUP:.1f}x is {verdict}.")
@@ -172,31 +175,20 @@ def stock_sentence(stock: dict) -> str:
 
 
 def provenance(stock: dict, seed: dict) -> str:
-    """Device, versions, dtype, commit, date and the commands, for both files."""
-    v = stock["versions"]
-    same = "the same machine lease" if stock.get("lease") == seed.get("lease") else "two leases"
-    return (f"Measured on {stock['device']} ({same}; {stock.get('lease')}), vLLM {v['vllm']}, torch {v['torch']}, "
-            f"transformers {v['transformers']}, {stock['dtype']} Terra-shaped random weights, commit {stock['commit']}, "
-            f"{stock['date'][:10]}. Each side in its own process, both alive, trials alternated (A B, B A, ...); "
-            f"settings read back from each engine and checked equal except what a pair tests "
-            f"(`python -m terra_nb.bench pairs --plan headline_stock` and `--plan headline_seed`).")
+    """The measurement's provenance: both files' device, versions and commit, and the method."""
+    lines = {provenance_line(stock), provenance_line(seed)}
+    return (f"Measured on {' and '.join(sorted(lines))}, transformers {stock['versions']['transformers']}. Each side "
+            f"in its own process, all alive, trials alternated (A B, B A, ...); settings read back from each engine "
+            f"and checked equal except what a pair tests (`python -m terra_nb.bench pairs --plan headline_stock` and "
+            f"`--plan headline_seed`).")
 
 
-def headline_markdown(results_dir: Path | None = None, probe_file: Path | None = None) -> str:
-    """The README's headline block: the table, the sentences, the provenance, the files."""
-    from terra_nb.workbook.paths import REPO, RESULTS
+def headline_markdown(results_dir: Path | None = None) -> str:
+    """The README's headline block: the table with its setup notes, the sentences, the provenance,
+    the files (linked relative to the repository)."""
+    from terra_nb.workbook.paths import REPO
 
     (fs, stock), (fd, seed) = latest("stock", results_dir), latest("seed", results_dir)
-    probe_path = probe_file or RESULTS / "hf_probe_h200.json"
-    probe = json.loads(probe_path.read_text()) if probe_path.exists() else None
     files = ", ".join(f"[{f.name}]({f.relative_to(REPO)})" for f in (fs, fd))
-    return "\n\n".join([headline_table(stock, seed), stock_sentence(stock), *seed_sentences(seed, probe),
+    return "\n\n".join([headline_table(stock, seed), stock_sentence(stock), *seed_sentences(seed),
                         provenance(stock, seed) + f" Files: {files}."])
-
-
-def update_readme(readme: Path | None = None) -> bool:
-    """Rewrite the README's headline block from the result files; True when it changed."""
-    from terra_nb.workbook.paths import REPO
-    from terra_nb.workbook.results import rewrite_readme_section
-
-    return rewrite_readme_section(readme or REPO / "README.md", README_START, README_END, headline_markdown())

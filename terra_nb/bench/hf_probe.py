@@ -1,9 +1,9 @@
-"""Does HF's decode step pay a one-time cost for every KV length new to the process? (row `hf_seed`)
+"""Does HF's decode step pay a one-time cost for every KV length new to the process?
 
-Row `hf_seed` warms up on one frame, then times whole videos. Its trials over the same lengths can
-disagree several-fold, the first the slow one, while a frame at lengths the warm-up visited is
-nearly fast. The hypothesis: something in a decode step (an SDPA execution plan, a cuBLAS heuristic,
-the allocator) is built once per new key/value length and cached afterwards.
+HF's seed-setting videos, warmed up on one frame, can disagree several-fold trial to trial, the first
+the slow one, while a frame at lengths the warm-up visited is nearly fast. The hypothesis: something
+in a decode step (an SDPA execution plan, a cuBLAS heuristic, the allocator) is built once per new
+key/value length and cached afterwards.
 
 The probe, on an HF Terra model already loaded (`new_length_probe`):
 
@@ -15,8 +15,8 @@ The probe, on an HF Terra model already loaded (`new_length_probe`):
 5. torch.profiler over one cold and one warm default step (top CUDA kernels and CPU ops).
 
 cold >> warm per step says "per new length"; CPU seconds near wall seconds say CPU-bound. The CLI
-writes one JSON file (`python -m terra_nb.bench.hf_probe --preset terra --ckpt-root /tmp/ckpt
---out part_hf_probe.json`, `tools/gpu.sh hf_probe` on the GPU).
+writes one JSON file (`python -m terra_nb.bench.hf_probe --preset terra --out hf_probe.json`,
+`tools/gpu.sh hf_probe` on the GPU).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from terra_nb.bench.timing import cpu_usage, device_allocs, sdpa_backends
 from terra_nb.bench.profiling import sync
 
 SETTINGS = ("default", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
-"""SDPA settings in the order probed: no restriction first (what `hf_seed` runs), then one backend each."""
+"""SDPA settings in the order probed: no restriction first (torch's own choice), then one backend each."""
 
 
 # ---------------------------------------------------------------------------- one pass of decode steps
@@ -106,7 +106,7 @@ def decode_pass(model, cache, actions: torch.Tensor, logits: torch.Tensor, steps
 # ---------------------------------------------------------------------------- one SDPA setting
 def sdpa_setting(name: str):
     """The context of an SDPA setting: torch's own choice for "default", else that backend alone
-    (`timing.sdpa_backends`, the limit `hf_seed_flash` runs under)."""
+    (`timing.sdpa_backends`, the limit `sides.HF_FLASH_BACKENDS` puts on an HF side)."""
     return sdpa_backends(None if name == "default" else (name,))
 
 
@@ -261,25 +261,6 @@ def versions(model) -> dict:
 
 
 # ---------------------------------------------------------------------------- command line
-def summary_lines(res: dict) -> list[str]:
-    """One line per setting: cold vs warm ms per step, CPU seconds per pass, or the error."""
-    lines = [f"{res['device']}, torch {res['torch']}, cuDNN {res['cudnn']}, attention {res['attn_implementation']}, "
-             f"{res['dtype']}; {res['steps']} steps per pass from length {res['L_ctx']}"]
-    for name, s in res["settings"].items():
-        if s["error"]:
-            lines.append(f"  {name:20s} error: {s['error']}")
-            continue
-        lines.append(f"  {name:20s} cold {s['cold_ms_median']:8.3f} ms  warm {s['warm_ms_median']:8.3f} ms  "
-                     f"x{s['cold_over_warm']:.2f}  cpu_s {s['cpu_s_cold']:.3f}/{s['cpu_s_warm']:.3f} of "
-                     f"{s['cold_s']:.3f}/{s['warm_s']:.3f} s  lengths {s['cold_lengths'][0]}..{s['cold_lengths'][-1]}")
-    if "profile" in res:
-        for phase in ("cold", "warm"):
-            p = res["profile"][phase]
-            lines.append(f"  profiled {phase} step at {p['length']}: {p['ms']} ms; kernels {p['cuda_kernels'][:4]}; "
-                         f"cpu ops {p['cpu_ops'][:4]}")
-    return lines
-
-
 def finding_lines(res: dict) -> list[str]:
     """What a probe found, in sentences computed from its result (`new_length_probe`'s dict): which
     attention kernel the default setting ran (the profiled cold step's CPU ops), what a step at a new
@@ -306,21 +287,20 @@ def finding_lines(res: dict) -> list[str]:
 
 
 def main(argv=None) -> dict:
-    from terra_nb.bench.workload import Workload, checkpoint
+    from terra_nb.bench.workload import checkpoint
     from terra_nb.workbook.data import load_sample
     from terra_nb.workbook.show import environment_info
 
     ap = argparse.ArgumentParser(prog="python -m terra_nb.bench.hf_probe", description=__doc__.split("\n")[0])
-    ap.add_argument("--preset", default="terra", help="the checkpoint's shape and the sample (as bench run)")
-    ap.add_argument("--ckpt-root", default="checkpoints", help="where bench run keeps its checkpoints")
+    ap.add_argument("--preset", default="terra", help="the checkpoint's shape and the sample (as `bench pairs`)")
+    ap.add_argument("--ckpt-root", default="checkpoints", help="where `bench pairs` keeps its checkpoints")
     ap.add_argument("--ckpt", default=None, help="a checkpoint folder (instead of the benchmark's)")
     ap.add_argument("--n-ctx", type=int, default=3)
     ap.add_argument("--steps", type=int, default=None, help="decode steps per pass (default: 48, or what fits)")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    wl = Workload(preset=a.preset, n_ctx=a.n_ctx)
-    ckpt = Path(a.ckpt) if a.ckpt else checkpoint(Path(a.ckpt_root), wl)  # the checkpoint hf_seed runs on
+    ckpt = Path(a.ckpt) if a.ckpt else checkpoint(Path(a.ckpt_root), a.preset)  # the checkpoint the HF sides run on
     model, load_s = load_hf(ckpt)
     settings = tuple(a.settings.split(","))
     steps = a.steps or min(48, max_steps(FrameLayout.from_config(model.config), len(settings)))
@@ -333,7 +313,7 @@ def main(argv=None) -> dict:
                                    + [shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv)]))
     write = lambda res: out.write_text(json.dumps(dict(header, probe=res), indent=1))  # noqa: E731
     res = new_length_probe(model, sample.context[: a.n_ctx], sample.actions, steps, settings, flush=write)
-    print("\n".join(summary_lines(res)))
+    print("\n".join(finding_lines(res)))
     return dict(header, probe=res)
 
 

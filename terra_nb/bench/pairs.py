@@ -10,9 +10,9 @@ A *comparison* names two sides of a block, the setting it tests, and optionally 
 speed-up; its two sides' recorded settings must agree on everything else (`settings.check_pair`),
 checked before the first trial.
 
-    python -m terra_nb.bench pairs --plan headline --out results/pairs/<gpu>_<date>_headline_stock.json
+    python -m terra_nb.bench pairs --plan headline_stock --out results/pairs/<machine>_headline_stock.json
 
-The result file is rewritten after every round (a lease cut short keeps what it measured), and
+The result file is rewritten after every round (a run cut short keeps what it measured), and
 records each side's settings as the engine reports them, the device, versions, the command and
 every trial in the order it ran. `analysis` (speed-ups, intervals, verdicts) is recomputed from
 the trials by `analyse`, never typed in.
@@ -36,13 +36,15 @@ from terra_nb.bench.stats import compare
 @dataclasses.dataclass(frozen=True)
 class Block:
     """One workload that several sides run in turn: `frames` frames after the context for `batch`
-    rollouts at once, `trials` rounds, sampling at `temperature`."""
+    rollouts at once, `trials` rounds, sampling at `temperature`; with `step_profile`, each engine
+    side's frame steps profiled on one more rollout after the timed rounds (`sides.Side.step_profile`)."""
     name: str
     sides: tuple[str, ...]
     batch: int
     frames: int
     trials: int = 5
     temperature: float = 0.9
+    step_profile: bool = False
 
     def __post_init__(self):
         if len(set(self.sides)) < 2:
@@ -94,12 +96,8 @@ class Plan:
 
 # ---------------------------------------------------------------- the worker process of one side
 
-def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | None = None,
-           environ: dict | None = None) -> None:
+def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | None = None) -> None:
     """A side's process: build it, report its settings, then run trials until told to close.
-
-    `environ`: the parent's environment when it started this side (a forked side otherwise keeps
-    the fork server's, from when that started).
 
     With `log`, the process writes its output (vLLM's engine log) there instead of the parent's
     stdout/stderr. Its engine core runs in this process unless the environment says otherwise
@@ -107,9 +105,6 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | 
     `settings.effective_settings`); the value is recorded with the settings either way."""
     import os
 
-    if environ is not None:
-        os.environ.clear()
-        os.environ.update(environ)
     if log is not None:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
@@ -133,59 +128,57 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | 
             if msg[0] == "counters":
                 conn.send(("counters", side.counters()))
                 continue
+            if msg[0] == "step_profile":
+                conn.send(("profile", side.step_profile(*msg[1:])))
+                continue
             conn.send(("seconds", side.trial(*msg[1:])))
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
 
 
-SIDE_PRELOAD = ("torch", "transformers", "vllm", "terra_nb.bench.sides", "terra_nb.bench.engines",
-                "terra_nb.port.vllm_rollout", "terra_nb.port.rollout")
-"""What the CPU's fork server imports once for every side process it forks (`side_process_context`)."""
+class SideTimeout(RuntimeError):
+    """A side gave no answer in time (a hung engine, or work far slower than planned)."""
 
 
-def side_process_context():
-    """Where each side's process comes from: a process of its own either way, holding no engine, no
-    CUDA and no vLLM state of the parent's.
+START_TIMEOUT_S = 1200.0
+"""The longest a side may take to start: load, compile, capture CUDA graphs (minutes on a GPU)."""
 
-    * On a GPU: spawned (a new Python per side).
-    * On the CPU: forked from a fork server that imported `SIDE_PRELOAD` once for all of this
-      process's sides. A spawned side spent some 12 s of CPU importing torch, transformers and vLLM
-      before building its engine, on a 2-core machine where that is time the other side and the
-      other work wait for. The server itself runs nothing (no OpenMP threads, no engine), so a
-      fork of it starts as clean as a spawned process. Each side re-reads the parent's environment
-      as it is now (`_serve`), not as it was when the server started."""
-    import torch
-
-    if torch.cuda.is_available():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(SIDE_PRELOAD))  # read when the server starts (its first side)
-    return ctx
+TRIAL_TIMEOUT_S = 900.0
+"""The longest one trial (or a close) may take before the side counts as hung."""
 
 
 class Worker:
-    """The parent's handle on one side's process."""
+    """The parent's handle on one side's process, spawned: a new Python holding no engine, no CUDA and
+    no vLLM state of the parent's, with the parent's environment as it is now. A side that does not
+    answer within its timeout is stopped and raises `SideTimeout` naming it (`serve`: what the
+    process runs, `_serve` unless a test gives another)."""
 
-    def __init__(self, spec: SideSpec, ckpt: Path, preset: str, n_ctx: int, log: Path | None = None):
-        import os
-
-        ctx = side_process_context()
-        self.spec, self.log = spec, log
+    def __init__(self, spec: SideSpec, ckpt: Path, preset: str, n_ctx: int, log: Path | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S, trial_timeout_s: float = TRIAL_TIMEOUT_S, serve=_serve):
+        ctx = mp.get_context("spawn")
+        self.spec, self.log, self.trial_timeout_s = spec, log, trial_timeout_s
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, spec, str(ckpt), preset, n_ctx, log and str(log),
-                                                     dict(os.environ)), daemon=False)
+        self.proc = ctx.Process(target=serve, args=(child, spec, str(ckpt), preset, n_ctx, log and str(log)), daemon=False)
         self.proc.start()
-        self.record = self._answer("ready")
+        self.record = self._answer("ready", start_timeout_s)
 
     def _log_tail(self) -> str:
         if self.log is None or not self.log.exists():
             return ""
         return f"\n--- the end of its log ({self.log}):\n" + "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
 
-    def _answer(self, expect: str):
-        while not self.conn.poll(5):
+    def _answer(self, expect: str, timeout_s: float | None = None):
+        timeout_s = self.trial_timeout_s if timeout_s is None else timeout_s
+        t0 = time.perf_counter()
+        while not self.conn.poll(min(5.0, timeout_s)):
             if not self.proc.is_alive():
                 raise RuntimeError(f"side {self.spec.name!r}: its process died (exit {self.proc.exitcode})" + self._log_tail())
+            if time.perf_counter() - t0 >= timeout_s:
+                self.proc.kill()
+                self.proc.join(timeout=30)
+                raise SideTimeout(f"side {self.spec.name!r} gave no answer ({expect}) within {timeout_s:.0f} s: its "
+                                  "process was stopped (a hung engine, or work slower than the timeout allows)"
+                                  + self._log_tail())
         kind, value = self.conn.recv()
         if kind == "error":
             raise RuntimeError(f"side {self.spec.name!r} failed:\n{value}" + self._log_tail())
@@ -200,6 +193,11 @@ class Worker:
         """The side's engine counters now (`settings.engine_counters`)."""
         self.conn.send(("counters",))
         return self._answer("counters")
+
+    def step_profile(self, batch: int, frames: int, temperature: float, seed: int) -> dict:
+        """The side's frame-step profile on one more rollout (`sides.Side.step_profile`)."""
+        self.conn.send(("step_profile", batch, frames, temperature, seed))
+        return self._answer("profile")
 
     def close(self) -> None:
         try:
@@ -220,15 +218,17 @@ def round_order(sides: tuple[str, ...], r: int) -> list[str]:
     return list(sides[k:] + sides[:k])
 
 
-def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None = None,
+def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, run: str | None = None,
              deadline_s: float | None = None, progress: bool = True, log_dir: Path | None = None,
-             commit: str | None = None) -> dict:
+             commit: str | None = None, trial_timeout_s: float = TRIAL_TIMEOUT_S) -> dict:
     """Start every side, check every pair's settings, run the blocks round by round; return (and
     with `out`, keep writing) the result. Rounds that would start after `deadline_s` are skipped
     and listed in `errors`. A pair whose sides differ outside `under_test` raises
     `settings.UnequalSettings` before any trial. Each side's engine log goes to
     `<log_dir>/<side>.log` (default: beside `out`, else a temporary folder), not to this output.
-    `commit`: the code that runs, where this machine's git is stale (`with_commit`)."""
+    `commit`: the code that runs, where this machine's git is stale (`with_commit`); `run`: how it
+    was started (machine, command), kept as the file's `run`. A side that does not answer a trial
+    within `trial_timeout_s` stops the run with `SideTimeout` (listed in `errors` too)."""
     import tempfile
 
     from tqdm.auto import tqdm
@@ -237,7 +237,7 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
     if log_dir is None:
         log_dir = out.parent / f"{out.stem}_logs" if out is not None else Path(tempfile.mkdtemp(prefix="pairs_logs_"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    res = header(plan, ckpt, lease)
+    res = header(plan, ckpt, run)
     if commit:
         res = with_commit(res, commit)
     workers: dict[str, Worker] = {}
@@ -250,7 +250,8 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
 
     try:
         for spec in plan.sides:
-            workers[spec.name] = Worker(spec, ckpt, plan.preset, plan.n_ctx, log_dir / f"{spec.name}.log")
+            workers[spec.name] = Worker(spec, ckpt, plan.preset, plan.n_ctx, log_dir / f"{spec.name}.log",
+                                        trial_timeout_s=trial_timeout_s)
             res["sides"][spec.name] = dict(kind=spec.kind, asked=spec.engine_kwargs,
                                            sdpa=list(spec.sdpa) if spec.sdpa else None, **workers[spec.name].record)
         for p in plan.pairs:
@@ -275,7 +276,13 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, lease: str | None 
                     rec["trials_s"][s].append(round(sec, 4))
                 flush()
             rec["counters"] = counter_deltas(before, {s: workers[s].counters() for s in b.sides})
+            if b.step_profile:   # after the counters: the profiled rollout is not a trial
+                rec["step_profiles"] = {s: workers[s].step_profile(b.batch, b.frames, b.temperature, plan.seed)
+                                        for s in b.sides if workers[s].spec.kind != "hf"}
             flush()
+    except SideTimeout as e:
+        res["errors"].append(dict(error=str(e).split("\n")[0]))
+        raise
     finally:
         for w in workers.values():
             try:
@@ -312,13 +319,13 @@ def with_commit(res: dict, commit: str) -> dict:
     return dict(res, env=env, commit=commit)
 
 
-def header(plan: Plan, ckpt: Path, lease: str | None) -> dict:
+def header(plan: Plan, ckpt: Path, run: str | None) -> dict:
     """What a result says of itself: device, versions, date, commit, command, preset, dtype, context."""
     from terra_nb.port.config import LlamaActionConfig
     from terra_nb.workbook.show import environment_info
 
     env = environment_info()
-    return dict(kind="interleaved", lease=lease, date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    return dict(kind="interleaved", run=run, date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                 device=env["device"], versions={k: env[k] for k in VERSIONS}, env=env, commit=env["git_commit"],
                 command=" ".join(shlex.quote(a) for a in sys.argv), preset=plan.preset, n_ctx=plan.n_ctx,
                 dtype=str(LlamaActionConfig.from_pretrained(str(ckpt)).dtype).removeprefix("torch."),

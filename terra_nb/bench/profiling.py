@@ -4,7 +4,7 @@ our port beside stock vLLM Llama of the same shape.
     python -m terra_nb.bench profile --engine port  --out prof/port.json
     python -m terra_nb.bench profile --engine stock --out prof/stock.json
 
-Each engine runs in its own process (like the benchmark rows). Three measurements, each on a
+Each engine runs in its own process (`profile_side` builds one). Three measurements, each on a
 warm engine whose prompts are already in the prefix cache:
 
 * **front end**: one `generate` of `batch` requests with `max_tokens=1`: input processing (our
@@ -20,7 +20,7 @@ and ours), so two files, port and stock, can be compared line by line (`compare`
 
 Two phases enclose the model's forward, `engine_step` and `model_runner`, and these are timed
 directly (a clock around the engine's own calls, `TIMED_PHASES`) instead of read from cProfile: on
-the H200 (Python 3.12, vLLM 0.26, CUDA graphs) cProfile recorded none of the frames around the
+a GPU (Python 3.12, vLLM 0.26, CUDA graphs) cProfile recorded none of the frames around the
 forward (`LLM.generate`, `LLMEngine.step`, `EngineCore.step`, `execute_model`) while it kept the
 calls before and after it (scheduler, sampler), so both phases read 0 there.
 """
@@ -240,6 +240,37 @@ def profile_engine(llm, make_request, layout, spec: ProfileSpec, sampling_kwargs
             out["kernels"].append(kernel_profile(gen(batch, spec.decode_steps), spec.decode_steps,
                                                  f"decode: {batch} x {spec.decode_steps} tokens"))
     return out
+
+
+def profile_side(engine: str, ckpt: Path, preset: str, spec: ProfileSpec | None = None,
+                 engine_kwargs: dict | None = None) -> dict:
+    """Build one engine, our port (`"port"`, requests with actions) or stock vLLM Llama (`"stock"`,
+    plain token prompts), profile it (`profile_engine`) on the preset's sample, and shut it down;
+    the result records the device, versions and commit (`environment_info`)."""
+    from terra_nb.bench.engines import port_engine, shutdown, stock_engine
+    from terra_nb.bench.workload import sample_for
+    from terra_nb.port.config import LlamaActionConfig
+    from terra_nb.port.layout import FrameLayout, build_prompt
+    from terra_nb.port.rollout import SamplingConfig
+    from terra_nb.port.vllm_rollout import frame_request, sampling_params
+    from terra_nb.workbook.show import environment_info
+
+    if engine not in ("port", "stock"):
+        raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
+    spec = spec or ProfileSpec()
+    llm, start = (port_engine if engine == "port" else stock_engine)(ckpt, **(engine_kwargs or {}))
+    try:
+        layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
+        sample = sample_for(preset, spec.n_ctx)
+        ctx = sample.context[: spec.n_ctx]
+        request = (frame_request(ctx, sample.actions, layout) if engine == "port"
+                   else {"prompt_token_ids": build_prompt(ctx, layout)})
+        bias = sampling_params(SamplingConfig(temperature=0.0), layout).logit_bias
+        res = profile_engine(llm, lambda b: request, layout, spec, {"logit_bias": bias} if bias else {})
+    finally:
+        shutdown(llm)
+    return dict(engine=engine, engine_start_s=round(start, 1), env=environment_info(), preset=preset,
+                engine_kwargs=engine_kwargs or {}, **res)
 
 
 def compare(port: dict, stock: dict) -> list[dict]:

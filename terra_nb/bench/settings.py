@@ -1,7 +1,7 @@
 """What an engine really ran with, read back from it, and the rule that a comparison changes one thing.
 
-A benchmark row used to record the keyword arguments it *asked* for (often `{}`), while vLLM filled
-in the rest from its usage context: `vllm.LLM` and `AsyncLLM.from_engine_args` get different
+The keyword arguments a side *asks* for (often `{}`) are not what it runs with: vLLM fills in the
+rest from its usage context: `vllm.LLM` and `AsyncLLM.from_engine_args` get different
 scheduler limits on the same GPU, `VLLM_*` variables change kernels and processes. `effective_settings`
 reads the values back from the engine's `vllm_config` (and its workers, for the attention backend
 vLLM chose), and every `VLLM_*` variable of the process. `check_pair` refuses a comparison whose two

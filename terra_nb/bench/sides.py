@@ -69,6 +69,22 @@ class Side:
     def run(self, batch: int, frames: int, sampling) -> None:
         raise NotImplementedError
 
+    def step_profile(self, batch: int, frames: int, temperature: float, seed: int) -> dict:
+        """Where a frame step's time goes on this side (`step_profile`), on one more untimed rollout:
+        the frame loop's `generate` calls and engine steps, or a session's streamed outputs."""
+        from terra_nb.bench import step_profile
+        from terra_nb.port.config import LlamaActionConfig
+        from terra_nb.port.layout import FrameLayout
+        from terra_nb.port.rollout import SamplingConfig
+
+        if self.spec.kind == "hf":
+            raise ValueError(f"side {self.spec.name!r}: HF has no engine steps to profile")
+        codes = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(self.ckpt))).image_tokens
+        roll = lambda: self.run(batch, frames, SamplingConfig(temperature=temperature, seed=seed))  # noqa: E731
+        if self.spec.kind == "session":
+            return step_profile.session_step_profile(self.engine, roll, codes, batch)
+        return step_profile.frame_loop_step_profile(self.engine, roll, codes, batch)
+
     def counters(self) -> dict[str, float]:
         """vLLM's running totals of generated tokens and speculative decoding (`engine_counters`);
         {} for an engine that keeps none (HF, sessions)."""
@@ -107,8 +123,6 @@ class StockSide(Side):
         self.engine, self.start_s = stock_engine(ckpt, **spec.engine_kwargs)
 
     def run(self, batch, frames, sampling):
-        from terra_nb.bench.measure import stock_rollout
-
         stock_rollout(self.engine, self.prompt, self.layout, batch, frames, sampling)
 
 
@@ -132,8 +146,8 @@ class SessionSide(Side):
 
 
 class HFSide(Side):
-    """HF `generate` in the seed's way (`measure.seed_video`: one call per frame on the whole prompt
-    so far), under an SDPA kernel limit when the spec names one."""
+    """HF `generate` in the seed's way (`seed_video`: one call per frame on the whole prompt so far),
+    under an SDPA kernel limit when the spec names one (e.g. `HF_FLASH_BACKENDS`)."""
 
     def __init__(self, spec, ckpt, preset, n_ctx):
         super().__init__(spec, ckpt, preset, n_ctx)
@@ -151,16 +165,13 @@ class HFSide(Side):
     def run(self, batch, frames, sampling):
         import torch
 
-        from terra_nb.bench.measure import seed_video
         from terra_nb.bench.timing import sdpa_backends
-        from terra_nb.bench.workload import Workload
 
         if batch != 1:
             raise ValueError(f"side {self.spec.name!r}: HF runs the seed's video at batch 1, not {batch}")
-        wl = Workload(n_ctx=self.n_ctx, long_frames=frames)
         torch.manual_seed(sampling.seed)
         with sdpa_backends(self.spec.sdpa):
-            seed_video(self.engine, wl, self.sample, self.layout, sampling)
+            seed_video(self.engine, self.sample, self.n_ctx, frames, self.layout, sampling)
 
     def close(self):
         import gc
@@ -171,6 +182,43 @@ class HFSide(Side):
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def stock_rollout(llm, ctx_prompt: list[int], layout, batch: int, frames: int, sampling) -> None:
+    """The port's frame-by-frame loop on plain token prompts: every step re-submits each prompt
+    grown by its last frame and six placeholder ids, with the port's sampling parameters."""
+    from terra_nb.port.vllm_rollout import step_params
+
+    prompts = [list(ctx_prompt) for _ in range(batch)]
+    slots = [layout.placeholder_id] * layout.action_tokens
+    for k in range(frames):
+        params = step_params(sampling, layout, batch, k)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        prompts = [p + list(out.outputs[0].token_ids) + slots for p, out in zip(prompts, outs)]
+
+
+def seed_video(model, sample, n_ctx: int, frames: int, layout, sampling):
+    """One video as the seed made it with HF: one `generate` call per frame (a frame's codes, its own
+    KV cache), each on the whole prompt so far; returns the prompt with all frames `[1, n]`."""
+    import torch
+
+    from terra_nb.port.rollout import hf_generate_kwargs
+
+    device = next(model.parameters()).device
+    ids = sample.context[:n_ctx].reshape(1, -1).to(device)
+    actions = sample.actions[None].to(device)
+    kw = hf_generate_kwargs(sampling, layout)
+    with torch.inference_mode():
+        for _ in range(frames):
+            ids = model.generate(input_ids=ids, actions=actions, max_new_tokens=layout.image_tokens, **kw)
+    return ids
+
+
+HF_FLASH_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+"""The SDPA kernels an HF side may use to keep cuDNN's attention out: on an H200 (torch 2.11, cuDNN
+9.19) SDPA picks cuDNN for HF's decode step, and cuDNN builds an execution plan for every key length
+it has not seen in the process (`hf_probe` measured a step at a new length 5.7x one at a length seen
+before). A video's decode steps are all new lengths, so HF's first video pays it at every step."""
 
 
 SIDE_CLASSES = {"port": PortSide, "stock": StockSide, "session": SessionSide, "hf": HFSide}

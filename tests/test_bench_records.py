@@ -1,0 +1,55 @@
+"""The committed result files as `records` reads them: the newest of a kind, the provenance line,
+and the earlier measurements' tables (read as frozen, never recomputed)."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from terra_nb.bench import records
+from terra_nb.workbook.paths import RESULTS
+
+
+def test_latest_picks_the_newest_recorded_date_then_the_name(tmp_path):
+    for name, date in (("a_x.json", "2001-01-02"), ("b_x.json", "2001-01-01"), ("c_y.json", "2009-01-01")):
+        (tmp_path / name).write_text(json.dumps(dict(date=date)))
+    assert records.latest("*_x.json", tmp_path)[0].name == "a_x.json"
+    with pytest.raises(FileNotFoundError, match="no \\*_z.json"):
+        records.latest("*_z.json", tmp_path)
+
+
+def test_tp_rows_divide_tp2_by_tp1_per_batch_then_prefill():
+    res = dict(rows=[dict(name="vllm_tp1", tp=1, batch=1, frames_per_s=2.0), dict(name="vllm_tp2", tp=2, batch=1, frames_per_s=1.0),
+                     dict(name="vllm_tp1_b32", tp=1, batch=32, frames_per_s=10.0), dict(name="vllm_tp2_b32", tp=2, batch=32, frames_per_s=15.0),
+                     dict(name="vllm_tp1_prefill", tp=1, batch=None, prefill_tokens_per_s=100.0),
+                     dict(name="vllm_tp2_prefill", tp=2, batch=None, prefill_tokens_per_s=150.0)])
+    rows = records.tp_rows(res)
+    assert [(r["rollouts"], r["TP=2 ÷ TP=1"]) for r in rows] == [(1, 0.5), (32, 1.5), ("prefill", 1.5)]
+
+
+def test_curve_rows_read_the_recorded_curve_and_its_floor():
+    res = dict(curve=[dict(batch=8, port_frames_per_s=5.0, stock_frames_per_s=4.0, floor_frames_per_s=10.0,
+                           port_of_floor=0.5, stock_of_floor=0.4)])
+    (row,) = records.curve_rows(res)
+    assert row == {"rollouts": 8, "port frames/s": 5.0, "stock frames/s": 4.0, "memory floor frames/s": 10.0,
+                   "port, share of floor": "50%", "stock, share of floor": "40%"}
+
+
+EARLIER = sorted((RESULTS / "earlier").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", EARLIER, ids=lambda p: p.name)
+def test_earlier_files_name_their_provenance_and_no_tracker(path):
+    res = json.loads(path.read_text())
+    line = records.provenance(res)
+    assert "not recorded" not in line and "-dirty" not in line, line
+    assert not re.search(r"\blease|\bissues? #?\d|\bsession \d", json.dumps(res), re.I), "a tracker reference in the file"
+
+
+def test_the_earlier_tables_render_from_the_committed_files():
+    _, tp = records.earlier("tp")
+    assert {r["rollouts"] for r in records.tp_rows(tp)} == {1, 32, 128, "prefill"}
+    _, sessions = records.earlier("sessions")
+    assert records.step_rows(sessions) and all(r["rollouts"] in sessions["step_profiles"] for r in records.step_rows(sessions))
+    assert [r["rollouts"] for r in records.curve_rows(sessions)] == [c["batch"] for c in sessions["curve"]]
