@@ -51,7 +51,8 @@ def write_random_checkpoint(path, seed: int = 0) -> Path:
         model.model.vision_tower.pos_embed.normal_(0.0, config.initializer_range)
     model.save_pretrained(path, safe_serialization=True)
     processor = TinyAVProcessor(build_tokenizer(config.text_config.vocab_size), image_size=config.image_size,
-                                patch_size=config.patch_size, frame_size=config.frame_size)
+                                patch_size=config.patch_size, frame_size=config.frame_size,
+                                sampling_rate=config.sampling_rate)
     processor.save_pretrained(path)
     # the chat template inside tokenizer_config.json, where released models keep it (transformers 5
     # would write a separate chat_template.jinja)
