@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 
+import numpy as np
 import torch
 from transformers import BatchFeature
 from vllm.inputs import MultiModalDataDict
@@ -48,14 +49,15 @@ MODALITY = "image"
 
 
 class TinyVLMImageItems(ImageProcessorItems):
-    """The checked images, float `[3, H, W]` as the user sent them (the HF processor resizes them).
+    """The checked images as the user sent them: PIL, or float `[3, H, W]` (the HF processor converts
+    and resizes them).
 
     vLLM's own `get_image_size` reads a 3-D array whose last side is 1, 3 or 4 as channels-last;
     these are always channels-first, so the size is read from the last two sides."""
 
     def get_image_size(self, item_idx: int) -> ImageSize:
         image = self.get(item_idx)
-        if image is None:  # an item vLLM's cache holds (a request that sent only its uuid)
+        if not isinstance(image, (torch.Tensor, np.ndarray)):  # PIL (or a cached item: vLLM says so)
             return super().get_image_size(item_idx)
         return ImageSize(width=int(image.shape[-1]), height=int(image.shape[-2]))
 
@@ -82,11 +84,12 @@ class TinyVLMDataParser(MultiModalDataParser):
             )
         items = super()._parse_image_data(data)  # one item or a list; MediaWithBytes unwrapped by `get`
         try:
-            checked = [None if items.get(i) is None else as_image_tensor(items.get(i), f"image {i}")
-                       for i in range(items.get_count())]
+            for i in range(items.get_count()):
+                if items.get(i) is not None:  # None: an image vLLM's cache holds (only its uuid was sent)
+                    as_image_tensor(items.get(i), f"image {i}")
         except ValueError as e:  # as vLLM's validation error: HTTP 400 from its server
             raise RequestValidationError(str(e), parameter="multi_modal_data") from None
-        return TinyVLMImageItems(checked)
+        return TinyVLMImageItems(items.data)  # as sent: vLLM hashes them, the HF processor converts them
 
 
 class TinyVLMProcessingInfo(BaseProcessingInfo):
