@@ -8,11 +8,11 @@ session has its built-in ones. Each architecture's tiny checkpoint is written on
 import pytest
 from vllm.plugins import load_general_plugins
 
-from .registry import write_checkpoints
-
 load_general_plugins()
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _tiny_checkpoints():
+    from .registry import write_checkpoints
+
     write_checkpoints()

@@ -14,6 +14,11 @@ not a check a port could take; nor is `test_processing_correctness_transformers`
 for models vLLM runs through its Transformers backend (the ports are native vLLM models).
 """
 
+from .release import skip_unless_vendored_release  # adapted: the release they come from
+
+skip_unless_vendored_release()
+
+
 from collections.abc import Set as AbstractSet
 from functools import partial
 

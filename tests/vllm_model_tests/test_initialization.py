@@ -1,5 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""vLLM's initialization test (`load_format="dummy"`), run against this project's architectures.
+
+Vendored from vLLM v0.32.0's source distribution (`vllm-0.32.0.tar.gz`, `tests/models/test_initialization.py`,
+Apache-2.0, copyright the vLLM contributors). No assertion is changed; adapted only in how the
+models are found (marked `# adapted:`): the architectures and tiny checkpoints of `registry.py`
+make up the "small subset" list. `test_can_initialize_large_subset` (the complement of that list
+in vLLM's registry) and `test_implicit_converted_models` (vLLM's pooling conversions of its
+registry's models) are not vendored: here both lists are empty.
+"""
+
+from .release import skip_unless_vendored_release  # adapted: the release they come from
+
+skip_unless_vendored_release()
+
 
 import gc
 from collections.abc import Generator
@@ -20,19 +34,16 @@ from vllm.v1.core.kv_cache_utils import (
 )
 from vllm.v1.engine.core import EngineCore as V1EngineCore
 
-from ..utils import (
-    create_new_process_for_each_test,
-    requires_spawn_multiprocessing,
-    wait_for_gpu_memory_to_clear,
-    wait_for_memory_to_settle,
-)
-from .registry import (
+from .registry import (  # adapted: this project's models
     _TRANSFORMERS_BACKEND_MODELS,
-    AUTO_EXAMPLE_MODELS,
     HF_EXAMPLE_MODELS,
     HfExampleModels,
 )
-from .utils import dummy_hf_overrides
+from .utils import (  # adapted: vendored helpers
+    create_new_process_for_each_test,
+    dummy_hf_overrides,
+    requires_spawn_multiprocessing,
+)
 
 logger = init_logger(__name__)
 
@@ -42,58 +53,22 @@ logger = init_logger(__name__)
 # to include representative examples of model varieties/workloads (conditional
 # generation, sequence classification, causal LM, ranking, chat, reward model,
 # multimodal, geospatial, voice, embedding, MTP)
-MINIMAL_MODEL_ARCH_LIST = [
-    "LlavaForConditionalGeneration",
-    "Llama4ForConditionalGeneration",
-    "BertForSequenceClassification",
-    "Gemma3nForCausalLM",
-    "JinaVLForRanking",
-    "InternVLChatModel",
-    "InternLM2ForRewardModel",
-    "TransformersMultiModalForCausalLM",
-    "Terratorch",
-    "UltravoxModel",
-    "DeepSeekMTPModel",
-    "XLMRobertaModel",
-]
-
-# This list is the complement of the minimal list above. The intention is that
-# this list of models is only tested in a "special case" i.e. most PRs should
-# not test these models
-OTHER_MODEL_ARCH_LIST = set(HF_EXAMPLE_MODELS.get_supported_archs()) - set(
-    MINIMAL_MODEL_ARCH_LIST
-)
+MINIMAL_MODEL_ARCH_LIST = sorted(HF_EXAMPLE_MODELS.get_supported_archs())  # adapted
 
 
 @pytest.fixture(autouse=True)
 def cleanup_gpu_memory_between_tests() -> Generator[None, None, None]:
     """Reclaim GPU memory left over by each test's forked subprocess.
 
-    These tests are known to leave behind GPU memory (see the comment at
-    ``gpu_memory_utilization=0.80`` below). Each parametrized case builds an
-    LLM in a forked subprocess whose VRAM is only reclaimed asynchronously
-    when the subprocess exits, so the leftovers can OOM a later test in this
-    module (observed with the heavier multimodal archs, e.g.
-    InternVLChatModel). Mirrors ``clean_gpu_memory_between_tests`` in the
-    top-level conftest, but unconditionally for this module.
+    adapted: vLLM's fixture then waits (up to 120 s) for the whole device to fall below 10% used,
+    through NVML; in this project's test workers other modules' engines may hold their share of
+    the device, so only the collection and the cache release are kept.
     """
     yield
     gc.collect()
     if not torch.cuda.is_available():
         return
     torch.accelerator.empty_cache()
-    if current_platform.is_rocm() or current_platform.is_xpu():
-        wait_for_memory_to_settle()
-        return
-    try:
-        wait_for_gpu_memory_to_clear(
-            devices=list(range(torch.accelerator.device_count())),
-            threshold_ratio=0.1,
-        )
-    except Exception as e:
-        # NVML is not usable on MIG slices (raises NVMLError_NoPermission);
-        # cleanup is best-effort, so never fail a test over it.
-        logger.info("Failed to clean GPU memory: %s", e)
 
 
 @create_new_process_for_each_test()
@@ -243,24 +218,3 @@ def can_initialize(
 def test_can_initialize_small_subset(model_arch: str, monkeypatch: pytest.MonkeyPatch):
     """Test initializing small subset of supported models."""
     can_initialize(model_arch, monkeypatch, HF_EXAMPLE_MODELS)
-
-
-@pytest.mark.parametrize("model_arch", OTHER_MODEL_ARCH_LIST)
-def test_can_initialize_large_subset(model_arch: str, monkeypatch: pytest.MonkeyPatch):
-    """Test initializing large subset of supported models.
-
-    This test covers the complement of the tests covered in the "small subset"
-    test.
-    """
-    if model_arch in ("HYV4ForCausalLM", "HYV4MTPModel"):
-        from vllm.platforms import current_platform
-
-        if current_platform.is_rocm():
-            pytest.skip("HY V4 ROCm initialization requires #54405")
-
-    can_initialize(model_arch, monkeypatch, HF_EXAMPLE_MODELS)
-
-
-@pytest.mark.parametrize("model_arch", AUTO_EXAMPLE_MODELS.get_supported_archs())
-def test_implicit_converted_models(model_arch: str, monkeypatch: pytest.MonkeyPatch):
-    can_initialize(model_arch, monkeypatch, AUTO_EXAMPLE_MODELS)

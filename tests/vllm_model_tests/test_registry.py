@@ -14,6 +14,11 @@ models are found (each change is marked `# adapted:`):
   does not ship) against `registry.py`.
 """
 
+from .release import skip_unless_vendored_release  # adapted: the release they come from
+
+skip_unless_vendored_release()
+
+
 import warnings
 
 import pytest

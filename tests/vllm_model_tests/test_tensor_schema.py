@@ -7,6 +7,11 @@ Vendored from vLLM v0.32.0's source distribution (`vllm-0.32.0.tar.gz`,
 contributors). No assertion is changed; adapted only in how the models are found (imports marked
 `# adapted:`): the models and their tiny checkpoints come from `registry.py`.
 """
+
+from .release import skip_unless_vendored_release  # adapted: the release they come from
+
+skip_unless_vendored_release()
+
 import tempfile
 from collections.abc import Iterable
 from contextlib import contextmanager
