@@ -23,10 +23,11 @@ from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
 
 from .config import AUDIO_TOKEN, IMAGE_TOKEN, ItemSizes, audio_list, check_audio, check_image, image_list
 
-# vLLM sees the template loop over a message's content parts and passes them OpenAI-style
+# The rendered text starts with `<s>` (chat front ends, vLLM's and HF's `apply_chat_template`, then
+# tokenize it with `add_special_tokens=False`). vLLM sees the template loop over a message's content parts and passes them OpenAI-style
 # ({"type": "image"}, {"type": "audio"}, {"type": "text", "text": ...}); a plain string is copied.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
+    "{{ bos_token }}{% for message in messages %}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
     "{% if part['type'] in ('image', 'image_url') %}" + IMAGE_TOKEN + " "
@@ -107,10 +108,12 @@ class TinyAVProcessor(ProcessorMixin):
         return out
 
     def __call__(self, text: str | Sequence[str] | None = None, images: Sequence[object] | None = None,
-                 audio: Sequence[object] | None = None, sampling_rate: int | None = None, **kwargs) -> BatchFeature:
+                 audio: Sequence[object] | None = None, sampling_rate: int | None = None,
+                 add_special_tokens: bool = True, **kwargs) -> BatchFeature:
         """`images`: PIL images or float `[3, H, W]`, one or a list; `audio`: 1-D float clips or
         `(samples, sampling_rate)` tuples, one or a list. `sampling_rate` (HF's keyword for audio
-        processors): the rate of the clips given without one; refused unless the model's."""
+        processors): the rate of the clips given without one; refused unless the model's.
+        `add_special_tokens`: the tokenizer's (False for text a chat template rendered)."""
         if sampling_rate is not None and int(sampling_rate) != self.sampling_rate:
             raise ValueError(f"audio sampled at {sampling_rate} Hz; TinyAV takes {self.sampling_rate} Hz audio "
                              f"(resample it to {self.sampling_rate} Hz first)")
@@ -130,7 +133,7 @@ class TinyAVProcessor(ProcessorMixin):
         if audio:
             data.update(self.process_audio(audio))
             text = self.expand(text, AUDIO_TOKEN, data["audio_num_frames"].tolist(), "audio clip(s)")
-        ids = self.tokenizer(text, return_tensors="pt")
+        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=add_special_tokens)
         data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
         return BatchFeature(data)
 

@@ -31,11 +31,12 @@ from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
 
 from .config import IMAGE_TOKEN, ImageGeometry, check_image
 
-# vLLM sees the template loop over a message's content parts, so it passes them as OpenAI-style
+# The rendered text starts with `<s>` (chat front ends, vLLM's and HF's `apply_chat_template`, then
+# tokenize it with `add_special_tokens=False`). vLLM sees the template loop over a message's content parts, so it passes them as OpenAI-style
 # parts ({"type": "image"}, {"type": "text", "text": ...}), as for Qwen2-VL's or LLaVA's templates;
 # a message whose content is a plain string is copied as it is.
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
+    "{{ bos_token }}{% for message in messages %}"
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
     "{% if part['type'] in ('image', 'image_url') %}" + IMAGE_TOKEN + " "
@@ -118,7 +119,9 @@ class TinyVLMProcessor(ProcessorMixin):
         return out
 
     def __call__(self, text: str | Sequence[str] | None = None, images: Sequence[object] | None = None,
-                 **kwargs) -> BatchFeature:
+                 add_special_tokens: bool = True, **kwargs) -> BatchFeature:
+        """`images`: PIL images or float `[3, H, W]`, one or a list, of any size. `add_special_tokens`:
+        the tokenizer's (False for text a chat template rendered: it starts with `<s>` already)."""
         images = _as_list(images)
         data: dict[str, object] = self.process_images(images) if images else {}
         if text is not None:
@@ -127,7 +130,7 @@ class TinyVLMProcessor(ProcessorMixin):
                 raise ValueError("TinyVLMProcessor takes one text at a time")
             grids = data.get("image_grid_hw", torch.zeros(0, 2, dtype=torch.long))
             expanded = self.expand_image_tokens(texts[0], grids)
-            ids = self.tokenizer(expanded, return_tensors="pt")
+            ids = self.tokenizer(expanded, return_tensors="pt", add_special_tokens=add_special_tokens)
             data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
         return BatchFeature(data)
 
