@@ -121,7 +121,9 @@ def audio_list(data: object) -> list:
 
 
 def _is_clip_with_rate(x: object) -> bool:
-    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], (int, float)) and not isinstance(x[0], (int, float))
+    """`(samples, sampling_rate)`: a pair whose second item is a number and first is not."""
+    return (isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], (int, float))
+            and not isinstance(x[0], (int, float)))
 
 
 def as_image_tensor(image: object, index: int = 0) -> torch.Tensor:

@@ -24,8 +24,9 @@ from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
 from .config import AUDIO_TOKEN, IMAGE_TOKEN, ItemSizes, audio_list, check_audio, check_image, image_list
 
 # The rendered text starts with `<s>` (chat front ends, vLLM's and HF's `apply_chat_template`, then
-# tokenize it with `add_special_tokens=False`). vLLM sees the template loop over a message's content parts and passes them OpenAI-style
-# ({"type": "image"}, {"type": "audio"}, {"type": "text", "text": ...}); a plain string is copied.
+# tokenize it with `add_special_tokens=False`). vLLM sees the template loop over a message's content
+# parts and passes them OpenAI-style ({"type": "image"}, {"type": "audio"}, {"type": "text", ...});
+# a plain string is copied.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{% if message['content'] is string %}{{ message['content'] }}"

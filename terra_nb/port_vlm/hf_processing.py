@@ -32,9 +32,9 @@ from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
 from .config import IMAGE_TOKEN, ImageGeometry, check_image
 
 # The rendered text starts with `<s>` (chat front ends, vLLM's and HF's `apply_chat_template`, then
-# tokenize it with `add_special_tokens=False`). vLLM sees the template loop over a message's content parts, so it passes them as OpenAI-style
-# parts ({"type": "image"}, {"type": "text", "text": ...}), as for Qwen2-VL's or LLaVA's templates;
-# a message whose content is a plain string is copied as it is.
+# tokenize it with `add_special_tokens=False`). vLLM sees the template loop over a message's content
+# parts, so it passes them OpenAI-style ({"type": "image"}, {"type": "text", "text": ...}), as for
+# Qwen2-VL's or LLaVA's templates; a message whose content is a plain string is copied as it is.
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{% if message['content'] is string %}{{ message['content'] }}"
