@@ -12,6 +12,7 @@ The subpackages, by what they are for:
     door, the 0.26/0.32 shim), frame-copy speculation, sessions;
   * `terra_nb.port_vlm`: TinyVLM, an ordinary image-text model ported the standard way (notebook 10);
   * `terra_nb.port_av`: TinyAV, two modalities in one prompt (notebook 13);
+  * `terra_nb.port_gpt2`: TinyGPTWorld, a world model on a GPT-2 backbone (PORTING.md, "Beyond Llama");
 * `terra_nb.onnx`: Terra exported to one ONNX graph and rolled out on onnxruntime (notebook 09);
 * `terra_nb.serve`: a world-model server on vLLM's `AsyncLLM` that clients drive frame by frame;
 * `terra_nb.lessons`: teaching helpers the notebooks use to show the ports at work;

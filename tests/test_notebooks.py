@@ -73,3 +73,72 @@ def test_nbval_checks_marked_outputs_only(tmp_path, pytester):
     assert r.ret == 1 and sorted(re.findall(rf"^FAILED \S*?{cell}", out, re.M)) == ["02_t.ipynb::Cell 1"], out
     assert sorted(re.findall(rf"^PASSED \S*?{cell}", out, re.M)) == [
         "01_t.ipynb::Cell 0", "01_t.ipynb::Cell 1", "01_t.ipynb::Cell 2", "02_t.ipynb::Cell 0", "02_t.ipynb::Cell 2"], out
+
+
+def _widget_output(model_id, text):
+    return nbformat.v4.new_output("display_data", data={
+        nbtools.WIDGET_VIEW: {"model_id": model_id, "version_major": 2, "version_minor": 0}, "text/plain": text})
+
+
+def test_clean_outputs_finishes_progress_bars_and_hides_scratch_paths():
+    """A tqdm notebook bar stored as a widget shows "0%" for ever: `clean_outputs` turns it into the
+    line its final state shows; an interactive view stays, its text saying what it is; no widget state or scratch path is kept."""
+    import tempfile
+
+    state = {
+        "box": {"_model_name": "HBoxModel", "children": ["IPY_MODEL_l", "IPY_MODEL_b", "IPY_MODEL_r"]},
+        "l": {"_model_name": "HTMLModel", "value": "Loading\u2007weights:\u2007100%"},
+        "b": {"_model_name": "FloatProgressModel", "value": 25.0, "max": 25.0},
+        "r": {"_model_name": "HTMLModel", "value": "\u200725/25\u2007[00:00&lt;00:00,\u20071.0it/s]"},
+        "view": {"_model_name": "VBoxModel", "children": ["IPY_MODEL_s"]},
+        "s": {"_model_name": "IntSliderModel", "value": 0},
+        "box2": {"_model_name": "HBoxModel", "children": ["IPY_MODEL_l2", "IPY_MODEL_b", "IPY_MODEL_r2"]},
+        "l2": {"_model_name": "HTMLModel", "value": ""},   # vLLM's bar_format has no {bar}
+        "r2": {"_model_name": "HTMLModel", "value": "Loading shards: 100% Completed | 1/1"},
+    }
+    nb = nbtools.make_notebook([("code", "x"), ("code", "y"), ("code", "z")])
+    nb.cells[0].outputs = [_widget_output("box", "Loading weights:   0%|          | 0/25"),
+                           _widget_output("box2", "Loading shards:   0% Completed | 0/1")]
+    nb.cells[1].outputs = [_widget_output("view", "VBox(children=(IntSlider(value=0),))"),
+                           _widget_output("gone", "Loading weights:   0%|          | 0/25")]
+    scratch = f"{tempfile.gettempdir()}/tmpab12/out/run.json"
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"wrote {scratch}\n"),
+                           nbformat.v4.new_output("display_data", data={
+                               "text/plain": f"{REPO}/data/toy/model and {scratch}"})]
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    nb = nbtools.clean_outputs(nb, state)
+    assert [o.text for o in nb.cells[0].outputs] == ["Loading weights: 100%|##########| 25/25 [00:00<00:00, 1.0it/s]\n",
+                                                     "Loading shards: 100% Completed | 1/1\n"]
+    assert [o.data["text/plain"] for o in nb.cells[1].outputs] == [nbtools.INTERACTIVE_TEXT]
+    assert nb.cells[1].outputs[0].data[nbtools.WIDGET_VIEW]["model_id"] == "view"
+    assert nb.cells[2].outputs[0].text == "wrote $TMPDIR/run.json\n"
+    assert nb.cells[2].outputs[1].data["text/plain"] == "data/toy/model and $TMPDIR/run.json"
+    assert "widgets" not in nb.metadata
+
+
+def test_clean_outputs_leaves_compared_cells_as_printed():
+    """nbval compares a `# NBVAL_CHECK_OUTPUT` cell with what the kernel prints next time: its stored
+    output is never rewritten (the hygiene test flags a scratch path there instead)."""
+    import tempfile
+
+    nb = nbtools.make_notebook([("code", "# NBVAL_CHECK_OUTPUT\nprint(path)")])
+    text = f"{tempfile.gettempdir()}/x/y.json\n"
+    bar = _widget_output("gone", "Loading weights:   0%|          | 0/25")
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=text), bar]
+    assert nbtools.clean_outputs(nb).cells[0].outputs == [nbformat.v4.new_output("stream", name="stdout", text=text), bar]
+
+
+def test_clean_reads_the_stored_widget_state(tmp_path):
+    """`nb.py clean` finishes a stored bar from the widget state the notebook kept in its metadata."""
+    nb = nbtools.make_notebook([("code", "x")])
+    nb.cells[0].outputs = [_widget_output("box", "Loading weights:   0%|          | 0/2")]
+    state = {"box": ("HBoxModel", {"children": ["IPY_MODEL_l", "IPY_MODEL_b", "IPY_MODEL_r"]}),
+             "l": ("HTMLModel", {"value": "Loading weights: 100%"}),
+             "b": ("FloatProgressModel", {"value": 2.0, "max": 2.0}), "r": ("HTMLModel", {"value": " 2/2"})}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        k: {"model_name": name, "state": st} for k, (name, st) in state.items()}}}
+    nbformat.write(nb, tmp_path / "01_x.ipynb")
+    nbtools.clean_in_place(tmp_path / "01_x.ipynb")
+    nb = nbformat.read(tmp_path / "01_x.ipynb", as_version=4)
+    assert [o.text for o in nb.cells[0].outputs] == ["Loading weights: 100%|##########| 2/2\n"]
+    assert "widgets" not in nb.metadata

@@ -196,7 +196,7 @@ MUTANTS = (
                  'Ratio(f"tp2_vs_tp1_b{b}", tp_row(2, b), tp_row(1, b), "frames_per_s")',
                  'Ratio(f"tp2_vs_tp1_b{b}", tp_row(1, b), tp_row(2, b), "frames_per_s")'),),
            ("tests/test_bench_tp.py::test_lease_ratios_divide_tp2_by_tp1_where_both_ran",)),
-    Mutant("ratio_across_leases", "a combined results file divides a row of one lease by a row of another",
+    Mutant("ratio_across_leases", "a combined results file divides a row of one GPU run by a row of another",
            (Site("terra_nb/bench/results.py",
                  "        ratios += [dict(ratio_entry(r, by), lease=lid, commit=commit) for r in lease_ratios(own)]",
                  "        by = {r['name']: r for r in rows}\n"

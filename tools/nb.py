@@ -15,11 +15,13 @@ only makes creating and refreshing them uniform:
 
 Cells are ('md', text), ('code', source) or ('params', source) (the papermill `parameters`
 cell); an optional third item is a list of extra tags. `execute=True` runs the notebook in a
-kernel of this interpreter with notebooks/ as the working directory and stores the outputs:
-nbval compares the `# NBVAL_CHECK_OUTPUT` cells against those stored outputs.
+kernel of this interpreter with notebooks/ as the working directory and stores the outputs,
+cleaned (`clean_outputs`: a progress bar as the text it ended on, no widget state, no scratch or
+absolute paths): nbval compares the `# NBVAL_CHECK_OUTPUT` cells against those stored outputs.
 
 CLI:
     python tools/nb.py execute notebooks/02_placeholder_design.ipynb   # refresh stored outputs
+    python tools/nb.py clean notebooks/*.ipynb                          # clean stored outputs, no run
     python tools/nb.py check [notebooks/*.ipynb]                        # the conventions below
     python tools/nb.py cells notebooks/02_placeholder_design.ipynb      # dump as (kind, source)
     python tools/nb.py figures [notebooks/*.ipynb]                      # typed measured figures
@@ -32,8 +34,10 @@ stored outputs do not show, except the few in `FIXED_FIGURES` (the seed's figure
 from __future__ import annotations
 
 import ast
+import html
 import re
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -98,14 +102,104 @@ def run_notebook(nb: nbformat.NotebookNode, cwd: Path | str | None = None, timeo
         nb.cells.insert(idx + 1, injected)
     client = NotebookClient(
         nb, kernel_name=KERNEL_NAME, kernel_manager_class=CurrentEnvKernelManager, timeout=timeout,
-        record_timing=False, store_widget_state=True,
+        record_timing=False, store_widget_state=True,   # read by clean_outputs, not stored
         resources={"metadata": {"path": str(cwd or REPO / "notebooks")}},
     )
     client.execute()
     if injected is not None:
         nb.cells.remove(injected)
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
+    return clean_outputs(nb, client.widget_state)
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+INTERACTIVE_TEXT = "(an interactive widget: run the notebook to use it)"
+
+
+def progress_text(model_id: str, widgets: dict) -> str | None:
+    """The line a finished tqdm notebook bar shows ("Loading weights: 100%|##########| 25/25 [...]"),
+    from the widgets' final state; None when `model_id` is not a progress bar (an interactive view)."""
+    box = widgets.get(model_id, {})
+    parts = [widgets.get(c.removeprefix("IPY_MODEL_"), {}) for c in box.get("children", [])]
+    bars = [w for w in parts if w.get("_model_name") in ("FloatProgressModel", "IntProgressModel")]
+    if len(parts) != 3 or len(bars) != 1:
+        return None
+    left, bar, right = parts
+    full = int(round(10 * bar.get("value", 0) / bar["max"])) if bar.get("max") else 10
+    if not left.get("value", "").strip():   # a bar_format without {bar}: tqdm shows its text on the right
+        text = right.get("value", "")
+    else:
+        text = f"{left['value']}|{'#' * full}{' ' * (10 - full)}| {right.get('value', '')}"
+    return re.sub(r" +", " ", html.unescape(text).replace("\u2007", " ")).strip()
+
+
+def clean_outputs(nb: nbformat.NotebookNode, widgets: dict | None = None) -> nbformat.NotebookNode:
+    """Stored outputs a reader can trust: a progress widget becomes the text its bar ended on (a
+    stored widget shows the state it was displayed in, "0%", for ever), no widget state is kept in
+    the notebook's metadata, and a scratch directory is never printed (a path under the system's
+    temporary directory is shown as `$TMPDIR/name`, one in this repository relative to it).
+    `# NBVAL_CHECK_OUTPUT` cells are left as the kernel printed them."""
+    widgets = widgets or {}
+    tmp = re.compile(r"(?<![\w.])" + re.escape(tempfile.gettempdir().rstrip("/")) + r"/(?:[\w.-]+/)*"
+                     r"|" + re.escape(str(REPO)) + r"/")
+    for cell in nb.cells:
+        if "NBVAL_CHECK_OUTPUT" in cell.source:
+            continue   # nbval compares these outputs with the next run's: they stay as printed (such a
+                       # cell must not print a scratch path or show a progress bar in the first place)
+        outs = []
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            line = progress_text(view["model_id"], widgets) if view else None
+            if view and line is None and _looks_like_progress(out):
+                line = ""   # a bar whose state never arrived: drop it rather than show it frozen
+            if line is not None:
+                if line:
+                    outs.append(nbformat.v4.new_output("stream", name="stderr", text=line + "\n"))
+                continue
+            if view:   # an interactive view: without a kernel, say so instead of its repr
+                out["data"]["text/plain"] = INTERACTIVE_TEXT
+            outs.append(_untmp(out, tmp))
+        if cell.cell_type == "code":
+            cell.outputs = outs
+    nb.metadata.pop("widgets", None)
     return nb
+
+
+def stored_widget_state(nb: nbformat.NotebookNode) -> dict:
+    """The widget state a notebook stored in its metadata, as `clean_outputs` reads it."""
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return {k: {**v.get("state", {}), "_model_name": v.get("model_name")} for k, v in state.items()}
+
+
+def clean_in_place(path) -> Path:
+    """`clean_outputs` on a stored notebook, without running it (bars from its stored widget state)."""
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    nbformat.write(clean_outputs(nb, stored_widget_state(nb)), path)
+    return path
+
+
+def _looks_like_progress(out) -> bool:
+    text = out.get("data", {}).get("text/plain", "")
+    text = "".join(text) if isinstance(text, list) else text
+    return bool(re.search(r"\d%|it/s|Progress\(", text))
+
+
+def _untmp(out, tmp: re.Pattern):
+    """`out` with every path under the temporary directory shortened to `$TMPDIR/<file name>`
+    and every path in this repository made relative to it."""
+    def sub(v):
+        if isinstance(v, list):
+            return [sub(x) for x in v]
+        if not isinstance(v, str):
+            return v
+        return tmp.sub(lambda m: "" if m.group(0) == f"{REPO}/" else "$TMPDIR/", v)
+    if "text" in out:
+        out["text"] = sub(out["text"])
+    for mime, value in out.get("data", {}).items():
+        if mime.startswith("text/"):
+            out["data"][mime] = sub(value)
+    return out
 
 
 def write_notebook(path, cells: Sequence[Cell], *, execute: bool = False, timeout: int = 900) -> Path:
@@ -245,7 +339,7 @@ def typed_figures(path, fixed: frozenset = FIXED_FIGURES) -> list[str]:
 
 
 def _main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("execute", "check", "cells", "figures"):
+    if not argv or argv[0] not in ("execute", "clean", "check", "cells", "figures"):
         print(__doc__.split("CLI:")[1])
         return 2
     cmd, paths = argv[0], [Path(p) for p in argv[1:]]
@@ -256,6 +350,9 @@ def _main(argv: list[str]) -> int:
         if cmd == "execute":
             execute_in_place(p)
             print(f"executed {p}")
+        elif cmd == "clean":
+            clean_in_place(p)
+            print(f"cleaned {p}")
         elif cmd == "figures":
             typed = typed_figures(p)
             print(f"{p}: " + ("ok" if not typed else "typed figures, not in any output:\n  " + "\n  ".join(typed)))

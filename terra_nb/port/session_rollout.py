@@ -79,7 +79,7 @@ def spawn_engine_processes_after_cuda() -> None:
     vLLM makes that switch itself when it sees CUDA initialized, but reads the setting through
     its cache of environment variables, which an engine core built earlier in this process
     (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, e.g. `make_llm` in a test run) has frozen at "fork". Seen
-    on vLLM 0.26 on an H100 (2026-11-25): every session test of the GPU runner's engine group."""
+    on vLLM 0.26 on an H100: every session test of the GPU runner's engine group."""
     import torch
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):

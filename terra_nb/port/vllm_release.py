@@ -62,7 +62,7 @@ behaviour differs (5, 9).
      but it cannot see the dropped token either. `tests/test_session_rollout.py` (a later session
      whose window is an earlier session's context and frames hits every full block of it and draws
      the same greedy codes) checks it: on the CPU (0.32), and on vLLM 0.26 on an H100 (passed,
-     2026-11-25, commit 9be7086, with the open-loop and step-profile session tests).
+     commit 9be7086, with the open-loop and step-profile session tests).
    * 0.26's `_update_request_as_session` keeps the first chunk's `max_tokens` (0.32 takes each
      chunk's): chunks of one session must all ask for the same `max_tokens` (Terra's: one frame).
    * When the first chunk is refused, 0.32 sends nothing to the engine; 0.26 still adds the

@@ -12,7 +12,7 @@ world of its own (all numpy/PIL/torch on the CPU):
 * `path`: the ego path recovered from (decoded) frames by rigid registration.
 * `score`: the trained checkpoint (`data/toy/model/`) and the action-following score (also per
   manoeuvre kind).
-* `standing`: the trained model against the constant-velocity baseline and issue 26's targets, and
+* `standing`: the trained model against the constant-velocity baseline and its targets, and
   the recorded training runs (`data/toy/sweep.json`) that show why an earlier model missed speed.
 * `media`: GIFs, side-by-side strips and path plots for the notebooks.
 * `train`: `python -m terra_nb.toyworld.train`.

@@ -1,4 +1,4 @@
-"""Where the trained toy model stands, and why an earlier one missed speed (issue 26).
+"""Where the trained toy model stands, and why an earlier one missed speed.
 
 * `versus_baseline`: the trained model's score against the constant-velocity path, per metric;
 * `steering_ratios`: every steering command's recovered end point vs straight, as a share of the
@@ -20,7 +20,7 @@ from .scene import DT, generate_clip
 from .score import CONST_VEL, GROUND_TRUTH, KIND_GROUPS, METRICS
 from .tokenizer import toy_data_dir
 
-TARGET_RATIO = 0.8          # issue 26: mean path error at most 0.8x the constant-velocity baseline's
+TARGET_RATIO = 0.8          # the toy model's target: mean path error at most 0.8x the constant-velocity baseline's
 STEER_TOLERANCE = 0.3       # ... and every command's end point vs straight within 30% of the commanded one
 
 
@@ -72,7 +72,7 @@ def speed_change_share(n_clips: int = 300, n_frames: int = 25, seed0: int = TRAI
 
 
 def sweep_record(path=None) -> dict:
-    """data/toy/sweep.json: the recorded training runs of issue 26 and their scores."""
+    """data/toy/sweep.json: the recorded training runs and their scores."""
     path = Path(path) if path is not None else toy_data_dir() / "sweep.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing")

@@ -30,9 +30,9 @@ from .tokenizer import ToyTokenizer, toy_data_dir
 
 DEFAULTS = dict(
     n_clips=8000,         # rendered clips (x2 with mirroring); 700 over-fitted at 6000 steps, and 4000 at
-                          # 16000 x 32 (issue 26: data/toy/sweep.json, results/toy_sweep_h100.json)
+                          # 16000 x 32 (data/toy/sweep.json, results/toy_sweep_h100.json)
     n_frames=25,          # a full round of the tiny preset: temporal slots 0..24 all get trained
-    steps=12000,          # 1600 x batch 4 left speed unlearnt (issue 26); ~4.5 min on an H200
+    steps=12000,          # 1600 x batch 4 left speed unlearnt (data/toy/sweep.json); ~4.5 min on an H200
     batch=16,
     lr=5e-3,
     warmup=50,

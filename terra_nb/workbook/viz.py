@@ -361,7 +361,7 @@ def bar_chart_benchmark(rows: Sequence[Mapping[str, Any]], seed_figures=SEED_FIG
 
 
 def seed_frames_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
-    """Seconds per frame along the seed's video (issue 25): HF's calls (`frame_s` of `hf_seed`,
+    """Seconds per frame along the seed's video: HF's calls (`frame_s` of `hf_seed`,
     `hf_static`) and the port's frame steps (`step_profile.by_frame` of `vllm_seed`,
     `vllm_seed_defaults`; index k is the frame after the first k), as the context grows."""
     fig = Figure(figsize=(8, 3.6), dpi=DPI, layout="constrained")
@@ -388,7 +388,7 @@ def seed_frames_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
 
 
 def tp_ratio_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
-    """TP=2 ÷ TP=1 of one lease's `bench tp` rows (`bench_analysis.tp_ratios`): a bar per batch
+    """TP=2 ÷ TP=1 of one GPU run's `bench tp` rows (`bench_analysis.tp_ratios`): a bar per batch
     (frames/s) and one for prefill alone (prompt tokens/s), against the 1.0 line where TP=2 starts
     to pay."""
     from terra_nb.bench.analysis import rollouts_text, tp_ratios
