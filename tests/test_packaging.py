@@ -63,14 +63,16 @@ def test_extras_admit_the_releases_that_ran():
 
 
 def test_vllm_plugin_entry_points_declared():
-    """The declared entry points (Terra's, and notebook 10's TinyVLM) are installed, and loading each
-    gives the real `register`. After adding one to pyproject, `pip install -e .` again."""
+    """The declared entry points (Terra's, notebook 10's TinyVLM and notebook 13's TinyAV) are
+    installed, and loading each gives the real `register`. After adding one to pyproject,
+    `pip install -e .` again."""
     from importlib.metadata import entry_points
 
     from terra_nb.port.vllm_plugin import register
+    from terra_nb.port_av.vllm_plugin import register as register_av
     from terra_nb.port_vlm.vllm_plugin import register as register_vlm
 
-    expected = {"terra_nb": register, "terra_nb_vlm": register_vlm}
+    expected = {"terra_nb": register, "terra_nb_vlm": register_vlm, "terra_nb_av": register_av}
     declared = _pyproject()["entry-points"]["vllm.general_plugins"]
     installed = {ep.name: ep for ep in entry_points(group="vllm.general_plugins") if ep.name in declared}
     assert set(declared) == set(expected)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -103,7 +104,9 @@ def test_without_the_release_switch_the_hf_processor_gets_no_text(processor, ite
     ("<audio> what", None, [torch.full((20,), float("nan"))], "audio clip 0: holds NaN"),
     ("<image> what", [torch.full((3, 16, 16), float("inf"))], None, "image 0: holds NaN or inf"),
     ("<audio> what", None, [torch.zeros(20, dtype=torch.int16)], "dtype torch.int16"),
-    ("<image> what", [torch.rand(3, 8, 16)], None, r"shape \[3, 8, 16\]"),
+    ("<image> what", [torch.rand(4, 16, 16)], None, r"shape \[4, 16, 16\]"),
+    ("<image> what", "photo.png", None, "image 0: expected a PIL image or a float tensor"),
+    ("<audio> what", None, (np.zeros(320, dtype=np.float32), 8000), "sampled at 8000 Hz; TinyAV takes 16000 Hz"),
     ("<audio> what", None, [torch.zeros(16 * 511)], "511 tokens; at most 510"),
     ("<audio> what", None, {"audio_frames": torch.zeros(3, 16), "audio_num_frames": torch.tensor([2])},
      r"expected float \[2 \(the sum"),
@@ -118,6 +121,46 @@ def test_value_checks_refuse_in_the_front_end(processor, text, images, audio, me
 
     with pytest.raises(ValueError, match=message):
         process(processor, text, images, audio)
+
+
+def _photo(width=211, height=149, seed=0):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray((torch.rand(height, width, 3, generator=g) * 255).to(torch.uint8).numpy())
+
+
+def test_every_input_form_gives_the_same_prompt_and_fields(processor, hf_proc, items):
+    """What vLLM's users send: a PIL image of any size (resized to the fixed 16 x 16), float arrays
+    and tensors; audio as a `(np.ndarray, 16000)` tuple or an array; one item not in a list is one
+    item (not iterated into channels or samples). vLLM's processor equals the HF processor on each."""
+    from terra_nb.lessons.port_av import process, summary
+
+    img, clip = items
+    photo = _photo()
+    photo_t = torch.from_numpy(np.asarray(photo, dtype=np.float32) / 255.0).permute(2, 0, 1)
+    forms = {
+        "lists of tensors": ([img], [clip]),
+        "one tensor each, not in lists": (img, clip),
+        "numpy arrays, not in lists": (img.numpy(), clip.numpy()),
+        "a (samples, rate) tuple": ([img], (clip.numpy(), 16000)),
+        "tuples in a list": ([img], [(clip.numpy().astype(np.float64), 16000)]),
+        "a list of floats": ([img], clip.tolist()),
+    }
+    base = summary(process(processor, TEXT, *forms["lists of tensors"]))
+    for name, (images, audio) in forms.items():
+        assert summary(process(processor, TEXT, images, audio)) == base, name
+        hf = hf_proc(text=TEXT, images=images, audio=audio)
+        assert hf["input_ids"][0].tolist() == base["ids"], name
+    # a 211x149 PIL image: resized to 16 x 16, the same pixels through vLLM's processor and HF's
+    out = process(processor, TEXT, photo, (clip.numpy(), 16000))
+    hf = hf_proc(text=TEXT, images=photo, audio=(clip.numpy(), 16000))
+    assert out["prompt_token_ids"] == hf["input_ids"][0].tolist() == base["ids"]
+    pixels = out["mm_kwargs"]["image"][0]["pixel_values"].data
+    assert torch.allclose(pixels, hf["pixel_values"][0], atol=1e-6)
+    assert torch.allclose(pixels, hf_proc(text=TEXT, images=[photo_t], audio=[clip])["pixel_values"][0], atol=1e-6)
+    with pytest.raises(ValueError, match="sampled at 8000 Hz"):
+        hf_proc(text="<audio> what", audio=[clip], sampling_rate=8000)
 
 
 def test_what_vllm_does_by_itself_with_unmatched_items(processor, items):

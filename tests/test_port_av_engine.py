@@ -104,3 +104,31 @@ def test_bad_requests_are_refused_and_the_engine_serves_on(llm, text, images, au
     with pytest.raises(ValueError, match=message):
         _greedy(llm, request(text, images, [clip] if audio == "clip" else audio))
     assert _greedy(llm, good) == before
+
+
+def test_what_vllm_users_send_a_pil_image_and_a_16khz_tuple_equal_hf(llm, hf):
+    """A 211x149 PIL image (resized to the fixed 16 x 16) and a `(np.ndarray, 16000)` clip, each not
+    in a list, through `generate`; and the image as an `image_url` through `LLM.chat` with no
+    `chat_template` argument: the greedy tokens equal HF's on the same items and text."""
+    import numpy as np
+    from vllm import SamplingParams
+
+    from terra_nb.port_av.hf_model import greedy_generate
+    from test_port_vlm_engine import photo, pil_data_url
+
+    model, proc = hf
+    image, clip = photo(), (np.random.default_rng(0).standard_normal(300).astype(np.float32), 16000)
+    text = "<image> what is the sound <audio> here"
+    got = _greedy(llm, {"prompt": text, "multi_modal_data": {"image": image, "audio": clip}})
+    assert got == greedy_generate(model, proc(text=text, images=image, audio=clip), MAX_TOKENS)
+    as_lists = _greedy(llm, {"prompt": text, "multi_modal_data": {"image": [image], "audio": [clip[0]]}})
+    assert as_lists == got
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": pil_data_url(image)}},
+                                             {"type": "text", "text": "what is the picture"}]}]
+    out = llm.chat(messages, params, use_tqdm=False)[0]
+    assert out.prompt == "<s><image> what is the picture "
+    inputs = proc(text=out.prompt, images=image, add_special_tokens=False)  # as chat front ends tokenize
+    assert list(out.prompt_token_ids) == inputs["input_ids"][0].tolist()
+    assert list(out.outputs[0].token_ids) == greedy_generate(model, inputs, MAX_TOKENS)

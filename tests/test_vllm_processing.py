@@ -134,6 +134,20 @@ def test_dummy_inputs_worst_case_is_24_frames_of_6_action_tokens(processor):
     assert [(r.offset, r.length) for r in one["mm_placeholders"]["actions"]] == [(P, A)]
 
 
+def test_zero_frames_of_dummy_inputs_omit_the_modality_and_take_the_empty_branch_of_apply(processor):
+    """A count of 0 gives no `actions` key (an empty [0, 3] tensor would be refused by the parser
+    as a wrong action shape), and `apply` hands the empty prompt to vLLM's own `apply`."""
+    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+    assert processor.dummy_inputs.get_dummy_mm_data(25 * FL, {"actions": 0}) == {}
+    assert processor.dummy_inputs.get_dummy_prompt_ids(25 * FL, {"actions": 0}) == []
+    empty = processor.apply(ProcessorInputs(prompt=[], mm_data_items=processor.info.parse_mm_data({})),
+                            TimingContext(enabled=False))
+    assert list(empty["prompt_token_ids"]) == [] and not empty["mm_placeholders"].get("actions")
+    d = dummy_mm_inputs(processor, {"actions": 0})  # vLLM's own profiling path, no item
+    assert not d["mm_placeholders"].get("actions")
+
+
 # ---------------------------------------------------------------------------- checks
 def _bad_cases(layout, sample):
     ctx, a3 = sample.context, sample.actions[:3]

@@ -1,7 +1,8 @@
-"""The ordinary path (issue 39, item 3): TinyVLM served by `vllm serve` unchanged, found through its
-plugin (the `vllm.general_plugins` entry point `terra_nb_vlm`), queried over real HTTP with the
-OpenAI client (a chat with an image), greedy tokens equal to the offline engine's (`vllm.LLM.chat`
-with the same chat template and engine arguments) token for token.
+"""The ordinary path: TinyVLM and TinyAV served by `vllm serve` unchanged, found through their
+plugins (the `vllm.general_plugins` entry points `terra_nb_vlm`, `terra_nb_av`), with the chat
+template their checkpoints ship (no `--chat-template`), queried over real HTTP with the OpenAI
+client (a chat with an image: a small one and a 211x149 photo the processor resizes), greedy tokens
+equal to the offline engine's (`vllm.LLM.chat`, same engine arguments) and to HF's, token for token.
 
 Never skipped: vLLM (its server included) and `openai` (a dependency of vLLM) are declared
 dependencies of this project; a missing one is a broken install, which this test must report.
@@ -25,9 +26,6 @@ import pytest
 import torch
 
 MAX_TOKENS = 12
-# vLLM's "string" content format: it puts the image's placeholder (`get_placeholder_str`: "<image>")
-# before the message's text, and the template only joins the messages.
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
 def cli_args(kwargs: dict) -> list[str]:
@@ -97,60 +95,110 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 300
     raise AssertionError(f"vllm serve not ready in {timeout} s:\n{log.read_text()[-4000:]}")
 
 
+def start_server(ckpt, kwargs: dict, name: str, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = vllm_serve([str(ckpt), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", name,
+                      *cli_args(kwargs)])
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
+                                start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its engine core
+        proc.wait(10)
+
+
+def chat(client, model: str, messages: list) -> tuple[list[int], list[int]]:
+    """(prompt token ids, greedy token ids) of one OpenAI chat completion."""
+    reply = client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=MAX_TOKENS,
+        extra_body={"ignore_eos": True, "return_token_ids": True})
+    choice = reply.choices[0]
+    served = list(choice.model_extra["token_ids"] if "token_ids" in (choice.model_extra or {}) else choice.token_ids)
+    assert len(served) == MAX_TOKENS and reply.usage.completion_tokens == MAX_TOKENS
+    return list(reply.model_extra["prompt_token_ids"]), served
+
+
+def image_message(url: str, text: str) -> list:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}]
+
+
 def test_vllm_serve_chat_with_an_image_equals_the_offline_engine(tiny_vlm_ckpt, tiny_vlm_llm, tmp_path_factory):
     """`tiny_vlm_llm` (tests/conftest.py, shared with test_port_vlm_engine) is the offline engine on
     the same checkpoint and `llm_kwargs`; its fixture also makes sure the plugin's entry point is
     visible, which is how `vllm serve` finds TinyVLM."""
     from openai import OpenAI
+    from transformers import AutoModelForImageTextToText, AutoProcessor
     from vllm import SamplingParams
 
+    from terra_nb.port_vlm.hf_model import greedy_generate
     from terra_nb.port_vlm.vllm_engine import llm_kwargs
+    from test_port_vlm_engine import photo, pil_data_url
 
     ckpt, llm = tiny_vlm_ckpt, tiny_vlm_llm
     kwargs = llm_kwargs(ckpt, enforce_eager=True)  # as the shared engine was built
-    template = tmp_path_factory.mktemp("chat") / "template.jinja"
-    template.write_text(CHAT_TEMPLATE)
-    port = free_port()
     log = tmp_path_factory.mktemp("serve_log") / "vllm_serve.log"
-    cmd = vllm_serve([str(ckpt), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-vlm",
-                      "--chat-template", str(template), "--chat-template-content-format", "string", *cli_args(kwargs)])
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ),
-                                start_new_session=True)
+    proc, base = start_server(ckpt, kwargs, "tiny-vlm", log)
     try:
         image = torch.rand(3, 16, 24, generator=torch.Generator().manual_seed(1))
         question = "describe the picture red car"
-        url = png_data_url(image)
-        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                 {"type": "text", "text": question}]}]
+        messages = image_message(png_data_url(image), question)
+        big = photo()
+        big_messages = image_message(pil_data_url(big), question)
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        offline = llm.chat(messages, params, chat_template=CHAT_TEMPLATE, chat_template_content_format="string",
-                           use_tqdm=False)[0]
-        text_only = llm.chat([{"role": "user", "content": question}], params, chat_template=CHAT_TEMPLATE,
-                             chat_template_content_format="string", use_tqdm=False)[0]
+        offline, offline_big, text_only = llm.chat(
+            [messages, big_messages, [{"role": "user", "content": question}]], params, use_tqdm=False)
 
-        base = f"http://127.0.0.1:{port}"
         wait_ready(base, proc, log)
         client = OpenAI(base_url=base + "/v1", api_key="none", timeout=120)
         assert [m.id for m in client.models.list().data] == ["tiny-vlm"]
-        reply = client.chat.completions.create(
-            model="tiny-vlm", messages=messages, temperature=0, max_tokens=MAX_TOKENS,
-            extra_body={"ignore_eos": True, "return_token_ids": True})
-        choice = reply.choices[0]
-        served = list(choice.model_extra["token_ids"] if "token_ids" in (choice.model_extra or {})
-                      else choice.token_ids)
-        prompt_ids = list(reply.model_extra["prompt_token_ids"])
-
-        assert prompt_ids == list(offline.prompt_token_ids)  # the same template, placeholders expanded alike
-        n_image = (16 // 8) * (24 // 8)
-        assert prompt_ids.count(llm.llm_engine.model_config.hf_config.image_token_id) == n_image
-        assert len(served) == MAX_TOKENS and reply.usage.completion_tokens == MAX_TOKENS
+        prompt_ids, served = chat(client, "tiny-vlm", messages)
+        assert prompt_ids == list(offline.prompt_token_ids)  # the checkpoint's template, placeholders expanded alike
+        assert prompt_ids.count(llm.llm_engine.model_config.hf_config.image_token_id) == (16 // 8) * (24 // 8)
         assert served == list(offline.outputs[0].token_ids), f"served {served}\noffline {list(offline.outputs[0].token_ids)}"
         assert served != list(text_only.outputs[0].token_ids)  # the image reached the served model
+
+        # a 211x149 photo: resized by the processor, the same tokens as offline and as HF
+        prompt_ids, served = chat(client, "tiny-vlm", big_messages)
+        assert prompt_ids == list(offline_big.prompt_token_ids) and served == list(offline_big.outputs[0].token_ids)
+        hf_proc = AutoProcessor.from_pretrained(ckpt)
+        inputs = hf_proc(text=offline_big.prompt, images=big, add_special_tokens=False)
+        assert prompt_ids == inputs["input_ids"][0].tolist()
+        assert served == greedy_generate(AutoModelForImageTextToText.from_pretrained(ckpt).eval(), inputs, MAX_TOKENS)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the server and its engine core
-            proc.wait(10)
+        stop_server(proc)
+
+
+def test_vllm_serve_tiny_av_chat_with_a_photo_equals_hf(tmp_path_factory):
+    """TinyAV served as it is installed (its entry point, the default multiprocess engine): a chat
+    with a 211x149 photo as an `image_url`, greedy tokens equal to HF's on the same image and text."""
+    from openai import OpenAI
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from terra_nb.port_av.checkpoints import write_random_checkpoint
+    from terra_nb.port_av.hf_model import greedy_generate
+    from terra_nb.port_av.vllm_engine import llm_kwargs
+    from terra_nb.port_av.vllm_plugin import entry_point_installed
+    from test_port_vlm_engine import photo, pil_data_url
+
+    assert entry_point_installed(), "TinyAV's vllm.general_plugins entry point is not installed: pip install -e ."
+    ckpt = write_random_checkpoint(tmp_path_factory.mktemp("tiny_av"))
+    log = tmp_path_factory.mktemp("serve_log") / "vllm_serve_av.log"
+    proc, base = start_server(ckpt, llm_kwargs(ckpt), "tiny-av", log)
+    try:
+        big = photo()
+        wait_ready(base, proc, log)
+        client = OpenAI(base_url=base + "/v1", api_key="none", timeout=120)
+        prompt_ids, served = chat(client, "tiny-av", image_message(pil_data_url(big), "what is the picture"))
+        hf_proc = AutoProcessor.from_pretrained(ckpt)
+        inputs = hf_proc(text="<s><image> what is the picture ", images=big, add_special_tokens=False)
+        assert prompt_ids == inputs["input_ids"][0].tolist()  # the checkpoint's own chat template
+        assert served == greedy_generate(AutoModelForImageTextToText.from_pretrained(ckpt).eval(), inputs, MAX_TOKENS)
+    finally:
+        stop_server(proc)

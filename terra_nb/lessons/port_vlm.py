@@ -60,12 +60,13 @@ def offline_processor(checkpoint_dir, processor_cls=None):
     return processor
 
 
-def process(processor, text: str, images: Sequence[torch.Tensor]):
-    """Run the processor on `text` + `images` as the front end does: tokenize, parse, `apply`."""
+def process(processor, text: str, images):
+    """Run the processor on `text` + `images` as the front end does: tokenize, parse, `apply`.
+    `images`: a list (or tuple) of images, or one image as a user may send it (not in a list)."""
     from vllm.multimodal.processing import ProcessorInputs, TimingContext
 
     ids = processor.info.get_tokenizer().encode(text)
-    items = processor.info.parse_mm_data({"image": list(images)})
+    items = processor.info.parse_mm_data({"image": list(images) if isinstance(images, (list, tuple)) else images})
     return processor.apply(ProcessorInputs(prompt=ids, mm_data_items=items), TimingContext(enabled=False))
 
 

@@ -171,6 +171,8 @@ class LlamaActionDummyInputsBuilder(TokenIdsDummyInputsMixin, BaseDummyInputsBui
     ) -> MultiModalDataDict:
         layout = self.info.layout
         n = mm_counts.get(MODALITY, 0)
+        if n == 0:  # no item: no key (an empty [0, 3] tensor is not a frame's actions; the parser refuses it)
+            return {}
         # A plausible trajectory: straight ahead, 2 m and 0.5 s per step.
         k = torch.arange(layout.action_tokens, dtype=torch.float32)
         one = torch.stack([torch.zeros_like(k), 2.0 * k, 0.5 * k], dim=1)[:, : layout.action_dim]

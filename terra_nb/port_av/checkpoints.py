@@ -1,6 +1,7 @@
 """A seeded random TinyAV checkpoint on disk: what `vllm.LLM(model=path)` and HF both load.
 
-`config.json`, `model.safetensors`, the tokenizer and `processor_config.json`, built here, nothing
+`config.json`, `model.safetensors`, the tokenizer (its chat template in `tokenizer_config.json`) and
+`processor_config.json`, built here, nothing
 downloaded. The decoder is TinyVLM's (head_dim 64 for vLLM's CPU attention, RoPE as
 `rope_parameters` with a theta that is not 10000).
 """
@@ -38,7 +39,7 @@ def preset_config() -> TinyAVConfig:
 def write_random_checkpoint(path, seed: int = 0) -> Path:
     """Write a seeded random checkpoint (float32) to `path`; idempotent for the same seed."""
     path = Path(path)
-    marker = {"seed": seed, "format": 1}
+    marker = {"seed": seed, "format": 2}
     if (path / MARKER).exists() and (path / "model.safetensors").exists():
         if json.loads((path / MARKER).read_text()) == marker:
             return path
@@ -49,7 +50,13 @@ def write_random_checkpoint(path, seed: int = 0) -> Path:
     with torch.no_grad():  # post_init leaves these at zero
         model.model.vision_tower.pos_embed.normal_(0.0, config.initializer_range)
     model.save_pretrained(path, safe_serialization=True)
-    TinyAVProcessor(build_tokenizer(config.text_config.vocab_size), image_size=config.image_size,
-                    patch_size=config.patch_size, frame_size=config.frame_size).save_pretrained(path)
+    processor = TinyAVProcessor(build_tokenizer(config.text_config.vocab_size), image_size=config.image_size,
+                                patch_size=config.patch_size, frame_size=config.frame_size,
+                                sampling_rate=config.sampling_rate)
+    processor.save_pretrained(path)
+    # the chat template inside tokenizer_config.json, where released models keep it (transformers 5
+    # would write a separate chat_template.jinja)
+    processor.tokenizer.save_pretrained(path, save_jinja_files=False)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
     (path / MARKER).write_text(json.dumps(marker) + "\n")
     return path

@@ -1,6 +1,7 @@
 """TinyAV's tokenizer and HF processor, which needs the text.
 
-`TinyAVProcessor(text=..., images=[...], audio=[...])`:
+`TinyAVProcessor(text=..., images=[...], audio=[...])`. The tokenizer carries the chat template
+(`CHAT_TEMPLATE`, in `tokenizer_config.json`), so `LLM.chat` and `vllm serve` need no argument.
 
 * **text is required**: the processor is where each `<image>` and `<audio>` of the text becomes its
   run of placeholders (4 per image; one per frame of each clip), so called without text it raises,
@@ -8,6 +9,8 @@
 * for each modality it is given data for, the text must hold one placeholder per item (else a
   `ValueError` naming both counts); the placeholders of a modality it is given no data for are left
   as they are (vLLM calls it that way when the items of that modality come already processed);
+* takes what vLLM's users send: PIL images or float `[3, H, W]` of any size (resized to the fixed
+  input), audio as 1-D float clips or `(samples, sampling_rate)` tuples at 16 kHz, one or in a list;
 * outputs `input_ids`, `pixel_values` `[n_images, 4, 3*p*p]`, `audio_frames` (all clips' frames,
   concatenated, `[sum of frames, frame_size]`) and `audio_num_frames` `[n_clips]`.
 """
@@ -18,7 +21,22 @@ from collections.abc import Sequence
 import torch
 from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
 
-from .config import AUDIO_TOKEN, IMAGE_TOKEN, ItemSizes, check_audio, check_image
+from .config import AUDIO_TOKEN, IMAGE_TOKEN, ItemSizes, audio_list, check_audio, check_image, image_list
+
+# The rendered text starts with `<s>` (chat front ends, vLLM's and HF's `apply_chat_template`, then
+# tokenize it with `add_special_tokens=False`). vLLM sees the template loop over a message's content
+# parts and passes them OpenAI-style ({"type": "image"}, {"type": "audio"}, {"type": "text", ...});
+# a plain string is copied.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}" + IMAGE_TOKEN + " "
+    "{% elif part['type'] in ('audio', 'audio_url', 'input_audio') %}" + AUDIO_TOKEN + " "
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %} "
+    "{% endfor %}"
+)
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", IMAGE_TOKEN, AUDIO_TOKEN)  # ids 0..5
 WORDS = (
@@ -40,7 +58,7 @@ def build_tokenizer(vocab_size: int = 256) -> PreTrainedTokenizerFast:
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        extra_special_tokens={"image_token": IMAGE_TOKEN, "audio_token": AUDIO_TOKEN},
+        extra_special_tokens={"image_token": IMAGE_TOKEN, "audio_token": AUDIO_TOKEN}, chat_template=CHAT_TEMPLATE,
     )
 
 
@@ -60,13 +78,15 @@ def frames(clip: torch.Tensor, frame_size: int) -> torch.Tensor:
 class TinyAVProcessor(ProcessorMixin):
     """Tokenizer + patching + framing; `processor(text=..., images=[...], audio=[...])`."""
 
-    def __init__(self, tokenizer=None, image_size: int = 16, patch_size: int = 8, frame_size: int = 16, **kwargs):
+    def __init__(self, tokenizer=None, image_size: int = 16, patch_size: int = 8, frame_size: int = 16,
+                 sampling_rate: int = 16000, **kwargs):
         self.image_size, self.patch_size, self.frame_size = image_size, patch_size, frame_size
+        self.sampling_rate = sampling_rate
         super().__init__(tokenizer, **kwargs)
 
     @property
     def sizes(self) -> ItemSizes:
-        return ItemSizes(self.image_size, self.patch_size, self.frame_size)
+        return ItemSizes(self.image_size, self.patch_size, self.frame_size, self.sampling_rate)
 
     def process_images(self, images: Sequence[object]) -> dict[str, torch.Tensor]:
         checked = torch.stack([check_image(img, self.sizes, i) for i, img in enumerate(images)])
@@ -89,7 +109,15 @@ class TinyAVProcessor(ProcessorMixin):
         return out
 
     def __call__(self, text: str | Sequence[str] | None = None, images: Sequence[object] | None = None,
-                 audio: Sequence[object] | None = None, **kwargs) -> BatchFeature:
+                 audio: Sequence[object] | None = None, sampling_rate: int | None = None,
+                 add_special_tokens: bool = True, **kwargs) -> BatchFeature:
+        """`images`: PIL images or float `[3, H, W]`, one or a list; `audio`: 1-D float clips or
+        `(samples, sampling_rate)` tuples, one or a list. `sampling_rate` (HF's keyword for audio
+        processors): the rate of the clips given without one; refused unless the model's.
+        `add_special_tokens`: the tokenizer's (False for text a chat template rendered)."""
+        if sampling_rate is not None and int(sampling_rate) != self.sampling_rate:
+            raise ValueError(f"audio sampled at {sampling_rate} Hz; TinyAV takes {self.sampling_rate} Hz audio "
+                             f"(resample it to {self.sampling_rate} Hz first)")
         if text is None:
             raise ValueError(
                 f"TinyAVProcessor needs the text: it expands each {IMAGE_TOKEN} and {AUDIO_TOKEN} of the text "
@@ -98,19 +126,15 @@ class TinyAVProcessor(ProcessorMixin):
         if len(texts) != 1:
             raise ValueError("TinyAVProcessor takes one text at a time")
         text, data = texts[0], {}
-        images, audio = _as_list(images), _as_list(audio)
+        images = None if images is None else image_list(images)
+        audio = None if audio is None else audio_list(audio)
         if images:
             data.update(self.process_images(images))
             text = self.expand(text, IMAGE_TOKEN, [self.sizes.image_tokens] * len(images), "image(s)")
         if audio:
             data.update(self.process_audio(audio))
             text = self.expand(text, AUDIO_TOKEN, data["audio_num_frames"].tolist(), "audio clip(s)")
-        ids = self.tokenizer(text, return_tensors="pt")
+        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=add_special_tokens)
         data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
         return BatchFeature(data)
 
-
-def _as_list(items) -> list | None:
-    if items is None or isinstance(items, list):
-        return items
-    return list(items) if isinstance(items, tuple) else [items]

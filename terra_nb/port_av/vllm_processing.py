@@ -48,7 +48,16 @@ from vllm.multimodal.processing import (
     PromptUpdate,
 )
 
-from .config import AUDIO_TOKEN, IMAGE_TOKEN, ItemSizes, TinyAVConfig, check_audio, check_image
+from .config import (
+    AUDIO_TOKEN,
+    IMAGE_TOKEN,
+    ItemSizes,
+    TinyAVConfig,
+    as_image_tensor,
+    audio_list,
+    check_audio,
+    image_list,
+)
 from .hf_processing import TinyAVProcessor
 
 IMAGE, AUDIO = "image", "audio"
@@ -130,16 +139,18 @@ class TinyAVDataParser(MultiModalDataParser):
             return None
         if isinstance(data, Mapping):
             return self._processed(data, IMAGE)
-        items = [data] if isinstance(data, torch.Tensor) and data.ndim == 3 else list(data)
-        return ImageProcessorItems([check_image(img, self.sizes, i) for i, img in enumerate(items)])
+        # one image or a list (PIL, as the chat API decodes an image_url; float arrays, tensors):
+        # checked here, resized to the fixed input by the HF processor
+        return ImageProcessorItems([as_image_tensor(img, i) for i, img in enumerate(image_list(data))])
 
     def _parse_audio(self, data):
         if data is None:
             return None
         if isinstance(data, Mapping):
             return self._processed(data, AUDIO)
-        items = [data] if isinstance(data, torch.Tensor) and data.ndim == 1 else list(data)
-        return AudioClips([check_audio(c, self.sizes, i, self.max_audio_tokens) for i, c in enumerate(items)])
+        # one clip or a list: 1-D float arrays / tensors, or (samples, sampling_rate) tuples at the model's rate
+        clips = [check_audio(c, self.sizes, i, self.max_audio_tokens) for i, c in enumerate(audio_list(data))]
+        return AudioClips(clips)
 
 
 class TinyAVProcessingInfo(BaseProcessingInfo):

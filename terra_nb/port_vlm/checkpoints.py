@@ -1,7 +1,8 @@
 """A seeded random TinyVLM checkpoint on disk: what `vllm.LLM(model=path)` and HF both load.
 
 The folder holds `config.json`, `model.safetensors`, the tokenizer (`tokenizer.json`,
-`tokenizer_config.json`) and `processor_config.json`: built here, nothing downloaded.
+`tokenizer_config.json`, with the chat template under "chat_template", where released models keep
+it) and `processor_config.json`: built here, nothing downloaded.
 
 The decoder is shaped for vLLM's CPU backend: head_dim 64 (its attention takes 32, 64, 128, ...
 but not, say, 16), and RoPE given as `rope_parameters` (a config with only `rope_theta` makes
@@ -49,6 +50,13 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def save_tokenizer(tokenizer, path: Path) -> None:
+    """The tokenizer with its chat template inside `tokenizer_config.json` (transformers 5 would
+    write it to a separate `chat_template.jinja`; either is read, the former by every release)."""
+    tokenizer.save_pretrained(path, save_jinja_files=False)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+
+
 def preset_config(name: str = "tiny") -> TinyVLMConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown TinyVLM preset {name!r}; choose from {sorted(PRESETS)}")
@@ -58,7 +66,7 @@ def preset_config(name: str = "tiny") -> TinyVLMConfig:
 def write_random_checkpoint(path, preset: str = "tiny", seed: int = 0) -> Path:
     """Write a seeded random checkpoint (float32) to `path`; idempotent for the same preset and seed."""
     path = Path(path)
-    marker = {"preset": preset, "seed": seed, "format": 1}
+    marker = {"preset": preset, "seed": seed, "format": 2}
     mpath = path / MARKER
     if mpath.exists() and (path / "model.safetensors").exists():
         if json.loads(mpath.read_text()) == marker:
@@ -71,5 +79,6 @@ def write_random_checkpoint(path, preset: str = "tiny", seed: int = 0) -> Path:
     processor = TinyVLMProcessor(build_tokenizer(config.text_config.vocab_size),
                                  patch_size=config.patch_size, max_image_side=config.max_image_side)
     processor.save_pretrained(path)
+    save_tokenizer(processor.tokenizer, path)
     mpath.write_text(json.dumps(marker) + "\n")
     return path

@@ -44,7 +44,13 @@ class TinyVLMConfig(PretrainedConfig):
 
 @dataclass(frozen=True)
 class ImageGeometry:
-    """Which images the encoder takes, and how many prompt tokens each becomes."""
+    """Which size the processor brings an image to, and how many prompt tokens it then takes.
+
+    An image of any size is resized the way vision-language processors do (Qwen2-VL's
+    `smart_resize`, LLaVA's "resize to fit"): scaled down to fit `max_side` x `max_side` keeping its
+    aspect ratio (never enlarged), then each side rounded to the nearest multiple of the patch size,
+    at least one patch. An image already of an allowed size keeps it.
+    """
 
     patch_size: int
     max_side: int
@@ -61,21 +67,27 @@ class ImageGeometry:
     def max_tokens(self) -> int:
         return self.max_grid**2
 
+    def resized(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) the processor resizes an image of `height` x `width` pixels to."""
+        scale = min(1.0, self.max_side / max(height, width))
+        p = self.patch_size
+        side = lambda n: min(self.max_side, max(p, p * int(n * scale / p + 0.5)))  # noqa: E731 (halves up)
+        return side(height), side(width)
+
     def grid(self, height: int, width: int) -> tuple[int, int]:
-        return height // self.patch_size, width // self.patch_size
+        """Rows and columns of patches of an image of `height` x `width` pixels, once resized."""
+        h, w = self.resized(height, width)
+        return h // self.patch_size, w // self.patch_size
 
     def num_tokens(self, height: int, width: int) -> int:
         rows, cols = self.grid(height, width)
         return rows * cols
 
 
-def check_image(image: object, geometry: ImageGeometry, index: int = 0) -> torch.Tensor:
-    """One image -> float32 `[3, H, W]` in [0, 1], or a `ValueError` naming what is wrong.
-
-    Takes a PIL image (RGB; its bytes are scaled to [0, 1]) or a float tensor / numpy array
-    `[3, H, W]`; H and W must be multiples of the patch size, at most `max_side`.
-    """
-    where = f"image {index}"
+def as_image_tensor(image: object, where: str) -> torch.Tensor:
+    """A PIL image (any mode: converted to RGB, bytes scaled to [0, 1]), or a float tensor / numpy
+    array `[3, H, W]` (channels first, values in [0, 1]) -> float32 `[3, H, W]`; else a `ValueError`
+    naming what is wrong."""
     if hasattr(image, "convert") and hasattr(image, "size"):  # PIL, without importing it
         image = torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0).permute(2, 0, 1)
     elif isinstance(image, np.ndarray):
@@ -87,15 +99,26 @@ def check_image(image: object, geometry: ImageGeometry, index: int = 0) -> torch
             f"{where}: dtype {image.dtype}; pass float pixels in [0, 1] (or a PIL image), "
             "not integer bytes"
         )
-    if image.ndim != 3 or image.shape[0] != 3:
+    if image.ndim != 3 or image.shape[0] != 3 or min(image.shape[1:]) < 1:
         raise ValueError(f"{where}: shape {list(image.shape)}; expected [3, H, W] (channels first, RGB)")
-    h, w = int(image.shape[1]), int(image.shape[2])
-    p, m = geometry.patch_size, geometry.max_side
-    if not (p <= h <= m and p <= w <= m and h % p == 0 and w % p == 0):
-        raise ValueError(
-            f"{where}: size {h}x{w}; each side must be a multiple of the patch size {p}, "
-            f"from {p} to {m} pixels"
-        )
     if not torch.isfinite(image).all():
         raise ValueError(f"{where}: holds NaN or inf pixels")
     return image.to(torch.float32)
+
+
+def resize_image(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """float `[3, H, W]` -> `[3, height, width]`: bilinear with antialiasing (as PIL's resize);
+    the image itself when it already has that size."""
+    if tuple(image.shape[1:]) == (height, width):
+        return image
+    out = torch.nn.functional.interpolate(image[None], size=(height, width), mode="bilinear",
+                                          align_corners=False, antialias=True)
+    return out[0].clamp(0.0, 1.0)
+
+
+def check_image(image: object, geometry: ImageGeometry, index: int = 0) -> torch.Tensor:
+    """One image -> float32 `[3, H, W]` in [0, 1], resized by `geometry`, or a `ValueError` naming
+    what is wrong (type, dtype, shape, NaN/inf). Takes a PIL image or a float tensor / numpy array
+    `[3, H, W]` of any size."""
+    image = as_image_tensor(image, f"image {index}")
+    return resize_image(image, *geometry.resized(int(image.shape[1]), int(image.shape[2])))

@@ -2,11 +2,18 @@
 
 The processor does what every HF vision-language processor does:
 
+* takes PIL images or float tensors / numpy arrays `[3, H, W]`, one or a list, of any size, and
+  resizes each to fit the encoder (`ImageGeometry.resized`: at most `max_image_side` a side, each
+  side a multiple of the patch size), as real processors resize or tile a photo;
 * cuts each image into patches: `pixel_values` is all images' patches, concatenated
   (`[sum of patches, 3 * patch * patch]`), and `image_grid_hw` says how many rows and columns of
   patches each image has (`[n_images, 2]`);
 * given text, expands each `<image>` to as many `<image>` tokens as its image has patches, then
   tokenizes (`input_ids` starts with `<s>`).
+
+The tokenizer carries the chat template (`CHAT_TEMPLATE`, saved in `tokenizer_config.json` as
+released models ship it), so `LLM.chat` and `vllm serve` need no `chat_template` argument: a
+message's image parts become `<image>` where the user put them, its text parts the text.
 
 vLLM calls it too: on 0.32 with the images only (vLLM tokenizes the text and expands `<image>`
 itself, from `_get_prompt_updates`). vLLM 0.26 passes a text prompt's text as well (vLLM then finds
@@ -23,6 +30,20 @@ import torch
 from transformers import BatchFeature, PreTrainedTokenizerFast, ProcessorMixin
 
 from .config import IMAGE_TOKEN, ImageGeometry, check_image
+
+# The rendered text starts with `<s>` (chat front ends, vLLM's and HF's `apply_chat_template`, then
+# tokenize it with `add_special_tokens=False`). vLLM sees the template loop over a message's content
+# parts, so it passes them OpenAI-style ({"type": "image"}, {"type": "text", "text": ...}), as for
+# Qwen2-VL's or LLaVA's templates; a message whose content is a plain string is copied as it is.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}" + IMAGE_TOKEN + " "
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %} "
+    "{% endfor %}"
+)
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", IMAGE_TOKEN)  # ids 0..4
 WORDS = (
@@ -46,7 +67,7 @@ def build_tokenizer(vocab_size: int = 256) -> PreTrainedTokenizerFast:
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        extra_special_tokens={"image_token": IMAGE_TOKEN},
+        extra_special_tokens={"image_token": IMAGE_TOKEN}, chat_template=CHAT_TEMPLATE,
     )
 
 
@@ -77,7 +98,7 @@ class TinyVLMProcessor(ProcessorMixin):
         return TinyVLMImageProcessor(self)
 
     def process_images(self, images: Sequence[object]) -> dict[str, torch.Tensor]:
-        checked = [check_image(img, self.geometry, i) for i, img in enumerate(images)]
+        checked = [check_image(img, self.geometry, i) for i, img in enumerate(images)]  # resized
         patches = [patchify(img, self.patch_size) for img in checked]
         grids = [self.geometry.grid(img.shape[1], img.shape[2]) for img in checked]
         return {
@@ -98,7 +119,9 @@ class TinyVLMProcessor(ProcessorMixin):
         return out
 
     def __call__(self, text: str | Sequence[str] | None = None, images: Sequence[object] | None = None,
-                 **kwargs) -> BatchFeature:
+                 add_special_tokens: bool = True, **kwargs) -> BatchFeature:
+        """`images`: PIL images or float `[3, H, W]`, one or a list, of any size. `add_special_tokens`:
+        the tokenizer's (False for text a chat template rendered: it starts with `<s>` already)."""
         images = _as_list(images)
         data: dict[str, object] = self.process_images(images) if images else {}
         if text is not None:
@@ -107,7 +130,7 @@ class TinyVLMProcessor(ProcessorMixin):
                 raise ValueError("TinyVLMProcessor takes one text at a time")
             grids = data.get("image_grid_hw", torch.zeros(0, 2, dtype=torch.long))
             expanded = self.expand_image_tokens(texts[0], grids)
-            ids = self.tokenizer(expanded, return_tensors="pt")
+            ids = self.tokenizer(expanded, return_tensors="pt", add_special_tokens=add_special_tokens)
             data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
         return BatchFeature(data)
 

@@ -4,9 +4,11 @@ The standard recipe of vLLM's own vision-language models (`llava.py`, `qwen2_vl.
 default `BaseMultiModalProcessor.apply`:
 
 1. vLLM tokenizes the text prompt itself (one `<image>` token per image, as the user wrote it);
-2. the data parser checks the images (`check_image`: a `ValueError` naming the image and what is
-   wrong, before anything is computed);
-3. vLLM calls the HF processor (`TinyVLMProcessor`) on the images: `pixel_values` (all images'
+2. the data parser takes what vLLM's users send (one image or a list; PIL images, as the chat API
+   decodes an `image_url`; float arrays and tensors) and checks each (`as_image_tensor`: a
+   `ValueError` naming the image and what is wrong, before anything is computed);
+3. vLLM calls the HF processor (`TinyVLMProcessor`) on the images, which resizes each to fit the
+   encoder: `pixel_values` (all images'
    patches, concatenated) and `image_grid_hw` (rows, columns of patches per image);
 4. `_get_mm_fields_config` tells vLLM how to cut those tensors into one item per image:
    `pixel_values` by the sizes `rows * cols` (`flat_from_sizes`), `image_grid_hw` by row
@@ -22,11 +24,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 
+import numpy as np
 import torch
 from transformers import BatchFeature
 from vllm.inputs import MultiModalDataDict
 from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems
-from vllm.multimodal.parse import ImageProcessorItems, MultiModalDataItems, MultiModalDataParser
+from vllm.multimodal.parse import ImageProcessorItems, ImageSize, MultiModalDataItems, MultiModalDataParser
 from vllm.multimodal.processing import (
     BaseDummyInputsBuilder,
     BaseMultiModalProcessor,
@@ -37,7 +40,7 @@ from vllm.multimodal.processing import (
 
 from vllm.config.multimodal import BaseDummyOptions
 
-from .config import IMAGE_TOKEN, ImageGeometry, TinyVLMConfig, check_image
+from .config import IMAGE_TOKEN, ImageGeometry, TinyVLMConfig, as_image_tensor
 from .hf_processing import TinyVLMProcessor
 from .vllm_frontdoor import require_door
 from .vllm_patch import RequestValidationError
@@ -45,8 +48,23 @@ from .vllm_patch import RequestValidationError
 MODALITY = "image"
 
 
+class TinyVLMImageItems(ImageProcessorItems):
+    """The checked images as the user sent them: PIL, or float `[3, H, W]` (the HF processor converts
+    and resizes them).
+
+    vLLM's own `get_image_size` reads a 3-D array whose last side is 1, 3 or 4 as channels-last;
+    these are always channels-first, so the size is read from the last two sides."""
+
+    def get_image_size(self, item_idx: int) -> ImageSize:
+        image = self.get(item_idx)
+        if not isinstance(image, (torch.Tensor, np.ndarray)):  # PIL (or a cached item: vLLM says so)
+            return super().get_image_size(item_idx)
+        return ImageSize(width=int(image.shape[-1]), height=int(image.shape[-2]))
+
+
 class TinyVLMDataParser(MultiModalDataParser):
-    """vLLM's parser, with every image checked (dtype, shape, size) and embeddings refused."""
+    """vLLM's parser (one image or a list; PIL images, including those the chat API decodes from an
+    `image_url`; numpy arrays and tensors), with every image checked and embeddings refused."""
 
     def __init__(self, geometry: ImageGeometry, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -55,6 +73,8 @@ class TinyVLMDataParser(MultiModalDataParser):
     def _parse_image_data(self, data):
         if data is None:
             return None
+        if isinstance(data, torch.Tensor) and data.ndim == 3 and data.shape[0] == 3:
+            data = [data]  # one image [3, H, W] (vLLM would read a 3-D tensor as a batch of embeddings)
         if self.is_embeddings(data):  # vLLM reads 2-D tensors as precomputed embeddings
             shapes = [list(t.shape) for t in data] if isinstance(data, (list, tuple)) else [list(data.shape)]
             raise RequestValidationError(
@@ -62,12 +82,14 @@ class TinyVLMDataParser(MultiModalDataParser):
                 "which TinyVLM does not take; pass images as float tensors [3, H, W] or PIL images",
                 parameter="multi_modal_data",
             )
-        items = super()._parse_image_data(data)
+        items = super()._parse_image_data(data)  # one item or a list; MediaWithBytes unwrapped by `get`
         try:
-            checked = [check_image(img, self.geometry, i) for i, img in enumerate(items.data)]
+            for i in range(items.get_count()):
+                if items.get(i) is not None:  # None: an image vLLM's cache holds (only its uuid was sent)
+                    as_image_tensor(items.get(i), f"image {i}")
         except ValueError as e:  # as vLLM's validation error: HTTP 400 from its server
             raise RequestValidationError(str(e), parameter="multi_modal_data") from None
-        return ImageProcessorItems(checked)
+        return TinyVLMImageItems(items.data)  # as sent: vLLM hashes them, the HF processor converts them
 
 
 class TinyVLMProcessingInfo(BaseProcessingInfo):
@@ -180,6 +202,7 @@ __all__ = [
     "MODALITY",
     "TinyVLMDataParser",
     "TinyVLMDummyInputsBuilder",
+    "TinyVLMImageItems",
     "TinyVLMMultiModalProcessor",
     "TinyVLMProcessingInfo",
     "check_image_token_count",

@@ -1,0 +1,9 @@
+"""vLLM's own model tests (vLLM v0.32.0's `tests/models/`), run against this project's ports.
+
+vLLM finds the ports through their `vllm.general_plugins` entry points (in every process an engine
+starts); loading them on import registers the architectures in this process too, as vLLM's own
+test session has its built-in ones, and in the fresh interpreter a test runs in (`utils.py`).
+"""
+from vllm.plugins import load_general_plugins
+
+load_general_plugins()
