@@ -114,8 +114,8 @@ def test_the_graph_is_built_from_every_module_and_counts_lazy_imports():
     known = modules()
     assert {"terra_nb", "terra_nb.bench", "terra_nb.bench.cli", "terra_nb.port.layout"} <= known.keys()
     g = graph(known)
-    assert "terra_nb.bench.results" in g["terra_nb.bench.cli"]
-    assert "terra_nb.workbook.paths" in g["terra_nb.bench.results"]   # imported inside a function
+    assert "terra_nb.bench.pairs" in g["terra_nb.bench.cli"]
+    assert "terra_nb.workbook.paths" in g["terra_nb.bench.records"]   # imported inside a function
 
 
 def test_find_cycle_names_the_circle():
@@ -129,13 +129,13 @@ def test_no_import_circle_in_terra_nb():
 
 
 def test_the_benchmark_layers_import_one_way():
-    """render -> results -> analysis -> workload; measure does not reach the results files."""
+    """The pure and measuring layers never reach the result files or the runner above them."""
     g = graph(modules())
     b = "terra_nb.bench."
-    assert b + "analysis" not in g[b + "workload"]
-    assert not {b + "results", b + "render"} & g[b + "analysis"]
-    assert b + "render" not in g[b + "results"]
-    assert not {b + "results", b + "render", b + "analysis", b + "runner"} & g[b + "measure"]
+    assert not {b + "records", b + "pairs", b + "headline", b + "cli"} & g[b + "stats"]
+    assert not {b + "pairs", b + "headline", b + "plots"} & g[b + "records"]
+    assert not {b + "records", b + "pairs", b + "headline"} & g[b + "engines"]
+    assert b + "headline" not in g[b + "pairs"]
 
 
 def test_the_benchmark_imports_no_private_name_across_modules():
@@ -165,8 +165,8 @@ def test_the_benchmark_imports_flow_down_its_package_docstring():
         for name in re.findall(r"`(\w+)`", bullet):
             if f"terra_nb.bench.{name}" in known:
                 place.setdefault(f"terra_nb.bench.{name}", i)
-    assert {"terra_nb.bench.analysis", "terra_nb.bench.results", "terra_nb.bench.render",
-            "terra_nb.bench.measure", "terra_nb.bench.runner"} <= place.keys()
+    assert {"terra_nb.bench.records", "terra_nb.bench.pairs", "terra_nb.bench.headline",
+            "terra_nb.bench.sides", "terra_nb.bench.faster"} <= place.keys()
     up = [f"{a} imports {b}" for a in place for b in g[a] if b in place and place[b] > place[a]]
     assert not up, "imports up the list in bench/__init__.py: " + "; ".join(up)
 
