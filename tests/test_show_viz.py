@@ -158,27 +158,6 @@ def test_frame_viewer_scrubs_headless():
     assert w.images["vllm"].value == viz._png(np.full((8, 8, 3), 200, np.uint8), 8)  # past its end: blank
 
 
-def test_bar_chart_benchmark(tmp_path):
-    rows = [
-        {"name": "hf", "batch": 1, "s_per_frame": 8.5},
-        {"name": "vllm", "batch": 1, "s_per_frame": 0.98, "frames_per_s": 1.02},
-        {"name": "vllm_b32", "batch": 32, "s_per_frame": 1.51, "frames_per_s": 21.2},
-    ]
-    fig = viz.bar_chart_benchmark(rows, note="H200", save=tmp_path / "b.png")
-    (ax,) = fig.get_axes()
-    labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert labels == ["seed: HF generate", "seed: vLLM 0.6 (enforce_eager)", "hf", "vllm", "vllm_b32 (batch 32)"]
-    assert fig.get_size_inches()[1] == pytest.approx(0.45 * 5 + 1.6)
-    assert "H200" in ax.get_title() and ax.get_xscale() == "linear"
-    assert any("11.03 s" in t.get_text() for t in ax.texts)
-    only_ours = viz.bar_chart_benchmark([{"name": "a", "s_per_frame": 100.0}, {"name": "b", "s_per_frame": 1.0}],
-                                        seed_figures=None)
-    assert len(only_ours.get_axes()[0].get_yticklabels()) == 2
-    assert only_ours.get_axes()[0].get_xscale() == "log"
-    with pytest.raises(ValueError):
-        viz.bar_chart_benchmark([], seed_figures=None)
-
-
 # --------------------------------------------------------------------------- results
 
 

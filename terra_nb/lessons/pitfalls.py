@@ -35,11 +35,6 @@ def image_mask(input_ids: torch.Tensor, num_codes: int) -> torch.Tensor:
     return (input_ids >= 0) & (input_ids < num_codes)
 
 
-def placeholder_mask(input_ids: torch.Tensor, num_codes: int) -> torch.Tensor:
-    """Action slots in either spelling: the seed's -3 or the in-vocabulary id `num_codes`."""
-    return (input_ids == SEED_PLACEHOLDER) | (input_ids == num_codes)
-
-
 def merge_image_embeddings(input_ids: torch.Tensor, table: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The seed's merge: start from zeros, write `table[id]` at the positions `mask` selects.
 

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import inspect
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch

@@ -409,13 +409,6 @@ def render_frame(world: World, pose, ss: int = SUPERSAMPLE) -> np.ndarray:
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
-def ego_pixel_mask() -> np.ndarray:
-    """[IMG, IMG] bool: pixels touched by the (always drawn) ego car."""
-    g = _sample_grid(SUPERSAMPLE)
-    body, _ = _ego_mask(g[..., 0], g[..., 1])
-    return body.reshape(IMG, SUPERSAMPLE, IMG, SUPERSAMPLE).any((1, 3))
-
-
 def render_frames(world: World, poses) -> np.ndarray:
     return np.stack([render_frame(world, p) for p in np.asarray(poses)])
 

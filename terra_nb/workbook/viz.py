@@ -1,4 +1,4 @@
-"""Pictures for the notebooks: the token layout, token grids as images, a frame scrubber, benchmarks.
+"""Pictures for the notebooks: the token layout, token grids as images, a frame scrubber.
 
 Every plotting function builds a `matplotlib.figure.Figure` directly (no pyplot state, so it is
 safe under the Agg backend, in tests and in papermill), returns it, and saves a PNG when given
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from matplotlib.colors import ListedColormap
@@ -20,15 +20,7 @@ from terra_nb.port.layout import FrameLayout
 
 IMAGE_COLOR = "#4C72B0"
 ACTION_COLOR = "#DD8452"
-SEED_COLOR = "#9A9A9A"
-OURS_COLOR = "#4C72B0"
 DPI = 100
-
-SEED_FIGURES: list[dict[str, Any]] = [
-    {"name": "seed: HF generate", "s_per_frame": 11.03},
-    {"name": "seed: vLLM 0.6 (enforce_eager)", "s_per_frame": 4.25},
-]
-"""The seed's benchmark: 22 frames after 3 context frames, 242.68 s vs 93.53 s (GPU not stated)."""
 
 
 def _ensure_notebook_display() -> None:
@@ -306,126 +298,3 @@ def frame_viewer(frames_by_name, grid=None, scale: int = 8):
     box.slider, box.images = slider, images
     return box
 
-
-# --------------------------------------------------------------------------- benchmark
-
-
-def bar_chart_benchmark(rows: Sequence[Mapping[str, Any]], seed_figures=SEED_FIGURES, *,
-                        title: str | None = None, note: str | None = None, save=None,
-                        curve: Sequence[Mapping[str, Any]] | None = None) -> Figure:
-    """Seconds per generated frame, ours beside the seed's (lower is better).
-
-    `rows`: dicts with `name`, `s_per_frame` and optionally `batch`, `frames_per_s` (the layout of
-    results/benchmark_<gpu>.json). `seed_figures`: list of such dicts or {name: s_per_frame}; None
-    for no seed bars. `note` is printed under the title (e.g. "CPU, tiny model: not comparable").
-    `curve` (the results' `curve`, two batches or more): a second panel with frames per second
-    against the number of rollouts, port and stock; the bars then show batch 1 only.
-    """
-    if curve is not None and len(curve) > 1:
-        rows = [r for r in rows if r.get("batch", 1) in (1, None)]
-    if isinstance(seed_figures, Mapping):
-        seed_figures = [{"name": k, "s_per_frame": v} for k, v in seed_figures.items()]
-    seed = list(seed_figures or [])
-    ours = [r for r in rows if r.get("s_per_frame") is not None]
-    if not ours and not seed:
-        raise ValueError("nothing to plot: no row has s_per_frame")
-    bars = [(r["name"], float(r["s_per_frame"]), True, r) for r in seed]
-    for r in ours:
-        label = r["name"] + (f" (batch {r['batch']})" if r.get("batch", 1) not in (1, None) else "")
-        bars.append((label, float(r["s_per_frame"]), False, r))
-
-    with_curve = curve is not None and len(curve) > 1
-    fig = Figure(figsize=(15 if with_curve else 9, max(0.45 * len(bars) + 1.6, 4 if with_curve else 0)), dpi=DPI,
-                 layout="constrained")
-    ax, cax = fig.subplots(1, 2, width_ratios=[3, 2]) if with_curve else (fig.subplots(), None)
-    if cax is not None:
-        _curve_panel(cax, curve)
-    y = np.arange(len(bars))[::-1]
-    vals = np.array([b[1] for b in bars])
-    ax.barh(y, vals, color=[SEED_COLOR if b[2] else OURS_COLOR for b in bars],
-            edgecolor="white")
-    for yi, (label, v, is_seed, r) in zip(y, bars):
-        extra = f"  ({r['frames_per_s']:.3g} frames/s)" if r.get("frames_per_s") and not is_seed else ""
-        ax.text(v, yi, f" {v:.4g} s{extra}", va="center", fontsize=8)
-    ax.set_yticks(y, [b[0] for b in bars], fontsize=9)
-    positive = vals[vals > 0]
-    if positive.size and positive.max() / positive.min() > 30:
-        ax.set_xscale("log")
-    ax.set_xlim(right=vals.max() * (3 if ax.get_xscale() == "log" else 1.35))
-    ax.set_xlabel("seconds per generated frame per rollout (lower is better)")
-    heading = title or "Seconds per generated frame: this port vs the seed"
-    ax.set_title(heading + (f"\n{note}" if note else ""), fontsize=10)
-    ax.legend(handles=[Patch(color=SEED_COLOR, label="seed (vLLM 0.6 era)"),
-                       Patch(color=OURS_COLOR, label="measured here")], fontsize=8, loc="lower right")
-    return _save(fig, save)
-
-
-def seed_frames_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
-    """Seconds per frame along the seed's video: HF's calls (`frame_s` of `hf_seed`,
-    `hf_static`) and the port's frame steps (`step_profile.by_frame` of `vllm_seed`,
-    `vllm_seed_defaults`; index k is the frame after the first k), as the context grows."""
-    fig = Figure(figsize=(8, 3.6), dpi=DPI, layout="constrained")
-    ax = fig.subplots()
-    drawn = 0
-    for r in rows:
-        if r.get("frame_s"):
-            x, y = np.arange(1, len(r["frame_s"]) + 1), np.asarray(r["frame_s"])
-        elif r.get("step_profile", {}).get("by_frame"):
-            frames = r["step_profile"]["by_frame"]
-            x, y = np.array([f["index"] + 1 for f in frames]), np.array([f["wall_ms"] / 1000 for f in frames])
-        else:
-            continue
-        ax.plot(x, y, marker="o", markersize=3, label=r["name"])
-        drawn += 1
-    if not drawn:
-        raise ValueError("nothing to plot: no row has frame_s or a step_profile with by_frame")
-    ax.set_xlabel("generated frame of the video (after 3 context frames)")
-    ax.set_ylabel("seconds for that frame")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    ax.set_title("What each frame costs as the context grows (the seed's setting)", fontsize=10)
-    return _save(fig, save)
-
-
-def tp_ratio_plot(rows: Sequence[Mapping[str, Any]], save=None) -> Figure:
-    """TP=2 ÷ TP=1 of one GPU run's `bench tp` rows (`bench_analysis.tp_ratios`): a bar per batch
-    (frames/s) and one for prefill alone (prompt tokens/s), against the 1.0 line where TP=2 starts
-    to pay."""
-    from terra_nb.bench.analysis import rollouts_text, tp_ratios
-    from terra_nb.bench.workload import PREFILL, tp_row_parts
-
-    by = {r["name"]: r for r in rows}
-    ratios = tp_ratios(set(by))
-    if not ratios:
-        raise ValueError("nothing to plot: no TP=1 and TP=2 rows of one batch")
-    batches = [tp_row_parts(r.numerator)[1] for r in ratios]
-    labels = ["prefill alone" if b == PREFILL else rollouts_text(b) for b in batches]
-    values = [r.value(by) for r in ratios]
-    fig = Figure(figsize=(6.5, 3.2), dpi=DPI, layout="constrained")
-    ax = fig.subplots()
-    bars = ax.bar(labels, values, color=["tab:green" if v > 1 else "tab:red" for v in values])
-    ax.bar_label(bars, labels=[f"{v:.2f}x" for v in values], fontsize=8)
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_ylabel("TP=2 ÷ TP=1 (above 1: TP=2 faster)")
-    ax.set_title("Where two GPUs pay: frames/s per batch, and prefill of long prompts", fontsize=10)
-    return _save(fig, save)
-
-
-def _curve_panel(ax, curve: Sequence[Mapping[str, Any]]) -> None:
-    """Frames per second (all rollouts) against rollouts at once, port and stock, log-2 x axis."""
-    for key, label, color, dy in (("stock_frames_per_s", "stock vLLM Llama (same shape)", SEED_COLOR, -12),
-                                  ("port_frames_per_s", "our port", OURS_COLOR, 6)):
-        pts = [(c["batch"], c[key]) for c in curve if c.get(key)]
-        if pts:
-            xs, ys = zip(*pts)
-            ax.plot(xs, ys, "o-", color=color, label=label)
-            for x, v in pts:
-                ax.annotate(f"{v:.3g}", (x, v), textcoords="offset points", xytext=(0, dy), ha="center", fontsize=7,
-                            color=color)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([c["batch"] for c in curve], [str(c["batch"]) for c in curve])
-    ax.set_xlabel("rollouts at once")
-    ax.set_ylabel("generated frames per second (all rollouts)")
-    ax.set_title("Throughput against batch (higher is better)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
