@@ -33,13 +33,11 @@ import nbformat
 REPO = Path(__file__).resolve().parents[1]
 RECORD = REPO / "results" / "cpu_reproduce.json"
 NOTEBOOKS = REPO / "notebooks"
-# Calls that build a vLLM engine in a notebook's code (the kernel's own, or, for
-# `bench_measure.measure`, one `python -m terra_nb.bench run` process per engine).
-ENGINE_CALLS = ("make_llm", "make_session_engine", "pairs.run_plan", "bench_measure.measure", "LLM", "vllm.LLM",
-                "AsyncLLM", "ServerThread")
+# Calls that build a vLLM engine in a notebook's code (the kernel's own, or, for `pairs.run_plan`,
+# one process per side).
+ENGINE_CALLS = ("make_llm", "make_session_engine", "pairs.run_plan", "LLM", "vllm.LLM", "AsyncLLM", "ServerThread")
 # Calls that start their engines in processes of their own, as the section says.
-ENGINE_CALL_NOTES = {"pairs.run_plan": "each side's engine in a process of its own",
-                     "bench_measure.measure": "one `python -m terra_nb.bench run` process per engine"}
+ENGINE_CALL_NOTES = {"pairs.run_plan": "each side's engine in a process of its own"}
 
 
 def notebook_paths(folder: Path = NOTEBOOKS) -> list[Path]:
