@@ -74,14 +74,14 @@ def test_report_from_a_real_reproduce_summary(tmp_path):
     (state / "steps" / "test_fast.json").write_text(json.dumps({"step": "test_fast", "rc": 1, "seconds": 61.0}))
     (state / "steps" / "test_fast.log").write_text("....F\n===== 1 failed, 40 passed, 2 skipped in 60.1s =====\n")
     assert gpu_report.main([str(state), "--out", str(tmp_path / "out"), "--note", "nbval 06 re-run at abc123",
-                            "--lease", "H100 lease 7", "--commit", "abc1234"]) == 0
+                            "--run", "H100 run 7", "--commit", "abc1234"]) == 0
     text = (tmp_path / "out" / "gpu_report_h100.md").read_text()
-    assert "- commit: abc1234 (every result below is this commit's)" in text and "- lease: H100 lease 7" in text
+    assert "- commit: abc1234 (every result below is this commit's)" in text and "- run: H100 run 7" in text
     data = json.loads((tmp_path / "out" / "gpu_report_h100.json").read_text())
-    assert data["commit"] == "abc1234" and data["lease"] == "H100 lease 7" and data["notebooks"][0]["nbval"] == "passed"
+    assert data["commit"] == "abc1234" and data["run"] == "H100 run 7" and data["notebooks"][0]["nbval"] == "passed"
     para = gpu_report.docs_section(tmp_path / "out")
     assert "(NVIDIA H100 80GB HBM3, vLLM 0.26.0, commit abc1234, d)" in para and "1 of 1 passed" in para
-    assert "top-1 agreement 3450/3456" in para and "lease" not in para
+    assert "top-1 agreement 3450/3456" in para and "H100 run 7" not in para
     assert "device: NVIDIA H100 80GB HBM3" in text and "vllm 0.26.0" in text and "torch 2.11.0+cu130" in text
     assert "| 06_p.ipynb | ok | tiny |" in text and "| passed | 95.5 |" in text
     assert "2184 of 3456 codes equal" in text and "top-1 agreement 3450/3456" in text and "0.0625" in text
@@ -100,9 +100,9 @@ def test_committed_reports_each_name_one_commit():
     each report one commit and one run."""
     for path in sorted((REPO / "results").glob("gpu_report_*.json")):
         data = json.loads(path.read_text())
-        assert data["commit"] not in ("", "unknown") and data["lease"] != "lease not named", path.name
+        assert data["commit"] not in ("", "unknown") and data["run"] != "run not named", path.name
         md = path.with_suffix(".md").read_text()
-        assert f"- commit: {data['commit']}" in md and f"- lease: {data['lease']}" in md, path.name
+        assert f"- commit: {data['commit']}" in md and f"- run: {data['run']}" in md, path.name
 
 
 def _git(repo, *args):

@@ -1,14 +1,14 @@
 """The GPU runner's report: `results/gpu_report_<gpu>.md` from what `tools/gpu_runner.sh` left in
 its state folder (environment, per-notebook papermill summaries and results, test and nbval steps).
 
-    python tools/gpu_report.py STATE_DIR --lease TEXT [--commit SHA] [--out DIR] [--note TEXT ...]
-        # writes DIR/gpu_report_<gpu>.md and .json: one commit, one lease
+    python tools/gpu_report.py STATE_DIR --run TEXT [--commit SHA] [--out DIR] [--note TEXT ...]
+        # writes DIR/gpu_report_<gpu>.md and .json: one commit, one run
     python tools/gpu_report.py STATE_DIR --record-tree   # STATE_DIR/tree.json (the runner's setup)
 
 A report holds the results of one run: one commit (the code the device ran; `--commit` overrides
-the device copy's `git rev-parse`, which is stale when its .git came from elsewhere) and one lease
-(`--lease`: which machine lease, e.g. "H200 lease 1 of 2026-11-23"). Re-runs on another commit or
-lease belong in a report of their own, or in the JSON's `other_runs` (a separate, labelled table).
+the device copy's `git rev-parse`, which is stale when its .git came from elsewhere) and one run
+(`--run`: a name for the run, e.g. "H200, first run"). Re-runs on another commit or machine belong
+in a report of their own, or in the JSON's `other_runs` (a separate, labelled table).
 
 What the device ran is recorded when the runner's `setup` installs the project (`tree.json`): the
 tree of its files (every file git does not ignore, hashed into a git tree with a scratch index, so
@@ -218,7 +218,7 @@ def test_rows(state: Path) -> list[dict]:
         s = json.loads(step.read_text())
         rerun = s["step"] in running
         rows.append({"group": s["step"][5:], "exit": s["rc"], "seconds": s["seconds"],
-                     "pytest": ("(second attempt unfinished when the lease ended; this is the first's) " if rerun else "")
+                     "pytest": ("(second attempt unfinished when the machine was returned; this is the first's) " if rerun else "")
                      + _pytest_line(step.with_name(f"{s['step']}.attempt1.log.txt") if rerun else step.with_suffix(".log"))})
     return rows
 
@@ -239,7 +239,7 @@ def parity_lines(state: Path) -> list[str]:
     return out
 
 
-def report_data(state: Path, commit: str | None = None, lease: str | None = None,
+def report_data(state: Path, commit: str | None = None, run: str | None = None,
                 notes: list[str] | None = None) -> dict:
     """What docs/benchmarks.md's GPU section is generated from (saved beside the report as JSON)."""
     env = _json(state / "environment.json") or {}
@@ -248,7 +248,7 @@ def report_data(state: Path, commit: str | None = None, lease: str | None = None
     return {
         "device": env.get("device", "unknown GPU"), "date": env.get("date"),
         "versions": {k: env.get(k) for k in ("python", "torch", "transformers", "vllm")},
-        "commit": _commit(state, commit), "lease": lease or "lease not named",
+        "commit": _commit(state, commit), "run": run or "run not named",
         "notebooks": notebook_rows(state),
         "parity_06": {k: parity.get(k) for k in ("equal", "tokens", "frames", "first_mismatch", "teacher_forced")},
         "tests": [{"group": r["group"], "exit": r["exit"], "seconds": r["seconds"],
@@ -259,11 +259,11 @@ def report_data(state: Path, commit: str | None = None, lease: str | None = None
 
 
 def build_report(state: Path, notes: list[str] | None = None, commit: str | None = None,
-                 lease: str | None = None) -> tuple[str, str]:
+                 run: str | None = None) -> tuple[str, str]:
     env = _json(state / "environment.json") or {}
     device = env.get("device", "unknown GPU")
     nbs, tests = notebook_rows(state), test_rows(state)
-    data = report_data(state, commit, lease)
+    data = report_data(state, commit, run)
     lines = [
         f"# GPU runner report: {device}",
         "",
@@ -276,7 +276,7 @@ def build_report(state: Path, notes: list[str] | None = None, commit: str | None
         f"vllm {env.get('vllm')}",
         f"- commit: {data['commit']} (every result below is this commit's)",
         *commit_lines(state, commit),
-        f"- lease: {data['lease']}",
+        f"- run: {data['run']}",
         "",
         "## Notebooks (papermill: `make reproduce BACKEND=gpu`; nbval: the notebooks' defaults, "
         "tiny model, on the GPU)",
@@ -364,7 +364,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for the report (default: the state folder)")
     ap.add_argument("--note", action="append", default=[], help="a line for the report's Notes section")
     ap.add_argument("--commit", default=None, help="the commit the device ran (default: its git rev-parse)")
-    ap.add_argument("--lease", default=None, help='which lease ran it, e.g. "H200 lease 2 of 2026-11-23"')
+    ap.add_argument("--run", default=None, help='a name for the run, e.g. "H200, second run"')
     ap.add_argument("--record-tree", action="store_true",
                     help="only write STATE_DIR/tree.json: the files checked out here and git's HEAD")
     args = ap.parse_args(argv)
@@ -378,11 +378,11 @@ def main(argv=None) -> int:
         return 0
     if args.state is None:
         ap.error("STATE_DIR is required")
-    slug, text = build_report(args.state, args.note, args.commit, args.lease)
+    slug, text = build_report(args.state, args.note, args.commit, args.run)
     out = (args.out or args.state) / f"gpu_report_{slug}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    data = report_data(args.state, args.commit, args.lease, args.note)
+    data = report_data(args.state, args.commit, args.run, args.note)
     out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
     print(text)
     print(f"written: {out} and {out.with_suffix('.json').name}")

@@ -9,7 +9,7 @@
 #   bash tools/gpu_runner.sh test engine1      # a group of unit tests (`bash tools/gpu_runner.sh groups` lists them)
 #   bash tools/gpu_runner.sh nbval 06          # nbval over one notebook, on the GPU
 #   bash tools/gpu_runner.sh report            # $OUT/gpu_report_<gpu>.md (+ .json) from everything above
-# The report names one commit and the machine's run: set TERRA_NB_LEASE (e.g. "H200, one hold")
+# The report names one commit and the machine's run: set TERRA_NB_RUN (e.g. "H200, one hold")
 # and, when the device's .git is not the code's, TERRA_NB_COMMIT; then `python tools/gpu_report.py
 # --readme` regenerates the README's GPU section from the committed results/gpu_report_*.json.
 #
@@ -179,7 +179,7 @@ case "${1:-plan}" in
     nb=${2:?which notebook, e.g. 06}
     timed "nbval_$nb" mk test -p no:cacheprovider notebooks/${nb}_*.ipynb ;;
   report)
-    $PY tools/gpu_report.py "$STATE" --out "$OUT" --lease "${TERRA_NB_LEASE:-}" --commit "${TERRA_NB_COMMIT:-}" ;;
+    $PY tools/gpu_report.py "$STATE" --out "$OUT" --run "${TERRA_NB_RUN:-}" --commit "${TERRA_NB_COMMIT:-}" ;;
   lane)   # lane papermill|nbval|engines|fast: its steps in order (started by `start`, in the background)
     lane=${2:?papermill, nbval, engines or fast}
     steps=$(lane_steps "$lane") || exit 2
@@ -234,7 +234,7 @@ case "${1:-plan}" in
     for lane in $LANES; do
       [ -f "$STATE/lane_$lane.done" ] && echo "lane $lane: finished" || echo "lane $lane: running"
     done
-    $PY tools/gpu_report.py "$STATE" --out "$OUT" --lease "${TERRA_NB_LEASE:-}" --commit "${TERRA_NB_COMMIT:-}"
+    $PY tools/gpu_report.py "$STATE" --out "$OUT" --run "${TERRA_NB_RUN:-}" --commit "${TERRA_NB_COMMIT:-}"
     # one archive of every step's log and record, the papermill summaries and results (no notebooks)
     tar -C "$STATE" -czf "$OUT/gpu_runner_state.tgz" --exclude='*.ipynb' --exclude='figures' --exclude=out --exclude=./tree . 2>/dev/null
     ls "$OUT" ;;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The serving load test on a GPU lease (issue 39): the server in a process of its own
+# The serving load test on a GPU: the server in a process of its own
 # (`python -m terra_nb.serve`), the load test against it (`--url`), both on the same engine
 # arguments; optionally a py-spy profile of the server's process while the load runs.
 #
-#   OUT=/tmp/out SESSIONS=256 FRAMES=6 TRIALS=5 NAME=h100x1_2026-11-26c_url_256 bash tools/gpu_serve.sh
+#   OUT=/tmp/out SESSIONS=256 FRAMES=6 TRIALS=5 NAME=h100x1_url_256 bash tools/gpu_serve.sh
 #
 # Env: OUT (results folder), NAME (result file stem), SESSIONS, FRAMES, TRIALS, PORT, MODEL,
 # ENGINE_ARGS (space-separated KEY=VALUE, given to both sides), PYSPY (path of a py-spy binary: profile
