@@ -163,6 +163,23 @@ def test_every_input_form_gives_the_same_prompt_and_fields(processor, hf_proc, i
         hf_proc(text="<audio> what", audio=[clip], sampling_rate=8000)
 
 
+def test_a_request_takes_one_item_not_in_a_list(processor, items):
+    """`vllm_engine.request` with one PIL image and one `(samples, rate)` clip, not in lists: the
+    request carries them as they are and the processor reads each as one item; empty lists or None
+    give a prompt without items."""
+    from terra_nb.lessons.port_av import process
+    from terra_nb.port_av.vllm_engine import request
+
+    _, clip = items
+    photo = _photo()
+    req = request(TEXT, photo, (clip.numpy(), 16000))
+    data = req["multi_modal_data"]
+    assert data["image"] is photo and set(data) == {"image", "audio"}
+    listed = process(processor, TEXT, [photo], [(clip.numpy(), 16000)])
+    assert process(processor, req["prompt"], data["image"], data["audio"])["prompt_token_ids"] == listed["prompt_token_ids"]
+    assert request("x", images=[], audio=None) == {"prompt": "x"} == request("x")
+
+
 def test_what_vllm_does_by_itself_with_unmatched_items(processor, items):
     """PORTING.md's corrected facts: vLLM's own `apply` raises an `AssertionError` for an item without
     its placeholder (0.26 and 0.32; its "Expected there to be N prompt placeholders" is a

@@ -35,7 +35,14 @@ def make_llm(checkpoint_dir: str | Path, **overrides):
 
 
 def request(text: str, images=None, audio=None) -> dict:
-    """A prompt for `llm.generate`. `images` / `audio`: a list of raw items, or a dict of the HF
-    processor's output tensors for that modality (passed to the model as it is)."""
-    data = {k: v for k, v in (("image", images), ("audio", audio)) if v is not None and len(v)}
+    """A prompt for `llm.generate`. `images` / `audio`: one raw item (a PIL image, an array, a
+    `(samples, sampling_rate)` tuple), a list of them, or a dict of the HF processor's output
+    tensors for that modality (passed to the model as it is). None or an empty list: none."""
+    data = {k: v for k, v in (("image", images), ("audio", audio)) if _given(v)}
     return {"prompt": text, "multi_modal_data": data} if data else {"prompt": text}
+
+
+def _given(items) -> bool:
+    """Whether `items` holds any: only a list, tuple or dict can be empty; anything else (a PIL
+    image has no len()) is one item, or a batch of them."""
+    return items is not None and not (isinstance(items, (list, tuple, dict)) and len(items) == 0)
