@@ -30,7 +30,7 @@ def llm(ckpt):
     yield engine
     from terra_nb.port.vllm_compat import shutdown_llm
 
-    shutdown_llm(engine)  # on the CPU the core gets 1 s to exit, not vLLM's 5
+    shutdown_llm(engine)
 
 
 @pytest.fixture(scope="module")
