@@ -11,6 +11,9 @@ import torch
 MAX_TOKENS = 8
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     from terra_nb.port_av.checkpoints import write_random_checkpoint

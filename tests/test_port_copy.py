@@ -56,6 +56,9 @@ import torch
 warnings = []
 
 
+pytestmark = pytest.mark.engine
+
+
 class Keep(logging.Handler):
     def emit(self, record):
         warnings.append(record.getMessage())

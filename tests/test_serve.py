@@ -32,6 +32,9 @@ MAX_FRAMES = 6  # the server's --max-frames: a rollout of 7 is refused before th
 P = 64
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(scope="module")
 def server():
     share = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
