@@ -24,7 +24,8 @@ Checks (`checks`): every good session's codes equal the in-process rollout of th
 actions token for token (greedy); no client waits past `timeout` (nothing hangs); after every run
 the engine core's free KV blocks are back at their count before the load (nothing leaks); every
 bad input got its rule. Speed (`summarize`): frames/s of the timed runs both ways, medians and
-their ratio (issue 39's bar: within 10%, ratio >= 0.9), latency per frame as the clients saw it.
+their ratio (the target: within 10%, ratio >= 0.9: what serving over a network may cost), latency
+per frame as the clients saw it.
 
 In-process server (`ServerThread`, the default): the reference runs on the server's own engine, on
 its loop. With `--url`: the reference gets an engine of its own, built here with the same engine
@@ -449,11 +450,13 @@ def result_row(name: str, r: dict) -> dict:
 
 # ---------------------------------------------------------------------------- the two targets
 def thread_target(model, engine_args: dict, metrics: bool, plan: LoadPlan):
-    """A `ServerThread` on `model` (started), and the `Target` that drives it; stop the server after."""
+    """A `ServerThread` on `model` (started), and the `Target` that drives it; stop the server after.
+    Its engine schedules every session of the plan at once (`max_num_seqs`, unless `engine_args`
+    says otherwise): the server admits no more sessions than that."""
     from .server import ServerThread
 
-    server = ServerThread(model, engine_args=engine_args, metrics=metrics, max_sessions=max(128, plan.sessions + 8),
-                          max_frames=max(1000, plan.frames)).start()
+    engine_args = {"max_num_seqs": plan.sessions, **engine_args}
+    server = ServerThread(model, engine_args=engine_args, metrics=metrics, max_frames=max(1000, plan.frames)).start()
     return server, server_target(server)
 
 
@@ -540,7 +543,7 @@ def record(load: dict, verdicts: dict, speed: dict, settings: dict, command: str
     env = environment_info()
     plan, layout = load["plan"], load["layout"]
     return {
-        "what": "terra_nb.serve load test (issue 39, item 5): concurrent WS sessions vs in-process session_rollout",
+        "what": "terra_nb.serve load test: concurrent WS sessions vs in-process session_rollout",
         "command": command, "commit": env["git_commit"], "date": env["date"],
         "device": env["device"], "device_type": env["device_type"], "cpu_count": env["cpu_count"],
         "versions": {k: env[k] for k in ("vllm", "torch", "transformers", "python")},
