@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import time
@@ -48,7 +49,7 @@ import torch
 from .toy import arc_actions
 
 __all__ = ["BAD_INPUTS", "LoadPlan", "checks", "contexts", "in_process_trial", "main", "roles", "run_load",
-           "load_results", "plot_load", "result_row",
+           "load_results", "plot_load", "provenance_row", "result_row",
            "server_target", "server_trial", "steer", "summarize"]
 
 GREEDY = {"temperature": 0}
@@ -428,8 +429,7 @@ def plot_load(load: dict, save=None):
 
 def load_results(folder=None, earlier: bool = False) -> dict[str, dict]:
     """{file name: contents} of the committed load-test results (`results/serve/*.json`); with
-    `earlier`, also those of the rounds they superseded (`results/serve/earlier/`, named
-    `earlier/<file>`; decisions 32 tells each round's story)."""
+    `earlier`, also the results they superseded (`results/serve/earlier/`, named `earlier/<file>`)."""
     from ..workbook.paths import REPO
 
     folder = Path(folder) if folder else REPO / "results" / "serve"
@@ -437,10 +437,30 @@ def load_results(folder=None, earlier: bool = False) -> dict[str, dict]:
     return {p.relative_to(folder).as_posix(): json.loads(p.read_text()) for p in paths}
 
 
+def shown_commit(commit: str | None) -> str:
+    """A result's commit as a reader sees it: a run from a tree with uncommitted changes says so in words."""
+    if not commit:
+        return "?"
+    return commit.removesuffix("-dirty") + (" + local changes" if commit.endswith("-dirty") else "")
+
+
+def shown_command(command: str) -> str:
+    """A result's command as a reader sees it: absolute paths (a scratch folder of the machine it ran
+    on) shortened to their file names."""
+    return re.sub(r"(?<![\w:])/(?:[^\s/]+/)+([^\s/]+)", r"\1", command)
+
+
+def provenance_row(name: str, r: dict) -> dict:
+    """One result file's provenance as a table row: machine, versions, commit, command."""
+    return {"file": name, "device": r["device"], "vLLM": r["versions"]["vllm"], "torch": r["versions"]["torch"],
+            "commit": shown_commit(r["commit"]), "dtype": r["dtype"], "max_num_seqs": r["engine"]["max_num_seqs"],
+            "command": f"`{shown_command(r['command'])}`"}
+
+
 def result_row(name: str, r: dict) -> dict:
     """One result file as a table row."""
     fps = r["frames_per_s"]
-    return {"file": name, "device": r["device"], "vLLM": r["versions"]["vllm"], "commit": r["commit"] or "?",
+    return {"file": name, "device": r["device"], "vLLM": r["versions"]["vllm"], "commit": shown_commit(r["commit"]),
             "sessions": r["sessions"], "frames": r["shapes"]["frames_per_session"], "drops": r["drops"],
             "bad": r["bad_inputs"], "server frames/s": round(fps["server"]["median"], 1),
             "in-process frames/s": round(fps["in_process"]["median"], 1), "ratio": round(fps["ratio"], 3),
