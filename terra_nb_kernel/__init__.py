@@ -14,9 +14,7 @@ classes and so imports torch and transformers (about 9 s of CPU a kernel on the 
 against 1 s for a kernel without them). A notebook that needs them imports them itself; one that
 does not (the test suite's throwaway notebooks) now starts in a second. Standard library and
 ipykernel only: keep it that way (tests/test_kernel_streams.py checks). `terra_nb_kernel.nbval`, the
-pytest plugin that starts nbval's kernels like these, sits here for the same reason, and so does
-`terra_nb_kernel.cpu_engines`, the vLLM-CPU variables that the test suite's conftest and `make
-reproduce` set before any engine or kernel starts.
+pytest plugin that starts nbval's kernels like these, sits here for the same reason.
 """
 from __future__ import annotations
 

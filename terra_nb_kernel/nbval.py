@@ -4,14 +4,11 @@ kernels of `python -m terra_nb.workbook.reproduce`.
 
 Here rather than in `terra_nb.workbook`: every pytest process loads it, pytest-xdist's controller
 included, which runs no test; importing it from `terra_nb` would import torch and transformers
-there (~9 s of CPU on the 2-core machine; see the package docstring). `reproduce` is imported when
-nbval starts a kernel, in a worker that has imported terra_nb anyway.
+there (see the package docstring). `reproduce` is imported when nbval starts a kernel.
 
 nbval starts its kernels with the environment of the pytest process, `PYTEST_CURRENT_TEST`
 included, and has no option for a kernel environment; this plugin passes one to its
-`start_new_kernel` (see `reproduce.NOT_FOR_KERNELS` for why it matters). The kernels are forked
-from a zygote that has imported torch and transformers where it serves their environment, as
-reproduce's are (`terra_nb_kernel.zygote`).
+`start_new_kernel` (see `reproduce.NOT_FOR_KERNELS` for why it matters).
 """
 from __future__ import annotations
 
@@ -23,19 +20,9 @@ def pytest_configure(config) -> None:
         import nbval.kernel
     except ImportError:  # nbval not installed: nothing to configure
         return
-    from terra_nb_kernel import zygote
-
     start = nbval.kernel.start_new_kernel
     if getattr(start, "terra_nb_environment", False):
         return
-
-    class KernelSpecs(nbval.kernel.NbvalKernelspecManager):
-        """nbval's specs, with the workbook's kernel command (`zygote.kernel_argv`)."""
-
-        def get_kernel_spec(self, kernel_name):
-            spec = super().get_kernel_spec(kernel_name)
-            spec.argv = zygote.kernel_argv(spec.argv)
-            return spec
 
     @functools.wraps(start)
     def start_new_kernel(*args, **kwargs):
@@ -45,4 +32,3 @@ def pytest_configure(config) -> None:
 
     start_new_kernel.terra_nb_environment = True
     nbval.kernel.start_new_kernel = start_new_kernel
-    nbval.kernel.NbvalKernelspecManager = KernelSpecs

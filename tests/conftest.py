@@ -8,12 +8,6 @@ import sys
 
 import pytest
 
-from terra_nb_kernel.cpu_engines import apply_cpu_engine_settings
-
-# Before any engine or notebook kernel starts (they inherit it): a fixed 1 GiB KV cache and, under
-# pytest-xdist, one core per worker for vLLM-CPU's engines (see terra_nb_kernel/cpu_engines.py).
-apply_cpu_engine_settings()
-
 
 def _run_probe(script: str, ckpt, extra_path=None) -> dict:
     """Run `script` with the checkpoint folder as argv[1] in a fresh interpreter, with `extra_path`
@@ -45,11 +39,10 @@ def vllm026_src():
       (`pip download --no-deps vllm==0.26.0 -d /tmp/v026 && unzip -q /tmp/v026/*.whl -d /tmp/v026/src`,
       then `TERRA_VLLM026_SRC=/tmp/v026/src`).
 
-    Skips, saying so, otherwise: CPU CI does not fetch the wheel (303.7 MB, 22 s to download and
-    19 s / 709 MB to unpack, measured 2026-11-23), so the probes belong to the GPU runner there.
-    Only the variable opts in, never a folder left in /tmp by an earlier session: on the 2-core
-    machine the five probes took some 1,500 s of the workers' time (2026-11-26, beside other work),
-    which `make test`'s 10 minutes cannot hold.
+    Skips, saying so, otherwise: CPU CI does not fetch the wheel (about 300 MB to download and
+    700 MB unpacked), so the probes belong to the GPU runner there. Only the variable opts in,
+    never a folder an earlier run left in /tmp: on the 2-core machine the five probes take some
+    1,500 s of the workers' time, more than `make test` as a whole.
     """
     import vllm
 
@@ -108,12 +101,12 @@ def layout(llm):
 
 
 # ---------------------------------------------------------------------------- shared vLLM engines
-# A vLLM engine takes ~40 s to start on two cores and holds ~3 GiB, so modules that need the same
-# engine share one session fixture (SHARED_ENGINES) instead of building their own. It is built on
-# first use and shut down right after the last test that uses it, so that (as with module-scoped
-# engines) a pytest process holds one test engine at a time: on a GPU each is capped by
-# $TERRA_NB_GPU_MEMORY_UTILIZATION. The repository's conftest.py runs a shared engine's tests back to
-# back and, under pytest-xdist (`make test`), in one worker.
+# A vLLM engine takes seconds to start and holds GiBs, so modules that need the same engine share
+# one session fixture (SHARED_ENGINES) instead of building their own. Without pytest-xdist (the GPU
+# runner: one process) it is shut down right after the last test that uses it, so that a process
+# holds few engines at a time (on a GPU each is capped by $TERRA_NB_GPU_MEMORY_UTILIZATION). Under
+# xdist (`--dist loadfile`) each worker that runs a user builds its own and keeps it to the end:
+# a worker cannot know which of the remaining modules it will be given.
 SHARED_ENGINES = ("tiny_llm", "tiny_vlm_llm")
 _engines: dict = {}
 _last_user: dict = {}
@@ -173,6 +166,8 @@ def tiny_vlm_llm(tiny_vlm_ckpt, tmp_path_factory):
 
 
 def pytest_collection_finish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     for name in SHARED_ENGINES:
         users = [it for it in session.items if name in getattr(it, "fixturenames", ())]
         if users:

@@ -1,10 +1,10 @@
-"""The vLLM-CPU variables the suite and `make reproduce` set (`terra_nb_kernel.cpu_engines`): what
+"""The vLLM-CPU variables the suite sets (tests/cpu_engines.py): what
 they are per pytest-xdist worker, that a caller's own value wins, and that they stay off a GPU
 machine. That an engine honours them is checked on the suite's shared engine in test_vllm_engine.py."""
 from __future__ import annotations
 
-from terra_nb_kernel import cpu_engines
-from terra_nb_kernel.cpu_engines import apply_cpu_engine_settings, cpu_engine_settings
+import cpu_engines
+from cpu_engines import apply_cpu_engine_settings, cpu_engine_settings
 
 
 def test_each_xdist_worker_gets_a_core_of_its_own_and_every_engine_a_fixed_kv_cache():
@@ -26,15 +26,3 @@ def test_a_callers_value_wins_and_a_gpu_machine_gets_none(monkeypatch):
     env = {"PYTEST_XDIST_WORKER": "gw1"}
     assert apply_cpu_engine_settings(env) == {} and env == {"PYTEST_XDIST_WORKER": "gw1"}
 
-
-def test_engines_stop_within_a_second_on_the_cpu_and_as_vllm_says_on_a_gpu():
-    """`shutdown_llm` and `shutdown_async_engine` give the engine core `engine_shutdown_timeout()`
-    s to exit: 1 s without CUDA (vLLM's 5 s is mostly waiting for the worker's graceful exit),
-    vLLM's own default with it; a caller's value always wins."""
-    import torch
-
-    from terra_nb.port.vllm_compat import CPU_SHUTDOWN_TIMEOUT_S, engine_shutdown_timeout
-
-    assert engine_shutdown_timeout(3.0) == 3.0
-    assert CPU_SHUTDOWN_TIMEOUT_S == 1.0
-    assert engine_shutdown_timeout() == (None if torch.cuda.is_available() else 1.0)

@@ -1,5 +1,5 @@
 """`tools/cpu_times.py record --merge`: a run of one notebook joins the recorded run without
-changing the other notebooks' records, and the README says it was timed on its own."""
+changing the other notebooks' records, and the time table says it was timed on its own."""
 import json
 import sys
 
@@ -20,7 +20,7 @@ def _summary(tmp_path, name, commit, notebooks, total):
     return path
 
 
-def test_a_merged_run_keeps_the_other_notebooks_and_is_named_in_the_readme(tmp_path):
+def test_a_merged_run_keeps_the_other_notebooks_and_is_named_in_the_table(tmp_path):
     out = tmp_path / "cpu_reproduce.json"
     cpu_times.record(_summary(tmp_path, "all.json", "abc1234", [("01_a", 20.0), ("02_b", 30.0)], 51.0), "1, 1, 1", out)
     before = json.loads(out.read_text())
@@ -32,7 +32,7 @@ def test_a_merged_run_keeps_the_other_notebooks_and_is_named_in_the_readme(tmp_p
     cpu_times.record(_summary(tmp_path, "again.json", "fff0000", [("02_b", 35.0)], 36.0), None, out, merge=True)
     d = json.loads(out.read_text())
     assert [n["notebook"] for n in d["notebooks"]] == ["01_a", "02_b", "03_c"] and d["total_seconds"] == 126.0
-    text = cpu_times.readme_section(out)
+    text = cpu_times.docs_section(out)
     assert "| all 3 | 3 ok | 2.1 min |" in text and "commit abc1234" in text
     assert "`02_b` on Some CPU (2 cores), commit fff0000" in text and "`03_c` on Some CPU (2 cores), commit def5678" in text
     assert "`01_a` on" not in text

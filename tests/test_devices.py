@@ -38,7 +38,7 @@ def test_cuda_devices_on_a_gpu():
 
 
 def test_gpu_memory_share_caps_what_engines_ask_for(monkeypatch):
-    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, gpu_memory_share
+    from terra_nb.workbook.gpu_settings import GPU_SHARE_ENV, gpu_memory_share
 
     monkeypatch.delenv(GPU_SHARE_ENV, raising=False)
     assert gpu_memory_share(None) is None and gpu_memory_share(0.6) == 0.6   # unset: unchanged
@@ -50,7 +50,7 @@ def test_gpu_memory_share_caps_what_engines_ask_for(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["0", "1.5", "half", "-0.2", "nan"])
 def test_a_bad_gpu_memory_cap_is_refused_by_name(monkeypatch, bad):
-    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, gpu_memory_share
+    from terra_nb.workbook.gpu_settings import GPU_SHARE_ENV, gpu_memory_share
 
     monkeypatch.setenv(GPU_SHARE_ENV, bad)
     with pytest.raises(ValueError, match=GPU_SHARE_ENV):
@@ -70,7 +70,7 @@ def test_triton_fp32_precision_is_set_as_asked(monkeypatch):
 
 
 def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
-    from terra_nb.port.vllm_rollout import GPU_SHARE_ENV, apply_gpu_settings
+    from terra_nb.workbook.gpu_settings import GPU_SHARE_ENV, apply_gpu_settings
 
     monkeypatch.setenv(GPU_SHARE_ENV, "0.4")
     monkeypatch.setenv("TRITON_F32_DEFAULT", "unset below")
@@ -85,7 +85,7 @@ def test_gpu_settings_cap_memory_and_make_fp32_exact(monkeypatch):
 
 
 def test_gpu_settings_fix_the_kv_cache_and_eager_mode_only_where_the_caller_chose_none(monkeypatch):
-    from terra_nb.port.vllm_rollout import EAGER_ENV, GPU_SHARE_ENV, KV_CACHE_ENV, apply_gpu_settings
+    from terra_nb.workbook.gpu_settings import EAGER_ENV, GPU_SHARE_ENV, KV_CACHE_ENV, apply_gpu_settings
 
     for name in (EAGER_ENV, KV_CACHE_ENV, GPU_SHARE_ENV):   # the GPU runner's lanes set them
         monkeypatch.delenv(name, raising=False)
@@ -100,6 +100,28 @@ def test_gpu_settings_fix_the_kv_cache_and_eager_mode_only_where_the_caller_chos
         monkeypatch.setenv(KV_CACHE_ENV, bad)
         with pytest.raises(ValueError, match=KV_CACHE_ENV):
             apply_gpu_settings({"dtype": "bfloat16"})
+
+
+def test_a_notebooks_engine_arguments_get_the_gpu_runners_settings_on_a_gpu_only(monkeypatch):
+    """`gpu_engine_args`: what a notebook adds to `make_llm`'s arguments. On the CPU its own choices
+    alone (`make_llm` sizes a CPU engine); on a GPU also its share, capped, and the runner's fixed
+    KV cache and eager mode where it chose none."""
+    from vllm.platforms import current_platform
+
+    from terra_nb.workbook.gpu_settings import EAGER_ENV, GPU_SHARE_ENV, KV_CACHE_ENV, gpu_engine_args
+
+    monkeypatch.setenv(GPU_SHARE_ENV, "0.2")
+    monkeypatch.setenv(KV_CACHE_ENV, "1")
+    monkeypatch.setenv(EAGER_ENV, "1")
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True)
+    assert gpu_engine_args(0.3) == {} and gpu_engine_args(0.3, enforce_eager=False) == {"enforce_eager": False}
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
+    assert gpu_engine_args(0.3) == {"gpu_memory_utilization": 0.2, "kv_cache_memory_bytes": 2**30, "enforce_eager": True}
+    assert gpu_engine_args(0.1, enforce_eager=False) == {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 2**30,
+                                                          "enforce_eager": False}
+    for name in (EAGER_ENV, KV_CACHE_ENV, GPU_SHARE_ENV):
+        monkeypatch.delenv(name)
+    assert gpu_engine_args(0.3) == {"gpu_memory_utilization": 0.3} and gpu_engine_args() == {}   # vLLM's defaults
 
 
 def test_async_engines_spawn_their_engine_process_once_cuda_is_in_use(monkeypatch):

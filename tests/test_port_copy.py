@@ -46,7 +46,7 @@ TERRA, VLM, AV = "terra_port_copy", "tiny_vlm_copy", "tiny_av_copy"
 TERRA_ARCHS = ("LlamaActionForCausalLM", "LlamaActionV2ForCausalLM")
 VLM_ARCH = "TinyVLMForConditionalGeneration"
 AV_ARCH = "TinyAVForConditionalGeneration"
-SHARED = ("vllm_patch.py", "gpu_settings.py")  # shipped, the same file, in both ports (TinyAV ships gpu_settings.py)
+SHARED = ("vllm_patch.py",)  # shipped, the same file, in both ports
 MAX_TOKENS = 8
 
 _SCRIPT = rf"""
@@ -123,8 +123,8 @@ def terra():
             res["session_refusal"] = None
         except Exception as e:
             res["session_refusal"] = f"{{type(e).__name__}}: {{e}}"
-    finally:
-        shutdown_llm(llm)
+    finally:  # a test's engine gets 1 s to exit on the CPU (vLLM's default waits longer)
+        shutdown_llm(llm, timeout=None if torch.cuda.is_available() else 1.0)
     return res
 
 
@@ -147,7 +147,7 @@ def vlm():
     try:
         params = SamplingParams(temperature=0.0, max_tokens={MAX_TOKENS}, ignore_eos=True)
         res["vllm"] = list(llm.generate([image_request(text, [image])], params, use_tqdm=False)[0].outputs[0].token_ids)
-    finally:  # 1 s to exit on the CPU, not vLLM's 5 (this copy has no vllm_compat.shutdown_llm)
+    finally:  # 1 s to exit on the CPU, as Terra's part above (this copy has no vllm_compat.shutdown_llm)
         llm.llm_engine.engine_core.shutdown(timeout=None if torch.cuda.is_available() else 1.0)
     return res
 
@@ -314,5 +314,21 @@ def test_the_files_both_ports_ship_are_the_same():
     port, vlm = Path(terra_nb.port.__file__).parent, Path(terra_nb.port_vlm.__file__).parent
     for name in SHARED:
         assert (port / name).read_text() == (vlm / name).read_text(), f"port/{name} and port_vlm/{name} differ"
-    av = Path(terra_nb.port_av.__file__).parent
-    assert (av / "gpu_settings.py").read_text() == (port / "gpu_settings.py").read_text(), "port_av/gpu_settings.py differs"
+
+
+def test_the_ports_hold_no_workbook_setting():
+    """A copied port gets the product only: the workbook's GPU runner settings (its environment
+    variables, `terra_nb.workbook.gpu_settings`) are engine arguments the workbook passes, and no
+    engine stop is shortened for test speed (`shutdown_llm` keeps vLLM's default)."""
+    from terra_nb.workbook import gpu_settings
+
+    names = (gpu_settings.GPU_SHARE_ENV, gpu_settings.KV_CACHE_ENV, gpu_settings.EAGER_ENV, "TERRA_NB_")
+    import terra_nb.port_gpt2
+
+    for package in (terra_nb.port, terra_nb.port_vlm, terra_nb.port_av, terra_nb.port_gpt2):
+        folder = Path(package.__file__).parent
+        assert not (folder / "gpu_settings.py").exists(), f"{folder.name}/gpu_settings.py"
+        for path in sorted(folder.glob("*.py")):
+            text = path.read_text()
+            assert not [n for n in names if n in text], f"{folder.name}/{path.name} reads the workbook's environment"
+            assert "SHUTDOWN_TIMEOUT" not in text, f"{folder.name}/{path.name} shortens the engine's stop"

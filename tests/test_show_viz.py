@@ -68,6 +68,19 @@ def test_shapes_table_and_show_shapes(capsys):
     assert capsys.readouterr().out.splitlines()[2].split() == ["ids", "Tensor", "[3,", "4]", "int64"]
 
 
+def test_shapes_table_keeps_small_values_and_text_table_rounds_to_cents():
+    """The two tables format numbers differently, each its own way: a traced value to 4
+    significant digits (a 0.00123 step size must not read "0.00"), a results cell to 2 places."""
+    from terra_nb.workbook.show import text_table
+
+    row = shapes_table(values=3, x=torch.tensor([0.00123, 3.0333, -250.5], dtype=torch.float64)).splitlines()[2]
+    assert row.split("float64")[1].strip() == "0.00123, 3.033, -250.5"
+    assert shapes_table(n=0.00123).splitlines()[2].split() == ["n", "float"]  # no values column asked
+    assert shapes_table(values=1, n=0.00123).splitlines()[2].split() == ["n", "float", "0.00123"]
+    table = text_table([{"ms": 0.00123, "tokens": 12345, "ratio": 1234.5}]).splitlines()
+    assert table[2].split() == ["0.00", "12,345", "1,234.50"]
+
+
 def test_environment_info():
     env = environment_info("cpu")
     assert env["device_type"] == "cpu" and env["device"]

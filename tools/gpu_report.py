@@ -3,7 +3,6 @@ its state folder (environment, per-notebook papermill summaries and results, tes
 
     python tools/gpu_report.py STATE_DIR --lease TEXT [--commit SHA] [--out DIR] [--note TEXT ...]
         # writes DIR/gpu_report_<gpu>.md and .json: one commit, one lease
-    python tools/gpu_report.py --readme    # README's GPU section from results/gpu_report_*.json
     python tools/gpu_report.py STATE_DIR --record-tree   # STATE_DIR/tree.json (the runner's setup)
 
 A report holds the results of one run: one commit (the code the device ran; `--commit` overrides
@@ -40,13 +39,6 @@ def markdown_table(rows) -> str:
     from terra_nb.workbook.results import markdown_table as table
 
     return table(rows)
-
-
-def rewrite_readme_section(*args, **kwargs) -> bool:
-    """`terra_nb.workbook.results.rewrite_readme_section`, imported when used (see `markdown_table`)."""
-    from terra_nb.workbook.results import rewrite_readme_section as rewrite
-
-    return rewrite(*args, **kwargs)
 
 
 def gpu_slug(device: str) -> str:
@@ -249,7 +241,7 @@ def parity_lines(state: Path) -> list[str]:
 
 def report_data(state: Path, commit: str | None = None, lease: str | None = None,
                 notes: list[str] | None = None) -> dict:
-    """What the README's GPU section is generated from (saved beside the report as JSON)."""
+    """What docs/benchmarks.md's GPU section is generated from (saved beside the report as JSON)."""
     env = _json(state / "environment.json") or {}
     parity = _json(state / "reproduce" / "06" / "results" / "06_parity.json") or {}
     running = unfinished_steps(state)
@@ -318,10 +310,7 @@ def build_report(state: Path, notes: list[str] | None = None, commit: str | None
     return gpu_slug(device), "\n".join(lines).rstrip() + "\n"
 
 
-# --------------------------------------------------------------------------- the README's GPU section
-
-README_START, README_END = "<!-- gpu-report:start -->", "<!-- gpu-report:end -->"
-
+# --------------------------------------------------------------------------- docs/benchmarks.md's GPU section
 
 def _nbval_line(rows: list[dict]) -> str:
     ran = [r for r in rows if r["nbval"] != "not run"]
@@ -330,50 +319,43 @@ def _nbval_line(rows: list[dict]) -> str:
             + (f" (failed: {', '.join(failed)})" if failed else ""))
 
 
-def readme_paragraph(stem: str, d: dict) -> str:
-    """One report as README prose: every figure with the commit and lease it came from."""
+def report_paragraph(stem: str, d: dict) -> str:
+    """One report in a paragraph: the machine, the commit, and every figure of that one run."""
     nbs = d["notebooks"]
     times = ", ".join(f"{r['notebook'][:2]} {r['wall time (s)']:.0f} s"
                       + ("" if r["preset"] == "terra" else f" ({r['preset']})")
                       for r in nbs if r["papermill"] == "ok")
-    out = [f"**GPU report: [results/{stem}.md](results/{stem}.md)** ({d['device']}, vLLM {d['versions']['vllm']}; "
-           f"commit {d['commit']}, {d['lease']}). Papermill ran {sum(r['papermill'] == 'ok' for r in nbs)} of "
-           f"{len(nbs)} notebooks without error, wall time each (Terra shape unless marked): {times}. nbval, same commit and lease: "
-           f"{_nbval_line(nbs)}."]
+    out = [f"**[results/{stem}.md](../results/{stem}.md)** ({d['device']}, vLLM {d['versions']['vllm']}, "
+           f"commit {d['commit']}, {(d.get('date') or 'date not recorded')[:10]}). Papermill ran "
+           f"{sum(r['papermill'] == 'ok' for r in nbs)} of {len(nbs)} notebooks without error, wall time each "
+           f"(Terra shape unless marked): {times}. nbval: {_nbval_line(nbs)}."]
     if "tests" in d:  # reports written before the JSON carried the test groups say nothing of them
         tests = d["tests"]
         passed = [t["group"] for t in tests if t["exit"] == 0]
         others = [t["group"] + (" (unfinished)" if t.get("unfinished") else f" (exit {t['exit']})")
                   for t in tests if t["exit"] != 0]
-        out.append(f"Unit-test groups: {len(passed)} of {len(tests)} run passed"
+        out.append(f"Unit-test groups: {len(passed)} of {len(tests)} passed"
                    + (f" ({', '.join(passed)})" if passed else "") + (f"; not passed: {', '.join(others)}" if others else "")
                    + ".")
-    if d.get("notes"):
-        out.append(f"Note: {d['notes'][0]}")
     p, tf = d.get("parity_06") or {}, (d.get("parity_06") or {}).get("teacher_forced")
     if tf:
-        out.append(f"Notebook 06 on that run ({tf['dtype']}): teacher-forced top-1 agreement {tf['top1_agreement']}, "
+        out.append(f"Notebook 06 ({tf['dtype']}): teacher-forced top-1 agreement {tf['top1_agreement']}, "
                    f"{tf['of_which_near_ties']} of {tf['top1_disagreements']} disagreements near-ties, largest logprob "
                    f"gap {tf['max_abs_logprob_gap']:.2g} (tolerance {tf['tolerance']:g}); free-running greedy "
                    f"agreement {p['equal']}/{p['tokens']}"
                    + (f", first flip at code {p['first_mismatch']['index']}." if p.get("first_mismatch") else "."))
     for run in d.get("other_runs", []):
         res = "; ".join(f"{nb} {status}" for nb, status in run["nbval"].items())
-        out.append(f"Not in those figures (another commit, in the report's separate table): commit {run['commit']}, "
-                   f"{run['lease']}: nbval {res}.")
+        out.append(f"Another commit, in the report's separate table: {run['commit']}: nbval {res}.")
     return " ".join(out)
 
 
-def readme_section(results_dir: Path = REPO / "results") -> str:
+def docs_section(results_dir: Path = REPO / "results") -> str:
+    """docs/benchmarks.md's GPU section: one paragraph per committed report (terra_nb.workbook.docs)."""
     reports = {p.stem: json.loads(p.read_text()) for p in sorted(results_dir.glob("gpu_report_*.json"))}
     if not reports:
         return "No GPU report is committed yet (`results/gpu_report_<gpu>.json`)."
-    return "\n\n".join(readme_paragraph(stem, d) for stem, d in reports.items())
-
-
-def update_readme(readme: Path = REPO / "README.md", results_dir: Path = REPO / "results") -> bool:
-    """Rewrite the README's GPU section from the committed report JSON; True if it changed."""
-    return rewrite_readme_section(readme, README_START, README_END, readme_section(results_dir))
+    return "\n\n".join(report_paragraph(stem, d) for stem, d in reports.items())
 
 
 def main(argv=None) -> int:
@@ -383,7 +365,6 @@ def main(argv=None) -> int:
     ap.add_argument("--note", action="append", default=[], help="a line for the report's Notes section")
     ap.add_argument("--commit", default=None, help="the commit the device ran (default: its git rev-parse)")
     ap.add_argument("--lease", default=None, help='which lease ran it, e.g. "H200 lease 2 of 2026-11-23"')
-    ap.add_argument("--readme", action="store_true", help="regenerate README's GPU section from results/")
     ap.add_argument("--record-tree", action="store_true",
                     help="only write STATE_DIR/tree.json: the files checked out here and git's HEAD")
     args = ap.parse_args(argv)
@@ -395,11 +376,8 @@ def main(argv=None) -> int:
         (args.state / "tree.json").write_text(json.dumps(tree, indent=2))
         print(tree_check(tree, None) or f"git commit: {commit_label(tree)}")
         return 0
-    if args.readme:
-        print("README updated" if update_readme() else "README already up to date")
-        return 0
     if args.state is None:
-        ap.error("STATE_DIR is required unless --readme")
+        ap.error("STATE_DIR is required")
     slug, text = build_report(args.state, args.note, args.commit, args.lease)
     out = (args.out or args.state) / f"gpu_report_{slug}.md"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -94,7 +94,7 @@ MUTANTS = (
                  "    return\n"),),
            ("tests/test_devices.py",)),
     Mutant("kv_cache_env_ignored", "engines ignore $TERRA_NB_KV_CACHE_GIB and profile the whole GPU again",
-           (Site("terra_nb/port/gpu_settings.py",
+           (Site("terra_nb/workbook/gpu_settings.py",
                  "        kwargs.setdefault(\"kv_cache_memory_bytes\", int(kv_gib * 2**30))\n",
                  "        pass\n"),),
            ("tests/test_devices.py",)),

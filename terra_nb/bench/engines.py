@@ -54,7 +54,8 @@ def stock_engine(ckpt: Path, **engine_kwargs):
     builds ours (same length, dtype, prefix caching; CPU settings on the CPU)."""
     import vllm
 
-    from terra_nb.port.vllm_rollout import config_dtype, apply_gpu_settings
+    from terra_nb.port.vllm_rollout import config_dtype
+    from terra_nb.workbook.gpu_settings import apply_gpu_settings
 
     stock = stock_llama_checkpoint(ckpt, ckpt.parent / "stock_llama")
     cfg = LlamaActionConfig.from_pretrained(str(ckpt))

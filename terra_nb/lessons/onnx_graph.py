@@ -1,7 +1,7 @@
 """Teaching helpers of notebook 09: what an ONNX file holds and which calls a rollout makes.
 
-They read the port's export (`terra_nb.port.onnx_export`) and rollout (`terra_nb.port.onnx_rollout`)
-to show them at work; the port itself does not need them.
+They read the ONNX export (`terra_nb.onnx.export`) and rollout (`terra_nb.onnx.rollout`)
+to show them at work; the export itself does not need them.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from terra_nb.port.layout import FrameLayout
-from terra_nb.port.onnx_export import kv_shape
-from terra_nb.port.onnx_rollout import step_inputs
+from terra_nb.onnx.export import kv_shape
+from terra_nb.onnx.rollout import step_inputs
 
 __all__ = ["graph_io", "op_counts", "rollout_calls"]
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from terra_nb.port.layout import FrameLayout
-from terra_nb.port.onnx_rollout import OnnxDecoder, step_inputs
+from terra_nb.onnx.rollout import OnnxDecoder, step_inputs
 
 __all__ = ["load_reference", "logit_steps", "ms_per_token", "plot_logit_steps", "summarize_steps"]
 

@@ -373,16 +373,14 @@ def shutdown_async_engine(engine, timeout: float | None = None) -> None:
 
     The output handler is cancelled first: `AsyncLLM.shutdown` stops the engine core before it,
     and a handler still waiting logs the dead core as an error. `timeout`: seconds the core gets
-    to exit before vLLM kills it (`vllm_compat.engine_shutdown_timeout`: 1 s on the CPU).
+    to exit before vLLM kills it (None: vLLM's default).
     """
-    from .vllm_compat import engine_shutdown_timeout
-
     loop = engine.__dict__.pop("_terra_loop", None)
     handler = getattr(engine, "output_handler", None)
     if loop is not None and handler is not None:
         asyncio.run_coroutine_threadsafe(_cancel(handler), loop).result()
         engine.output_handler = None
-    engine.shutdown(timeout=engine_shutdown_timeout(timeout))
+    engine.shutdown(timeout=timeout)
     if loop is not None:
         loop.call_soon_threadsafe(loop.stop)
 

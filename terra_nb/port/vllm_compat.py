@@ -13,7 +13,7 @@ terra_nb.port.vllm_compat import shutdown_llm` stays as it was.)
 """
 from __future__ import annotations
 
-__all__ = ["CPU_SHUTDOWN_TIMEOUT_S", "engine_shutdown_timeout", "prefix_cache_counters", "shutdown_llm"]
+__all__ = ["prefix_cache_counters", "shutdown_llm"]
 
 
 def prefix_cache_counters(llm) -> dict[str, float] | None:
@@ -35,30 +35,15 @@ def prefix_cache_counters(llm) -> dict[str, float] | None:
     return out or None
 
 
-CPU_SHUTDOWN_TIMEOUT_S = 1.0
-"""Seconds a CPU engine core gets to exit before vLLM kills it. vLLM's default is 5 s, and on the
-2-core CI machine the core waits about 4 s for its worker's graceful exit (measured 2026-11-26),
-of every engine a test or notebook stops; nothing of either process needs keeping."""
-
-
-def engine_shutdown_timeout(timeout: float | None = None) -> float | None:
-    """`timeout` if given, else `CPU_SHUTDOWN_TIMEOUT_S` without CUDA and vLLM's own (None) with it."""
-    if timeout is not None:
-        return timeout
-    import torch
-
-    return None if torch.cuda.is_available() else CPU_SHUTDOWN_TIMEOUT_S
-
-
 def shutdown_llm(llm, timeout: float | None = None) -> None:
     """Stop an `LLM`'s engine core and workers now (before building another engine in the same
     process, e.g. in a notebook on a GPU whose memory the first engine holds). `timeout`: seconds
-    the core gets to exit before vLLM kills it (`engine_shutdown_timeout`)."""
+    the core gets to exit before vLLM kills it (None: vLLM's default)."""
     import gc
 
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if core is not None:
-        core.shutdown(timeout=engine_shutdown_timeout(timeout))
+        core.shutdown(timeout=timeout)
     gc.collect()
     try:
         import torch

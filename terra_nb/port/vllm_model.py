@@ -99,20 +99,23 @@ class _Linear(ReplicatedLinear):
         return out
 
 
-def _action_projection_v1(config: LlamaActionConfig, quant_config, prefix: str) -> nn.Module:
+# The action projection is never quantized (`quant_config=None`), as vLLM's models keep small
+# projections out of quantization: it runs once a frame on 3-wide inputs, and FP8 kernels need
+# input widths a multiple of 16.
+def _action_projection_v1(config: LlamaActionConfig, prefix: str) -> nn.Module:
     # HF: nn.Linear(action_dim, hidden) -> `action_projection.{weight,bias}`
-    return _Linear(config.action_dim, config.hidden_size, bias=True, quant_config=quant_config, prefix=prefix)
+    return _Linear(config.action_dim, config.hidden_size, bias=True, quant_config=None, prefix=prefix)
 
 
-def _action_projection_v2(config: LlamaActionConfig, quant_config, prefix: str) -> nn.Module:
+def _action_projection_v2(config: LlamaActionConfig, prefix: str) -> nn.Module:
     # HF: nn.Sequential(Linear(3,H), ReLU, Linear(H,H), ReLU, Linear(H,H)) -> `action_projection.{0,2,4}.*`
     H = config.hidden_size
     return nn.Sequential(
-        _Linear(config.action_dim, H, bias=True, quant_config=quant_config, prefix=f"{prefix}.0"),
+        _Linear(config.action_dim, H, bias=True, quant_config=None, prefix=f"{prefix}.0"),
         nn.ReLU(),
-        _Linear(H, H, bias=True, quant_config=quant_config, prefix=f"{prefix}.2"),
+        _Linear(H, H, bias=True, quant_config=None, prefix=f"{prefix}.2"),
         nn.ReLU(),
-        _Linear(H, H, bias=True, quant_config=quant_config, prefix=f"{prefix}.4"),
+        _Linear(H, H, bias=True, quant_config=None, prefix=f"{prefix}.4"),
     )
 
 
@@ -236,13 +239,12 @@ class LlamaActionForCausalLM(UncachedLanguageModelMixin, nn.Module, SupportsMult
         config: LlamaActionConfig = vllm_config.model_config.hf_config
         quant_config = vllm_config.quant_config
         self.config = config
+        self.dtype = vllm_config.model_config.dtype  # the compute dtype: a quantized weight's is not
         self.layout = FrameLayout.from_config(config)
         check_max_model_len(vllm_config.model_config.max_model_len, self.layout)
 
         with self._mark_tower_model(vllm_config, MODALITY):
-            self.action_projection = self._make_action_projection(
-                config, quant_config, maybe_prefix(prefix, "action_projection")
-            )
+            self.action_projection = self._make_action_projection(config, maybe_prefix(prefix, "action_projection"))
 
         with self._mark_language_model(vllm_config):
             self.model = LlamaActionModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
@@ -277,9 +279,7 @@ class LlamaActionForCausalLM(UncachedLanguageModelMixin, nn.Module, SupportsMult
         action_input = self._parse_and_validate_action_input(**kwargs)
         if action_input is None:
             return []
-        data = action_input["data"]
-        dtype = next(self.action_projection.parameters()).dtype
-        return self.action_projection(data.to(dtype))
+        return self.action_projection(action_input["data"].to(self.dtype))
 
     # ------------------------------------------------------------------ forward
     def forward(

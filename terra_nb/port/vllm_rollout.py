@@ -29,20 +29,13 @@ request again for users who call `llm.generate` themselves.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .config import LlamaActionConfig
-from .gpu_settings import (  # noqa: F401  (part of this module's API: make_llm's GPU settings)
-    EAGER_ENV,
-    GPU_SHARE_ENV,
-    KV_CACHE_ENV,
-    apply_gpu_settings,
-    gpu_memory_share,
-    set_triton_fp32_precision,
-)
 from .engine_limits import check_engine_frames, check_engine_prompt_frames, max_prompt_frames
 from .layout import FrameLayout, build_prompt
 from .rollout import SamplingConfig, prepare_inputs, run_rollout
@@ -50,11 +43,9 @@ from .vllm_processing import MODALITY
 
 __all__ = [
     "RolloutStats",
-    "apply_gpu_settings",
     "engine_kwargs",
     "engine_layout",
     "frame_request",
-    "gpu_memory_share",
     "make_llm",
     "request_seed",
     "sampling_params",
@@ -86,8 +77,7 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
       for the KV cache), `max_num_seqs=32`, chunked prefill off (docs/decisions.md, 10), and
       `enforce_eager=True` (torch.compile of the model took 21 of an engine's 39 s to start on two
       cores, for the tiny model; pass `enforce_eager=False` for vLLM's compiled CPU path);
-      on a GPU vLLM's own defaults, CUDA graphs included, with `gpu_memory_utilization` capped by
-      `$TERRA_NB_GPU_MEMORY_UTILIZATION` (`gpu_memory_share`).
+      on a GPU vLLM's own defaults, CUDA graphs included.
 
     `fp32_attention`: for a float32 checkpoint on a GPU, the precision of Triton's float32 dot
     products in vLLM's attention (`set_triton_fp32_precision`): "ieee" (exact fp32, the default:
@@ -132,9 +122,19 @@ def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp3
                       max_num_batched_tokens=max(kwargs["max_model_len"], 2048), enforce_eager=True)
     kwargs.update(overrides)
     kwargs.update(spec)
-    if not _on_cpu():
-        apply_gpu_settings(kwargs, fp32_attention)
+    if not _on_cpu() and kwargs.get("dtype") == "float32" and fp32_attention is not None:
+        set_triton_fp32_precision(fp32_attention)
     return kwargs
+
+
+def set_triton_fp32_precision(mode: str) -> None:
+    """Set `TRITON_F32_DEFAULT` (how Triton's `tl.dot` multiplies float32: "ieee", "tf32", "tf32x3").
+
+    Triton reads it when it compiles a kernel and keys its cache on it; vLLM's engine processes
+    inherit it, so it must be set before the engine starts (docs/decisions.md, 9)."""
+    if mode not in ("ieee", "tf32", "tf32x3"):
+        raise ValueError(f"fp32_attention must be 'ieee', 'tf32', 'tf32x3' or None, got {mode!r}")
+    os.environ["TRITON_F32_DEFAULT"] = mode
 
 
 def _speculative_kwargs(checkpoint_dir, k: int | None, method: str | None, overrides: dict) -> dict:

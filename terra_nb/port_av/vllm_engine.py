@@ -1,6 +1,7 @@
 """A vLLM engine for a TinyAV checkpoint, and a request with items in either form."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -10,7 +11,7 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
     vLLM refuses items passed already processed: "You must set `--enable-mm-embeds` to input
     `audio_embeds`"; it lets requests hand tensors to the model, so the parser checks them), and on
     the CPU the small settings of TinyVLM's engine (eager, no chunked prefill, a 512-token step);
-    on a GPU, `gpu_settings.apply_gpu_settings` as for TinyVLM's and Terra's engines."""
+    on a GPU vLLM's defaults, with full-fp32 attention for a float32 model as TinyVLM's engine."""
     from vllm.platforms import current_platform
 
     from .vllm_processing import LIMIT_MM_PER_PROMPT
@@ -21,10 +22,8 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
         kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=8, enable_chunked_prefill=False,
                       max_num_batched_tokens=512, block_size=32, enforce_eager=True)
     kwargs.update(overrides)
-    if not current_platform.is_cpu():
-        from .gpu_settings import apply_gpu_settings
-
-        apply_gpu_settings(kwargs)  # the memory cap etc. of every engine here (the same file as port_vlm's)
+    if not current_platform.is_cpu() and kwargs.get("dtype") == "float32":
+        os.environ["TRITON_F32_DEFAULT"] = "ieee"  # exact fp32 attention (Triton's default is TF32)
     return kwargs
 
 

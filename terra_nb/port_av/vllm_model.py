@@ -76,6 +76,7 @@ class TinyAVForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP):
         super().__init__()
         config: TinyAVConfig = vllm_config.model_config.hf_config
         self.config = config
+        self.dtype = vllm_config.model_config.dtype  # the compute dtype (a quantized weight's is not)
         self.configure_mm_token_handling(vocab_size=config.text_config.vocab_size,
                                          mm_token_ids=[config.image_token_id, config.audio_token_id])
         h = config.text_config.hidden_size
@@ -97,12 +98,12 @@ class TinyAVForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP):
     def embed_multimodal(self, **kwargs: object) -> MultiModalEmbeddings:
         """The fields of one modality's items -> one `[tokens, H]` tensor per item, in their order."""
         if "pixel_values" in kwargs:  # images: [n, 4, 3*p*p]
-            pixels = _cat(kwargs["pixel_values"]).to(self.image_projector[0].weight.dtype)
+            pixels = _cat(kwargs["pixel_values"]).to(self.dtype)
             embeds = self.image_projector(self.vision_tower(pixels))
             return embeds.split(pixels.shape[1])
         if "audio_frames" in kwargs:  # clips: all frames concatenated, frames per clip
             n_frames = _cat(kwargs["audio_num_frames"]).reshape(-1)
-            frames = _cat(kwargs["audio_frames"]).to(self.audio_projector[0].weight.dtype)
+            frames = _cat(kwargs["audio_frames"]).to(self.dtype)
             embeds = self.audio_projector(self.audio_tower(frames, n_frames))
             return embeds.split(n_frames.tolist())
         return []

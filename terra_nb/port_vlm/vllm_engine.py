@@ -1,6 +1,7 @@
 """A vLLM engine for a TinyVLM checkpoint, and the request / counter helpers the workbook uses."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -13,12 +14,11 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
     On the CPU backend also a small KV-cache share, chunked prefill off (as `make_llm` of Terra's
     port, for the same reasons), eager mode (no torch.compile: seconds instead of a minute for a
     model this small) and 32-token KV blocks (the smallest the CPU attention takes), so that short prompts fill whole blocks the prefix
-    cache can reuse. On a GPU the settings of Terra's engines (`gpu_settings.apply_gpu_settings`: memory cap,
-    full-fp32 attention for a float32 model). `overrides` go over all of these.
+    cache can reuse. On a GPU vLLM's defaults, and for a float32 model full-fp32 attention (as
+    Terra's `make_llm`). `overrides` go over all of these.
     """
     from vllm.platforms import current_platform
 
-    from .gpu_settings import apply_gpu_settings
     from .vllm_processing import LIMIT_MM_PER_PROMPT
 
     kwargs = dict(
@@ -38,8 +38,10 @@ def llm_kwargs(checkpoint_dir: str | Path, **overrides) -> dict:
         kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=8, enable_chunked_prefill=False,
                       max_num_batched_tokens=512, block_size=32, enforce_eager=True)
     kwargs.update(overrides)
-    if not current_platform.is_cpu():
-        apply_gpu_settings(kwargs)
+    if not current_platform.is_cpu() and kwargs.get("dtype") == "float32":
+        # Triton's attention multiplies float32 in TF32 by default: exact fp32 for parity with HF.
+        # Engine processes inherit it; it must be set before the engine starts.
+        os.environ["TRITON_F32_DEFAULT"] = "ieee"
     return kwargs
 
 

@@ -105,6 +105,7 @@ class TinyVLMForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP)
         super().__init__()
         config: TinyVLMConfig = vllm_config.model_config.hf_config
         self.config = config
+        self.dtype = vllm_config.model_config.dtype  # the compute dtype (a quantized weight's is not)
         # `<image>` is an ordinary vocabulary entry; vLLM overwrites its rows with image embeddings.
         self.configure_mm_token_handling(vocab_size=config.text_config.vocab_size,
                                          mm_token_ids=[config.image_token_id])
@@ -144,7 +145,7 @@ class TinyVLMForConditionalGeneration(nn.Module, SupportsMultiModal, SupportsPP)
         if image_input is None:
             return []
         grid = image_input["image_grid_hw"]
-        pixels = image_input["pixel_values"].to(self.vision_tower.patch_embed.weight.dtype)
+        pixels = image_input["pixel_values"].to(self.dtype)
         embeds = self.multi_modal_projector(self.vision_tower(pixels, grid))
         return torch.split(embeds, grid.prod(-1).tolist())
 

@@ -17,7 +17,6 @@ import asyncio
 from pathlib import Path
 
 from ..port.session_rollout import make_async_engine
-from ..port.vllm_compat import engine_shutdown_timeout
 from ..port.vllm_plugin import KV_BLOCKS_UTILITY, install_engine_utilities
 
 __all__ = ["SERVING_HOOKS", "close_engine", "kv_blocks", "make_server_engine", "prometheus_registry", "serving_defaults"]
@@ -61,14 +60,13 @@ def serving_defaults(model: str | Path) -> dict:
 async def close_engine(engine, timeout: float | None = None) -> None:
     """Stop the engine from its own loop: its output handler first (a handler still waiting on a
     stopped engine core logs it as an error), then the engine core, which vLLM kills after
-    `timeout` s (None: `engine_shutdown_timeout`'s: vLLM's 5 s on a GPU, 1 s on the CPU, where the
-    core's own teardown takes about 5 s on 2 cores)."""
+    `timeout` s (None: vLLM's default)."""
     handler = getattr(engine, "output_handler", None)
     if handler is not None:
         handler.cancel()
         await asyncio.gather(handler, return_exceptions=True)
         engine.output_handler = None
-    engine.shutdown(timeout=engine_shutdown_timeout(timeout))
+    engine.shutdown(timeout=timeout)
 
 
 async def kv_blocks(engine) -> dict[str, int] | None:

@@ -1,9 +1,9 @@
-"""The README's toy-world standing (issue 26), rendered from the records that hold its figures.
+"""The toy world's standing in docs/toy-world.md, rendered from the records that hold its figures.
 
-    python -m terra_nb.toyworld.readme        # rewrite the README section between the toy markers
+    python -m terra_nb.workbook.docs          # rewrites it (with every other generated section)
 
-Nothing here measures: every number comes from a committed record, so the README cannot drift
-from them (a test compares the section with what this renders).
+Nothing here measures: every number comes from a committed record, so the page cannot drift
+from them (tests/test_docs.py compares the section with what this renders).
 * `data/toy/sweep.json`: the shipped model and the runs that led to it, each scored with HF greedy
   rollouts on four clip sets (the notebook's seeds and others), with the reference rows;
 * `results/toy_sweep_h100.json`: later GPU runs with other settings (not shipped);
@@ -15,16 +15,14 @@ from them (a test compares the section with what this renders).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from terra_nb.workbook.paths import REPO, RESULTS
-from terra_nb.workbook.results import markdown_table, rewrite_readme_section
+from terra_nb.workbook.paths import RESULTS
+from terra_nb.workbook.results import markdown_table
 
 from .standing import STEER_TOLERANCE, TARGET_RATIO, _group, steering_ratios, sweep_record
 from .tokenizer import toy_data_dir
 from .workbook import data_seconds_text
 
-README_START, README_END = "<!-- toy-standing:start -->", "<!-- toy-standing:end -->"
 GPU_SWEEP = RESULTS / "toy_sweep_h100.json"
 FRAMES_BASELINE = RESULTS / "toy_frames_baseline_cpu.json"
 SEED_RANGES = RESULTS / "toy_seed_ranges_cpu.json"
@@ -44,7 +42,7 @@ def shipped_run(sweep: dict, training: dict) -> dict:
 
 
 def set_rows(run: dict, sweep: dict, frames: dict) -> list[dict]:
-    """Per clip set: the run's mean path error against every reference, and issue 26's verdict."""
+    """Per clip set: the run's mean path error against every reference, and the training target's verdict."""
     rows = []
     for key, name in sweep["clip_sets"].items():
         refs, ade = sweep["references"][key], run["ade_m"][key]
@@ -165,10 +163,3 @@ def readme_section(sweep: dict | None = None, training: dict | None = None, gpu_
     ]
     return "\n".join(lines)
 
-
-def update_readme(readme: Path = REPO / "README.md") -> bool:
-    return rewrite_readme_section(readme, README_START, README_END, readme_section())
-
-
-if __name__ == "__main__":
-    print("README.md", "rewritten" if update_readme() else "already up to date")

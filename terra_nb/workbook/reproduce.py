@@ -29,8 +29,6 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import default
 
-from terra_nb_kernel import zygote
-
 from terra_nb.workbook.paths import NOTEBOOKS, OUTPUTS, REPO
 from terra_nb.workbook.results import load_results, markdown_table, result_to_markdown
 
@@ -47,16 +45,13 @@ class CurrentEnvKernelSpecManager(KernelSpecManager):
         if kernel_name == KERNEL_NAME:
             import ipykernel.kernelspec as iks
 
-            spec = iks.get_kernel_dict()
-            spec["argv"] = zygote.kernel_argv(spec["argv"])
-            return self.kernel_spec_class(resource_dir=iks.RESOURCES, **spec)
+            return self.kernel_spec_class(resource_dir=iks.RESOURCES, **iks.get_kernel_dict())
         return super().get_kernel_spec(kernel_name)
 
 
 class CurrentEnvKernelManager(AsyncKernelManager):
     """nbclient/papermill kernel manager whose specs include KERNEL_NAME (the venv's python), and
-    whose kernels start in `kernel_environment()`, forked from a zygote where one serves it
-    (`terra_nb_kernel.zygote`)."""
+    whose kernels start in `kernel_environment()`."""
 
     @default("kernel_spec_manager")
     def _default_ksm(self):
@@ -118,9 +113,9 @@ def kernel_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 def kernel_start_arguments(kw: dict[str, Any]) -> dict[str, Any]:
     """A kernel manager's start arguments `kw` as every kernel of the workbook starts (papermill's
     here, nbval's through `terra_nb_kernel.nbval`): in `kernel_environment()` unless `kw` names an
-    environment, forked from the zygote where one serves it, with `KERNEL_ARGUMENTS`."""
+    environment, with `KERNEL_ARGUMENTS`."""
     env = kw["env"] if "env" in kw else kernel_environment()
-    return {**kw, "env": zygote.kernel_environment(env),
+    return {**kw, "env": env,
             "extra_arguments": [*kw.get("extra_arguments", []), *KERNEL_ARGUMENTS]}
 
 
@@ -315,9 +310,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         per_notebook.setdefault(nn, {})[name] = _parse_value(value)
     kernel_env()
-    if device == "cpu":   # a fixed KV cache: no warm-up pass at every engine start (terra_nb_kernel.cpu_engines)
-        from terra_nb_kernel.cpu_engines import apply_cpu_engine_settings
-        apply_cpu_engine_settings()
     env = environment_info(device)
 
     runs = [NotebookRun(notebook=str(_rel(p))) for p in notebooks]

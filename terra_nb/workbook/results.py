@@ -18,17 +18,6 @@ from typing import Any, Mapping
 from terra_nb.workbook.paths import figures_dir, results_dir
 
 
-def rewrite_readme_section(readme: Path, start: str, end: str, body: str) -> bool:
-    """Replace what lies between the markers `start` and `end` of `readme` with `body` (the
-    generated README sections: benchmark, GPU report, CPU times); True if the file changed."""
-    text = Path(readme).read_text()
-    a, b = text.index(start) + len(start), text.index(end)
-    new = text[:a] + "\n" + body + "\n" + text[b:]
-    if new != text:
-        Path(readme).write_text(new)
-    return new != text
-
-
 def figure_path(out_dir, name: str) -> Path | None:
     """Where a notebook saves figure `name` (a PNG under `<out_dir>/figures/`, the folder made), or None."""
     if out_dir is None:

@@ -173,23 +173,24 @@ def _describe(value: Any, values: int) -> tuple[str, str, str, str]:
         head = ""
         if values and value.numel():
             flat = value.detach().flatten()[:values].cpu().tolist()
-            head = ", ".join(_fmt(v) for v in flat) + (", ..." if value.numel() > values else "")
+            head = ", ".join(_fmt_value(v) for v in flat) + (", ..." if value.numel() > values else "")
         return "Tensor", str(list(value.shape)), str(value.dtype).replace("torch.", ""), head
     if hasattr(value, "shape") and hasattr(value, "dtype"):  # numpy
         flat = value.reshape(-1)[:values].tolist() if values else []
-        head = ", ".join(_fmt(v) for v in flat) + (", ..." if values and value.size > values else "")
+        head = ", ".join(_fmt_value(v) for v in flat) + (", ..." if values and value.size > values else "")
         return type(value).__name__, str(list(value.shape)), str(value.dtype), head
     if isinstance(value, (list, tuple)):
-        head = ", ".join(_fmt(v) for v in value[:values]) + (", ..." if len(value) > values else "") if values else ""
+        head = ", ".join(_fmt_value(v) for v in value[:values]) + (", ..." if len(value) > values else "") if values else ""
         return type(value).__name__, f"len {len(value)}", "", head
-    return type(value).__name__, "", "", _fmt(value)
+    return type(value).__name__, "", "", _fmt_value(value)
 
 
-def _fmt(v: Any) -> str:
+def _fmt_value(v: Any) -> str:
+    """One traced value for `shapes_table`: floats to 4 significant digits (0.00123 stays visible)."""
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_fmt(x) for x in v[:4]) + (", ..." if len(v) > 4 else "") + "]"
+        return "[" + ", ".join(_fmt_value(x) for x in v[:4]) + (", ..." if len(v) > 4 else "") + "]"
     s = str(v)
     return s if len(s) <= 40 else s[:37] + "..."
 
@@ -330,14 +331,15 @@ def text_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None 
         columns = []
         for r in rows:
             columns += [k for k in r if k not in columns]
-    cells = [[str(c) for c in columns]] + [[_fmt(r.get(c, "")) for c in columns] for r in rows]
+    cells = [[str(c) for c in columns]] + [[_fmt_cell(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def _fmt(v: Any) -> str:
+def _fmt_cell(v: Any) -> str:
+    """One cell of `text_table`: floats to 2 places, ints from 10,000 with thousands separators."""
     if isinstance(v, float):
         return f"{v:,.2f}"
     if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10_000:

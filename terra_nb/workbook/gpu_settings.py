@@ -1,20 +1,21 @@
-"""The settings every vLLM engine of the workbook gets on a GPU (`apply_gpu_settings`).
+"""The settings the workbook gives its vLLM engines on a GPU, as engine arguments.
 
-Several engines and notebooks share one GPU on the GPU runner, so the environment may cap what an
-engine takes (`$TERRA_NB_GPU_MEMORY_UTILIZATION`, `$TERRA_NB_KV_CACHE_GIB`, `$TERRA_NB_ENFORCE_EAGER`);
-a float32 model gets Triton's full-fp32 attention (docs/decisions.md, 9). Unset, vLLM's defaults hold.
+The GPU runner (tools/gpu_runner.sh) runs notebooks and test groups side by side on one GPU, so
+its environment caps what each engine takes (`$TERRA_NB_GPU_MEMORY_UTILIZATION`,
+`$TERRA_NB_KV_CACHE_GIB`, `$TERRA_NB_ENFORCE_EAGER`). Unset, vLLM's defaults hold. The copyable
+ports know nothing of this: the workbook adds these arguments where it builds an engine,
 
-This file stands alone (the standard library only) and is shipped, the same file, in both copyable
-ports, `terra_nb/port/` (`vllm_rollout.make_llm`) and `terra_nb/port_vlm/` (`vllm_engine.make_llm`),
-so that either folder copies into another project by itself; `tests/test_port_copy.py` keeps the
-two identical.
+    llm = make_llm(ckpt, **gpu_engine_args(0.3))        # {} on the CPU
+
+and the benchmark builds its stock engine with `apply_gpu_settings`, so that both sides are built
+alike.
 """
 from __future__ import annotations
 
 import os
 
-__all__ = ["EAGER_ENV", "GPU_SHARE_ENV", "KV_CACHE_ENV", "apply_gpu_settings", "gpu_memory_share",
-           "set_triton_fp32_precision"]
+__all__ = ["EAGER_ENV", "GPU_SHARE_ENV", "KV_CACHE_ENV", "apply_gpu_settings", "gpu_engine_args",
+           "gpu_memory_share"]
 
 GPU_SHARE_ENV = "TERRA_NB_GPU_MEMORY_UTILIZATION"
 """When set (a number in (0, 1]), the most `gpu_memory_utilization` any engine here asks for on a
@@ -46,10 +47,10 @@ def gpu_memory_share(requested: float | None) -> float | None:
 
 
 def apply_gpu_settings(kwargs: dict, fp32_attention: str | None = "ieee") -> dict:
-    """What every engine built here gets on a GPU (`make_llm`, and the benchmark's stock engine, so
-    that both are measured alike): `gpu_memory_utilization` capped by `gpu_memory_share`, the KV
-    cache size of `$TERRA_NB_KV_CACHE_GIB` and eager mode of `$TERRA_NB_ENFORCE_EAGER` where the
-    caller chose none, and for a float32 `dtype` Triton's float32 precision `fp32_attention`.
+    """What an engine of the workbook gets on a GPU: `gpu_memory_utilization` capped by
+    `gpu_memory_share`, the KV cache size of `$TERRA_NB_KV_CACHE_GIB` and eager mode of
+    `$TERRA_NB_ENFORCE_EAGER` where `kwargs` choose none, and for a float32 `dtype` Triton's float32
+    precision `fp32_attention` (as Terra's `make_llm` sets it, for an engine built without it).
     Edits `kwargs` and returns it."""
     share = gpu_memory_share(kwargs.get("gpu_memory_utilization"))
     if share is not None:
@@ -60,8 +61,25 @@ def apply_gpu_settings(kwargs: dict, fp32_attention: str | None = "ieee") -> dic
     if os.environ.get(EAGER_ENV, "").strip() == "1":
         kwargs.setdefault("enforce_eager", True)
     if kwargs.get("dtype") == "float32" and fp32_attention is not None:
+        from terra_nb.port.vllm_rollout import set_triton_fp32_precision
+
         set_triton_fp32_precision(fp32_attention)
     return kwargs
+
+
+def gpu_engine_args(share: float | None = None, **chosen) -> dict:
+    """The engine arguments a notebook passes on top of `make_llm`'s: `chosen` (e.g.
+    `enforce_eager`), and where vLLM runs on a GPU, `share` as `gpu_memory_utilization` and the GPU
+    runner's settings (`apply_gpu_settings`). On the CPU, `chosen` alone (`make_llm` sizes a CPU
+    engine itself)."""
+    from vllm.platforms import current_platform
+
+    kwargs = dict(chosen)
+    if current_platform.is_cpu():
+        return kwargs
+    if share is not None:
+        kwargs.setdefault("gpu_memory_utilization", share)
+    return apply_gpu_settings(kwargs, fp32_attention=None)  # the ports set it from the checkpoint's dtype
 
 
 def _env_number(name: str, most: float | None = None) -> float | None:
@@ -77,13 +95,3 @@ def _env_number(name: str, most: float | None = None) -> float | None:
         allowed = "a positive number" if most is None else f"a number in (0, {most:g}]"
         raise ValueError(f"{name} must be {allowed}, got {text!r}")
     return value
-
-
-def set_triton_fp32_precision(mode: str) -> None:
-    """Set `TRITON_F32_DEFAULT` (how Triton's `tl.dot` multiplies float32: "ieee", "tf32", "tf32x3").
-
-    Triton reads it when it compiles a kernel and keys its cache on it; vLLM's engine processes
-    inherit it, so it must be set before the engine starts (docs/decisions.md, 9)."""
-    if mode not in ("ieee", "tf32", "tf32x3"):
-        raise ValueError(f"fp32_attention must be 'ieee', 'tf32', 'tf32x3' or None, got {mode!r}")
-    os.environ["TRITON_F32_DEFAULT"] = mode

@@ -1,13 +1,14 @@
-"""vLLM-CPU settings for the workbook's own runs (`make test`, `make reproduce`) on a small machine.
+"""vLLM-CPU settings for the test suite's engines on a small machine (the root conftest.py applies
+them before any engine or notebook kernel starts; they inherit the environment).
 
 Two of vLLM-CPU's defaults cost every engine start time that tests nothing here:
 
 * **The KV cache's size.** Without an explicit size, vLLM-CPU reserves `gpu_memory_utilization` of
   the NUMA node's memory (0.2 x 23.5 GiB = 4.7 GiB on the 2-core CI machine) and first runs a
-  warm-up forward pass to measure what the process already holds: 8.6 s of a 42 s engine start
-  (tiny checkpoint, measured 2026-11-26). A fixed size (`VLLM_CPU_KVCACHE_SPACE`, in GiB, vLLM's own
-  variable) skips the warm-up: 0.2 s. The workbook's CPU models hold ~1 KiB of KV per token, so
-  1 GiB is a million tokens, far more than any test or notebook keeps.
+  warm-up forward pass to measure what the process already holds: about 8.6 s of a 42 s engine
+  start with the tiny checkpoint. A fixed size (`VLLM_CPU_KVCACHE_SPACE`, in GiB, vLLM's own
+  variable) skips the warm-up. The workbook's CPU models hold ~1 KiB of KV per token, so 1 GiB is
+  a million tokens, far more than any test or notebook keeps.
 * **Where the model's threads run.** vLLM-CPU binds an engine's OpenMP threads to the last cores
   but one and keeps one core for its scheduler: on 2 cores every engine computes on core 0. Two
   pytest workers that each run an engine then share core 0 while core 1 waits. Binding the engines

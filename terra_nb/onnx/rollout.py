@@ -1,12 +1,12 @@
-"""Rollouts on onnxruntime with the merged graph of `onnx_export`: one session for prefill and decode.
+"""Rollouts on onnxruntime with the merged graph of `export`: one session for prefill and decode.
 
     decoder = OnnxDecoder("terra.onnx")                 # the config is read from the file
     frames = onnx_rollout(decoder, context, actions, n_frames=3, sampling=SamplingConfig(temperature=0))
 
-`onnx_rollout` has the signature of `rollout.hf_rollout` / `vllm_rollout.vllm_rollout` and returns
-the same thing; `rollout.run_rollout` plans the rounds and validates the inputs first, so bad
+`onnx_rollout` has the signature of `terra_nb.port.rollout.hf_rollout` / `vllm_rollout.vllm_rollout` and returns
+the same thing; `terra_nb.port.rollout.run_rollout` plans the rounds and validates the inputs first, so bad
 inputs get the same errors on all three backends. Per round the host does what HF's `forward`
-does inside PyTorch (`step_inputs`, built on `interleave.interleave_segments`):
+does inside PyTorch (`step_inputs`, built on `terra_nb.port.interleave.interleave_segments`):
 
 * step 0 (prefill): the window's frames, each followed by its 6 action slots, with an empty cache;
 * then one code per step, except that the step feeding the **last code of a frame** also feeds
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import LlamaActionConfig
-from .interleave import interleave_step
-from .layout import FrameLayout
-from .onnx_export import CONFIG_KEY, INPUTS
-from .rollout import SamplingConfig, run_rollout
+from ..port.config import LlamaActionConfig
+from ..port.interleave import interleave_step
+from ..port.layout import FrameLayout
+from ..port.rollout import SamplingConfig, run_rollout
+from .export import CONFIG_KEY, INPUTS
 
 __all__ = ["OnnxDecoder", "make_session", "next_codes", "onnx_rollout", "providers_for", "step_inputs"]
 
@@ -65,12 +65,12 @@ class OnnxDecoder:
     """
 
     def __init__(self, path: str | Path, threads: int | None = None, providers: list[str] | None = None):
-        """Open `path` (written by `onnx_export.export_merged`); `threads`: onnxruntime's intra-op threads."""
+        """Open `path` (written by `export.export_merged`); `threads`: onnxruntime's intra-op threads."""
         self.path = Path(path)
         self.session = make_session(path, threads, providers)
         meta = self.session.get_modelmeta().custom_metadata_map
         if CONFIG_KEY not in meta:
-            raise ValueError(f"{path} has no '{CONFIG_KEY}' metadata: export it with onnx_export.export_merged")
+            raise ValueError(f"{path} has no '{CONFIG_KEY}' metadata: export it with terra_nb.onnx.export.export_merged")
         self.config = LlamaActionConfig.from_dict(json.loads(meta[CONFIG_KEY]))
         self.layout = FrameLayout.from_config(self.config)
         past = [i for i in self.session.get_inputs() if i.name not in INPUTS]
@@ -174,7 +174,7 @@ def onnx_rollout(
     overlap: int = 3,
     progress: bool = True,
 ) -> torch.Tensor:
-    """Roll out Terra on onnxruntime: same inputs, output and validation as `rollout.hf_rollout`.
+    """Roll out Terra on onnxruntime: same inputs, output and validation as `terra_nb.port.rollout.hf_rollout`.
 
     `context` `[n_ctx, P]` or `[B, n_ctx, P]` codes, `actions` `[T, 6, 3]` / `[T*6, 3]` (shared)
     or `[B, T, 6, 3]` with `T >= n_ctx + n_frames - 1`; returns `[n_frames, P]` / `[B, n_frames, P]`.

@@ -28,7 +28,7 @@ The graph (names as Optimum writes them):
 
 Which positions are action slots is not an input: it follows from the position
 (`slot = pos % frame_len >= image_tokens`), as the learned position embedding does. The host
-(`onnx_rollout.step_inputs`) lays out the interleaved sequence; the graph holds no Python branch
+(`terra_nb.onnx.rollout.step_inputs`) lays out the interleaved sequence; the graph holds no Python branch
 on lengths, so nothing about frames is frozen into it at export time.
 """
 from __future__ import annotations
@@ -44,9 +44,9 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from .config import head_dim
-from .interleave import spatio_temporal_indices
-from .layout import FrameLayout
+from ..port.config import head_dim
+from ..port.interleave import spatio_temporal_indices
+from ..port.layout import FrameLayout
 
 INPUTS = ("input_ids", "action_vectors", "position_ids")
 CONFIG_KEY = "terra_config"
