@@ -37,7 +37,6 @@ P = 64
 @pytest.fixture(scope="module")
 def server():
     share = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
-    # the engine core stops 1 s after it is told to on the CPU (vllm_compat.engine_shutdown_timeout's default)
     srv = ServerThread(toy_data_dir() / "model", max_frames=MAX_FRAMES, engine_args=share).start()
     yield srv
     srv.stop()
