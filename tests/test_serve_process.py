@@ -28,6 +28,8 @@ import pytest
 from terra_nb.serve.toy import ToyDecoder
 from terra_nb.toyworld.tokenizer import toy_data_dir
 
+pytestmark = pytest.mark.engine
+
 GONE_WITHIN_S = 30
 START_TIMEOUT_S = 600
 
