@@ -116,10 +116,12 @@ def _gpu_share() -> dict:
     """On a GPU leave room for another engine and an HF model (vLLM's default takes 0.9 of it),
     and run eager: torch.compile and CUDA-graph capture cost a minute or two per engine there and
     are exercised by the notebooks under papermill; the tests check the port's arithmetic and rules.
-    (On the CPU `make_llm` is eager already.)"""
+    (On the CPU `make_llm` is eager already.) The GPU runner's caps apply too (`gpu_engine_args`)."""
     import torch
 
-    return {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
+    from terra_nb.workbook.gpu_settings import gpu_engine_args
+
+    return gpu_engine_args(0.3, enforce_eager=True) if torch.cuda.is_available() else {}
 
 
 def _shutdown(name: str) -> None:

@@ -21,6 +21,9 @@ from terra_nb.workbook.paths import RESULTS
 # ------------------------------------------------------------------ stats
 
 
+pytestmark = pytest.mark.engine
+
+
 def test_speedup_is_oriented_first_over_second():
     fast, slow = [1.0, 1.1, 0.9], [2.0, 2.2, 1.8]
     assert stats.speedup(fast, slow) == pytest.approx(2.0)

@@ -9,6 +9,9 @@ import vllm  # noqa: F401  (declared dependency: a broken install must fail, not
 from terra_nb.bench import profiling
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory, bench_main):
     """Both engines profiled through the CLI in this process (conftest's `bench_main`: the CLI's

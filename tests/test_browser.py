@@ -40,7 +40,7 @@ CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "
 NO_CHROMIUM = "no Chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)"
 if CHROMIUM is None and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     raise RuntimeError(f"CI=true but {NO_CHROMIUM}: the browser test must run in CI")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+pytestmark = [pytest.mark.browser, pytest.mark.engine, pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)]
 
 BROWSER_PARAMS = {"n_frames": 4}
 """08's parameters here: 4 generated frames per rollout (default 12)."""

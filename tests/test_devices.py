@@ -30,6 +30,7 @@ def test_cuda_without_a_gpu_is_refused(capsys, tmp_path):
     assert "sees no CUDA GPU" in capsys.readouterr().err
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_devices_on_a_gpu():
     assert resolve_device("cuda") == "cuda" and resolve_device("cuda:0") == "cuda:0"

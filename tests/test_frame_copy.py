@@ -35,6 +35,9 @@ GREEDY = SamplingConfig(temperature=0)
 TOY_K, TINY_K = 8, 4
 
 
+pytestmark = pytest.mark.engine
+
+
 # ---------------------------------------------------------------------------- the rule
 def frames_history(n_frames: int, extra: list[int]) -> list[int]:
     """n whole frames (frame f's code j is 1000 f + j, slots -1) and then `extra` codes."""

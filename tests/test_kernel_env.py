@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from terra_nb.workbook import reproduce
 
@@ -40,6 +41,9 @@ CELLS = [
     ("code", 'import os\nprint("PYTEST_CURRENT_TEST" in os.environ)'),
     ("md", "## Summary\n...\n## Pitfalls\n..."),
 ]
+
+
+pytestmark = pytest.mark.notebook
 
 
 def test_kernel_environment_drops_pytest_marker():

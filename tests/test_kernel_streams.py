@@ -26,6 +26,9 @@ SAMPLES = {
 }
 
 
+pytestmark = pytest.mark.notebook
+
+
 def test_every_pattern_has_a_sample():
     assert set(SAMPLES) == set(NOISE)
     for name, line in SAMPLES.items():

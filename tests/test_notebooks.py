@@ -22,6 +22,9 @@ GOOD = [
 ]
 
 
+pytestmark = pytest.mark.notebook
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_workbook_notebook_follows_conventions(path):
     assert nbtools.check_conventions(path) == []

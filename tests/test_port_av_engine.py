@@ -11,6 +11,9 @@ import torch
 MAX_TOKENS = 8
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     from terra_nb.port_av.checkpoints import write_random_checkpoint
@@ -30,7 +33,7 @@ def llm(ckpt):
     yield engine
     from terra_nb.port.vllm_compat import shutdown_llm
 
-    shutdown_llm(engine)  # on the CPU the core gets 1 s to exit, not vLLM's 5
+    shutdown_llm(engine)
 
 
 @pytest.fixture(scope="module")

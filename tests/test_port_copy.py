@@ -42,6 +42,8 @@ import terra_nb.port
 import terra_nb.port_av
 import terra_nb.port_vlm
 
+pytestmark = pytest.mark.engine
+
 TERRA, VLM, AV = "terra_port_copy", "tiny_vlm_copy", "tiny_av_copy"
 TERRA_ARCHS = ("LlamaActionForCausalLM", "LlamaActionV2ForCausalLM")
 VLM_ARCH = "TinyVLMForConditionalGeneration"

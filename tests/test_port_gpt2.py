@@ -30,7 +30,7 @@ from terra_nb.port_gpt2.vllm_plugin import register
 
 MAX_TOKENS = 40
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("single_thread")]
 
 
 def _on_cpu() -> bool:

@@ -20,6 +20,9 @@ import torch
 MAX_TOKENS = 12
 
 
+pytestmark = pytest.mark.engine
+
+
 def _ensure_entry_point(tmp_path_factory) -> None:
     from terra_nb.port_vlm.vllm_plugin import ENTRY_POINT, entry_point_installed
 

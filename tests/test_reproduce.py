@@ -17,6 +17,9 @@ from nb import write_notebook  # noqa: E402
 PARAMS = 'device = "cuda"\npreset = "terra"\nout_dir = None'
 
 
+pytestmark = pytest.mark.notebook
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One `reproduce` run over three notebooks, with a notebook parameter for 01 and for 02 over

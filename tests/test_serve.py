@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 
@@ -26,16 +27,19 @@ from terra_nb.serve import ServerThread
 from terra_nb.serve.client import AsyncClient, Client, ServerError
 from terra_nb.serve.toy import ToyDecoder, arc_actions
 from terra_nb.toyworld.tokenizer import toy_data_dir
+from terra_nb.workbook.paths import REPO
 
 GREEDY = SamplingConfig(temperature=0)
 MAX_FRAMES = 6  # the server's --max-frames: a rollout of 7 is refused before the engine
 P = 64
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(scope="module")
 def server():
     share = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
-    # the engine core stops 1 s after it is told to on the CPU (vllm_compat.engine_shutdown_timeout's default)
     srv = ServerThread(toy_data_dir() / "model", max_frames=MAX_FRAMES, engine_args=share).start()
     yield srv
     srv.stop()
@@ -79,6 +83,26 @@ def steer(frame) -> np.ndarray:
     return arc_actions(8.0, 0.05 if int(np.sum(frame)) % 2 else -0.05)
 
 
+DOCS = (REPO / "docs" / "serving.md").read_text()
+
+
+def section(text: str, heading: str) -> str:
+    """A section of a markdown page: from `heading` to the next heading of its level."""
+    level = heading.split(" ")[0] + " "
+    body = text.split(heading + "\n", 1)[1]
+    return body.split("\n" + level, 1)[0]
+
+
+def flat_keys(obj: dict, prefix: str = "") -> list[str]:
+    """{"a": {"b": 1}, "c": 2} -> ["a", "a.b", "c"]: every field of a JSON object, nested ones dotted."""
+    keys = []
+    for key, value in obj.items():
+        keys.append(prefix + key)
+        if isinstance(value, dict) and key != "kv_blocks":
+            keys.extend(flat_keys(value, prefix + key + "."))
+    return keys
+
+
 def wait_for(predicate, timeout: float = 30.0, every: float = 0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -92,7 +116,10 @@ def wait_for(predicate, timeout: float = 30.0, every: float = 0.1):
 # ---------------------------------------------------------------------------- health
 def test_health_metrics_and_page(server, client):
     health = client.health()
-    assert health["status"] == "ok" and health["sessions"] == 0 and health["decoder"] == "toy"
+    assert health["status"] == "ok" and health["decoder"] == "toy"
+    max_num_seqs = server.engine.vllm_config.scheduler_config.max_num_seqs
+    assert health["sessions"] == {"open": 0, "running": 0, "refused": 0, "served": 0, "max": max_num_seqs}
+    assert health["max_num_seqs"] == max_num_seqs and health["requests"] == 0
     assert health["layout"]["image_tokens"] == P and health["round_frames"] == 25
     blocks = health["kv_blocks"]
     assert blocks is not None, "the engine core has no terra_kv_blocks utility (the plugin did not run there)"
@@ -101,6 +128,17 @@ def test_health_metrics_and_page(server, client):
     assert metrics.status_code == 200 and "vllm:num_requests_running" in metrics.text
     page = httpx.get(server.url + "/", timeout=30)
     assert page.status_code == 200 and "/v1/sessions" in page.text and "ArrowLeft" in page.text
+    documented = set(re.findall(r"^\| `([a-z_.]+)` \|", section(DOCS, "## `GET /health`"), re.M))
+    fields = {key for key in flat_keys(health) if key != "sessions" and not key.startswith("layout.")}
+    assert documented == fields, (sorted(fields - documented), sorted(documented - fields))
+    assert all(f"`{key}`" in DOCS for key in health["layout"])
+
+
+def test_the_toy_start_fields_are_documented(server):
+    toy = httpx.get(server.url + "/v1/toy", timeout=60).json()
+    text = section(DOCS, "## `GET /v1/toy`")
+    assert all(f"`{key}`" in text for key in toy), [key for key in toy if f"`{key}`" not in text]
+    assert f"`{toy['action_scale']}`" in text and f"{toy['dt']} s" in text
 
 
 # ---------------------------------------------------------------------------- parity
@@ -169,12 +207,13 @@ def test_bad_inputs_are_refused_by_rule_and_the_server_serves_on(server, client,
         "too_many_frames": {**good, "n_frames": MAX_FRAMES + 1},
         "actions_missing": {**good, "actions": ctx_actions.tolist()[:3], "n_frames": 2},
         "bad_sampling": {**good, "sampling": {"temperature": -1}},
+        "unknown_field": {**good, "nframes": 3},
     }
     for rule, body in posts.items():
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
         response = httpx.post(server.url + "/v1/rollouts", content=content, timeout=30)
         error = response.json()["error"]
-        assert response.status_code == 400 and error["rule"] == rule, (rule, response.text)
+        assert response.status_code == 400 and error["rule"] == rule and error["ends_session"], (rule, response.text)
         if rule_of(error["message"]) is not None:  # the port's rules: the message is the rule's own
             assert rule_of(error["message"]) == rule, (rule, error["message"])
 
@@ -189,10 +228,16 @@ def test_bad_inputs_are_refused_by_rule_and_the_server_serves_on(server, client,
         assert ask({"type": "step", "actions": steer(ctx[-1].numpy()).tolist()})["rule"] == "no_session"
         assert ask({**start, "context": ctx[:, :10].tolist()})["rule"] == "frames_shape"
         assert ask({**start, "context": (ctx + 512).tolist()})["rule"] == "code_out_of_range"
+        typo = ask({**start, "samplng": {"temperature": 0}})  # a misspelled field is never ignored
+        assert typo["rule"] == "unknown_field" and typo["param"] == "samplng" and not typo["ends_session"]
+        assert '"samplng"' in typo["message"] and 'did you mean "sampling"' in typo["message"], typo
+        assert ask({**start, "sampling": {"temprature": 0}})["param"] == "sampling.temprature"
         first = ask(start)  # the same connection serves a good start after its refusals
         assert first["type"] == "frame" and first["index"] == 0
         assert ask({"type": "step", "actions": [[0.1, 0.0, 0.1]] * 5})["rule"] == "wrong_action_shape"
-        assert ask({"type": "step", "actions": [[float("nan"), 0, 0]] * 6})["rule"] == "actions_not_finite"
+        nan = ask({"type": "step", "actions": [[0, 0, 0]] * 5 + [[float("nan"), 0, 0]]})
+        assert nan["rule"] == "actions_not_finite" and "frame 0 (this step's actions), slot 5" in nan["message"], nan
+        assert ask({"type": "step", "actions": steer(first["codes"]).tolist(), "action": 1})["rule"] == "unknown_field"
         assert ask(start)["rule"] == "session_open"
         second = ask({"type": "step", "actions": steer(first["codes"]).tolist()})  # the session goes on
         assert second["type"] == "frame" and second["index"] == 1
@@ -200,7 +245,7 @@ def test_bad_inputs_are_refused_by_rule_and_the_server_serves_on(server, client,
     with pytest.raises(ServerError) as err:  # the client raises the server's refusal by rule
         list(client.rollout(ctx, ctx_actions, 2))
     assert err.value.rule == "actions_missing"
-    assert client.health()["sessions"] == 0
+    assert client.health()["sessions"]["open"] == 0
 
 
 # ---------------------------------------------------------------------------- disconnects
@@ -240,7 +285,7 @@ def test_a_client_leaving_mid_frame_frees_its_kv_blocks(server, toy):
         assert json.loads(next(response.iter_lines()))["type"] == "frame"
     freed("a POST client left")
     health = httpx.get(server.url + "/health", timeout=30).json()
-    assert health["sessions"] == 0 and health["requests"] == 0
+    assert health["sessions"]["open"] == 0 and health["requests"] == 0
 
 
 # ---------------------------------------------------------------------------- the browser page
@@ -272,7 +317,7 @@ def test_the_page_drives_the_toy_world_in_chromium(server):
             assert "error" not in (page.get_attribute("#status", "class") or "")
         finally:
             browser.close()
-    assert wait_for(lambda: httpx.get(server.url + "/health", timeout=30).json()["sessions"] == 0)
+    assert wait_for(lambda: httpx.get(server.url + "/health", timeout=30).json()["sessions"]["open"] == 0)
 
 
 # ---------------------------------------------------------------------------- load (terra_nb.serve.load, small)
@@ -292,6 +337,21 @@ def test_a_small_load_test_passes_on_this_server(server):
                                                       "served_on_after_a_bad_step": 1, "bad_steps": 1}
     speed = summarize(load)
     assert speed["server"]["median"] > 0 and speed["in_process"]["median"] > 0  # the ratio is the CLI's to report
+
+
+# ---------------------------------------------------------------------------- the reference's raw exchange
+def test_the_raw_exchange_in_the_reference_is_what_the_server_answers(server):
+    """docs/serving.md's exchange, sent again: the same frames (greedy) and the same end message."""
+    block = section(DOCS, "## One exchange, raw").split("```json\n", 1)[1].split("```", 1)[0]
+    lines = [(line[0], json.loads(line[2:])) for line in block.strip().splitlines()]
+    assert [side for side, _ in lines] == [">", "<"] * (len(lines) // 2)
+    with ws_connect(server) as ws:
+        for (_, sent), (_, documented) in zip(lines[::2], lines[1::2]):
+            ws.send(json.dumps(sent))
+            got = json.loads(ws.recv(timeout=120))
+            if got["type"] == "frame":
+                got["ms"] = documented["ms"]  # a time: not the same twice
+            assert got == documented
 
 
 # ---------------------------------------------------------------------------- shutdown (last: stops the server)
@@ -326,7 +386,7 @@ def test_the_command_line_and_make_serve():
 
     args = parser().parse_args(["--model", "m", "--port", "0", "--engine-arg", "max_num_seqs=64",
                                 "--engine-arg", "kv_cache_dtype=fp8"])
-    assert dict(args.engine_arg) == {"max_num_seqs": 64, "kv_cache_dtype": "fp8"} and args.max_sessions == 128
+    assert dict(args.engine_arg) == {"max_num_seqs": 64, "kv_cache_dtype": "fp8"} and args.max_sessions is None
     if shutil.which("make") is None:
         pytest.skip("no make here (the GPU machine): the command line is checked above, not the Makefile")
     dry = subprocess.run(["make", "-n", "-o", "setup", "serve"], cwd=REPO, capture_output=True, text=True, check=True)

@@ -65,3 +65,12 @@ def test_a_committed_result_agrees_with_its_own_trials(name):
     assert r["checks"]["greedy_parity"]["compared_sessions"] == r["good"] + r["sessions"] * r["trials"]
     assert len(r["checks"]["no_kv_leak"]["leaked_blocks_per_run"]) == 1 + 2 * r["trials"]
     assert result_row(name, r)["ratio"] == round(fps["ratio"], 3)
+
+
+def test_a_result_is_shown_without_dirty_commits_or_scratch_paths():
+    from terra_nb.serve.load import shown_command, shown_commit
+
+    assert shown_commit("99dc1e3-dirty") == "99dc1e3 + local changes" and shown_commit("e04ffa0") == "e04ffa0"
+    assert shown_command("python -m terra_nb.serve.load --url http://127.0.0.1:8011 --out /tmp/out/x_256.json") == \
+        "python -m terra_nb.serve.load --url http://127.0.0.1:8011 --out x_256.json"
+    assert shown_command("python -m terra_nb.serve.load --out results/serve/cpu.json").endswith("results/serve/cpu.json")

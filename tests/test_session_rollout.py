@@ -26,6 +26,9 @@ P, A = 64, 6
 GREEDY = SamplingConfig(temperature=0)
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_ckpt, tiny_llm):
     """Beside the session's `tiny_llm` (every test here then counts as its user, so that the

@@ -13,6 +13,9 @@ from terra_nb.lessons.weight_mapping import VllmLogprobs
 SMALL = FrameLayout(image_tokens=4, action_tokens=2, max_frames=25, vocab_size=9)
 
 
+pytestmark = pytest.mark.engine
+
+
 def scored(n_ctx=2, n_new=2, seed=0):
     """HF logprobs of a prompt of n_ctx + n_new frames, and vLLM's copy of them (top-3 + the token)."""
     g = torch.Generator().manual_seed(seed)

@@ -28,7 +28,8 @@ import torch
 
 from terra_nb.lessons.parity import compare_teacher_forced, reference_logprobs, teacher_forced_parity
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 parity is checked on a GPU (see the module doc)")
+pytestmark = [pytest.mark.gpu, pytest.mark.engine,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 parity is checked on a GPU (see the module doc)")]
 
 N_FRAMES = 6
 MAX_EXCUSED = 36

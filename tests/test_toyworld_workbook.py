@@ -33,6 +33,9 @@ from terra_nb.toyworld.workbook import BATCH_COMMANDS, show_videos
 N_CTX = 3
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(scope="module")
 def tok():
     return ToyTokenizer.load()

@@ -25,6 +25,9 @@ P, A, FL = 64, 6, 70
 GREEDY = SamplingConfig(temperature=0)
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(scope="module")
 def llm(tiny_llm):
     return tiny_llm

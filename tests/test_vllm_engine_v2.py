@@ -18,6 +18,9 @@ from terra_nb.port.vllm_rollout import RolloutStats, make_llm, vllm_rollout
 GREEDY = SamplingConfig(temperature=0)
 
 
+pytestmark = pytest.mark.engine
+
+
 def gpu_share() -> dict:
     """On a GPU (vLLM 0.26 there), leave room for the next module's engine and the HF model."""
     return {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}

@@ -26,6 +26,9 @@ from terra_nb.port.vllm_patch import RequestValidationError
 TINY = FrameLayout.from_config(preset_config("tiny"))  # 64 codes + 6 slots, vocab 513, placeholder 512
 
 
+pytestmark = pytest.mark.engine
+
+
 # ---------------------------------------------------------------------------- the checks
 @pytest.mark.parametrize("ids, needle", [
     ([3, 512], "action slots but no multi_modal_data: position 1 (frame 0, image code 1) holds 512"),

@@ -44,6 +44,9 @@ MAX_FRAMES = 6  # engine: prompts of at most 5 frames
 BAD = (ValueError, VLLMValidationError)  # VLLMValidationError is no ValueError on vLLM 0.32
 
 
+pytestmark = pytest.mark.engine
+
+
 def engine_options() -> dict:
     if torch.cuda.is_available():
         return {"gpu_memory_utilization": 0.3, "enforce_eager": True}

@@ -28,6 +28,9 @@ import torch
 MAX_TOKENS = 12
 
 
+pytestmark = pytest.mark.engine
+
+
 def cli_args(kwargs: dict) -> list[str]:
     """`llm_kwargs`' engine arguments as `vllm serve` options (the same engine either way)."""
     out = []

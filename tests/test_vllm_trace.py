@@ -19,6 +19,9 @@ from terra_nb.lessons.vllm_trace import TRACE_EXTENSION, ForwardTrace, TraceWork
 TINY = FrameLayout(image_tokens=64, action_tokens=6, max_frames=25, vocab_size=513)
 
 
+pytestmark = pytest.mark.engine
+
+
 class _Backbone(nn.Module):
     def __init__(self):
         super().__init__()

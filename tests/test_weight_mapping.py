@@ -14,7 +14,7 @@ from terra_nb.port.checkpoints import preset_config, weight_shapes
 from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("single_thread")]
 
 TINY = FrameLayout(image_tokens=64, vocab_size=513)
 

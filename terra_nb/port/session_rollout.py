@@ -57,19 +57,32 @@ from .rollout import SamplingConfig
 from .vllm_processing import MODALITY
 from .vllm_rollout import engine_kwargs, engine_layout, frame_request, request_seed, sampling_params
 
-__all__ = ["make_async_engine", "make_session_engine", "session_rollout", "session_rollout_sync",
-           "shutdown_async_engine"]
+__all__ = ["chunk_params", "continuation", "input_stream", "make_async_engine", "make_session_engine", "read_session",
+           "session_rollout", "session_rollout_sync", "shutdown_async_engine"]
 
 
-def make_async_engine(checkpoint_dir: str | Path, max_frames: int | None = None, **overrides):
+def make_async_engine(checkpoint_dir: str | Path, max_frames: int | None = None, on_config=None, **overrides):
     """An `AsyncLLM` for a Terra checkpoint with `make_llm`'s defaults (eager on the CPU; vLLM's
-    periodic stats log off, as `vllm.LLM` has it); any engine argument can be overridden."""
+    periodic stats log off, as `vllm.LLM` has it); any engine argument can be overridden.
+
+    `on_config(vllm_config)`: called with the engine's resolved `VllmConfig` (e.g. its
+    `scheduler_config.max_num_seqs`) before any engine process starts; what it raises stops the start."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     kwargs = engine_kwargs(checkpoint_dir, max_frames, **{"disable_log_stats": True, **overrides})
     spawn_engine_processes_after_cuda()
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+    args = AsyncEngineArgs(**kwargs)
+    if on_config is not None:
+        resolve = args.create_engine_config
+
+        def checked(*a, **kw):  # AsyncLLM.from_engine_args resolves the config once, then starts the core
+            config = resolve(*a, **kw)
+            on_config(config)
+            return config
+
+        args.create_engine_config = checked
+    return AsyncLLM.from_engine_args(args)
 
 
 def spawn_engine_processes_after_cuda() -> None:
@@ -130,14 +143,18 @@ def continuation(code: int, actions: torch.Tensor, layout: FrameLayout) -> dict:
             "multi_modal_data": {MODALITY: actions.reshape(1, layout.action_tokens, layout.action_dim).contiguous()}}
 
 
-async def _chunks(feed: asyncio.Queue):
-    """The session's input stream: chunks as the driver puts them, until it puts None."""
+async def input_stream(feed: asyncio.Queue):
+    """A session's input stream for `AsyncLLM.generate`: the chunks (`StreamingInput`) its driver
+    puts on `feed`, until it puts None (the session then ends)."""
     while (chunk := await feed.get()) is not None:
         yield chunk
 
 
-async def _read_session(engine, chunks, params, request_id: str, made: asyncio.Queue, layout: FrameLayout) -> None:
-    """Run one session, putting every frame's `P` codes on `made` as soon as they are out."""
+async def read_session(engine, chunks, params, request_id: str, made: asyncio.Queue, layout: FrameLayout) -> None:
+    """Run one session (`engine.generate` over `chunks`, e.g. `input_stream(feed)`, first chunk's
+    `params`), putting every frame's `P` codes on `made` as soon as they are out. A session's
+    building blocks, with `continuation` and `chunk_params`: `session_rollout` drives them a round at
+    a time, and a server (`terra_nb.serve.WorldSession`) a frame at a time."""
     codes: list[int] = []
     async for out in engine.generate(chunks, params, request_id):
         codes.extend(out.outputs[0].token_ids)  # deltas
@@ -158,7 +175,7 @@ def _open_session(group: asyncio.TaskGroup, engine, layout, window, window_actio
     feed, made = asyncio.Queue(), asyncio.Queue()
     params = chunk_params(sampling, layout, b, first_frame)
     feed.put_nowait(StreamingInput(frame_request(window[b], window_actions[b], layout), params))
-    group.create_task(_read_session(engine, _chunks(feed), params, f"terra-session-{tag}-{b}", made, layout))
+    group.create_task(read_session(engine, input_stream(feed), params, f"terra-session-{tag}-{b}", made, layout))
     return feed, made
 
 

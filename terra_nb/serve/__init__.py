@@ -1,4 +1,4 @@
-"""Serving Terra: a world-model server that clients drive frame by frame (issue 39).
+"""Serving Terra: a world-model server that clients drive frame by frame.
 
 `vllm serve` cannot carry Terra's `actions` modality through the OpenAI API, so this is a small
 server of its own on vLLM's `AsyncLLM` and the web stack vLLM installs (FastAPI, uvicorn):
@@ -12,12 +12,15 @@ server of its own on vLLM's `AsyncLLM` and the web stack vLLM installs (FastAPI,
   gets that frame back (codes, and for the toy world the image as a PNG when asked): the policy
   lives in the client. Each connection is one `WorldSession` (`session_rollout`'s streaming-input
   sessions, stepped), with its own sampling settings; any number at once, batched by vLLM;
-* `GET /health` (engine, sessions, KV-cache blocks free/total), `GET /metrics` (vLLM's Prometheus
+* `GET /health` (engine, sessions open/running/refused, KV-cache blocks free/total), `GET /metrics` (vLLM's Prometheus
   metrics), `GET /` (the toy world in the browser: arrow keys steer, frames appear as made).
 
-Every message is checked by the port's rules before the engine (`protocol`); a bad one gets an
-error naming its rule, on that connection only. A client that leaves mid-frame has its request
-aborted (its KV blocks freed); shutting down ends every session with a message first.
+Every message is checked by the port's rules before the engine (`protocol`), unknown fields
+included; a bad one gets an error naming its rule, on that connection only. The server admits as
+many sessions as its engine schedules at once (`max_num_seqs`) and refuses one more at once
+(`server_full`). A client that leaves mid-frame has its request aborted (its KV blocks freed);
+SIGTERM, SIGINT or SIGHUP end every session with a message, then stop the engine and its processes.
+docs/serving.md is the protocol's reference for clients in any language.
 
 Modules: `protocol` (messages and their checks), `session` (`WorldSession`), `engine` (building it,
 its KV blocks, its metrics), `app` (`build_app`: the routes), `server` (`serve`, `ServerThread`: the engine on uvicorn's loop), `toy` (PNG frames,

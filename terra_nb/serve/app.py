@@ -2,12 +2,15 @@
 
     POST /v1/rollouts   one open-loop rollout -> its frames, one JSON line each (NDJSON), as made
     WS   /v1/sessions   a start, then a step per frame: the client's policy closes the loop
-    GET  /health        engine alive, sessions, KV-cache blocks free/total, the layout
+    GET  /health        engine alive, sessions (open, running, refused), KV-cache blocks free/total, the layout
     GET  /metrics       vLLM's Prometheus metrics (the engine's stats on: `make_server_engine`)
     GET  /              the toy world in the browser (static/index.html); GET /v1/toy: its start
 
 Every message is read by `protocol` (the port's rules) before anything reaches the engine; a bad
-one gets an error message naming its rule, on that connection only. A client that goes away
+one gets an error message naming its rule, on that connection only. The server admits at most
+`max_sessions` sessions and rollouts at once, never more than the engine schedules at once (its
+`max_num_seqs`): one more is refused at once (`server_full`; HTTP 503 with `Retry-After` on POST),
+never queued in silence. A client that goes away
 mid-frame has its session aborted (`WorldSession.abort`: vLLM frees its KV blocks). `end_sessions`
 (the server's shutdown) ends every live session with an "end" message first.
 """
@@ -26,12 +29,13 @@ from starlette.websockets import WebSocketDisconnect
 
 from ..port.layout import FrameLayout, TerraInputError
 from ..port.vllm_patch import RequestValidationError
-from .protocol import ProtocolError, error_message, frame_message, loads, message_type, parse_rollout, parse_start, parse_step
+from .protocol import (RETRY_AFTER_S, ProtocolError, error_message, frame_message, loads, message_type, parse_rollout,
+                       parse_start, parse_step)
 from .engine import kv_blocks, prometheus_registry
 from .session import WorldSession, round_frames
 from .toy import ToyDecoder
 
-__all__ = ["ServerState", "build_app", "end_sessions"]
+__all__ = ["CapacityError", "ServerState", "build_app", "end_sessions", "engine_capacity", "session_capacity"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,8 @@ REFUSALS = (TerraInputError, ProtocolError, RequestValidationError)
 SHUTDOWN = "server shutting down"
 GOING_AWAY = 1001  # WebSocket close code: the server is going down
 TRY_LATER = 1013
+FULL_CLOSE_S = 5.0
+"""How long a refused connection (`server_full`) waits for the client's first message before it closes."""
 
 
 class Stopped(Exception):
@@ -55,25 +61,62 @@ class Live:
         self.reason: str | None = None
 
 
+class CapacityError(ValueError):
+    """`max_sessions` above what the engine schedules at once: raised at start-up."""
+
+
+def engine_capacity(engine) -> int:
+    """Sequences the engine's scheduler runs at once (`max_num_seqs`): an open session holds one
+    from its start to its end, even between frames, so a session beyond it would wait unanswered."""
+    return engine.vllm_config.scheduler_config.max_num_seqs
+
+
+def session_capacity(max_sessions: int | None, max_num_seqs: int) -> int:
+    """The sessions the server admits: `max_sessions`, or the engine's `max_num_seqs` when None;
+    `CapacityError` when it asks for more than the engine schedules."""
+    if max_sessions is None:
+        return max_num_seqs
+    if not 1 <= max_sessions <= max_num_seqs:
+        raise CapacityError(f"--max-sessions {max_sessions} must lie in 1..{max_num_seqs}: the engine schedules at most "
+                            f"max_num_seqs={max_num_seqs} sequences at once and every open session holds one; "
+                            f"raise it (--engine-arg max_num_seqs={max(max_sessions, 1)}) or leave --max-sessions out")
+    return max_sessions
+
+
 class ServerState:
     """What every route shares: the engine, its layout, the limits and the live sessions."""
 
-    def __init__(self, engine, decoder: ToyDecoder | None, max_sessions: int, max_frames: int):
+    def __init__(self, engine, decoder: ToyDecoder | None, max_sessions: int | None, max_frames: int):
         self.engine, self.decoder = engine, decoder
         self.layout = FrameLayout.from_config(engine.model_config.hf_config)
         self.max_model_len = engine.model_config.max_model_len
-        self.max_sessions, self.max_frames = max_sessions, max_frames
+        self.max_sessions = session_capacity(max_sessions, engine_capacity(engine))
+        self.max_frames = max_frames
         self.live: set[Live] = set()
-        self.served = 0  # sessions and rollouts admitted since the start
+        self.running = 0  # live sessions with a frame being made now
+        self.served = 0   # sessions and rollouts admitted since the start
+        self.refused = 0  # starts and rollouts refused with server_full since the start
 
     def admit(self) -> Live:
         """One more live session (`leave` it when done), or `server_full`."""
         if len(self.live) >= self.max_sessions:
-            raise ProtocolError("server_full", n=len(self.live))
+            self.refused += 1
+            why = ("its --max-sessions" if self.max_sessions < engine_capacity(self.engine)
+                   else "what its engine schedules at once, max_num_seqs")
+            raise ProtocolError("server_full", n=len(self.live), why=f"{self.max_sessions}: {why}")
         live = Live()
         self.live.add(live)
         self.served += 1
         return live
+
+    @contextlib.asynccontextmanager
+    async def making_frame(self):
+        """Count a session as running while one of its frames is being made."""
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
 
     def leave(self, live: Live) -> None:
         self.live.discard(live)
@@ -82,12 +125,13 @@ class ServerState:
         return self.decoder.png(codes) if image else None
 
 
-def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: int = 128, max_frames: int = 1000,
-              metrics: bool = True) -> FastAPI:
+def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: int | None = None,
+              max_frames: int = 1000, metrics: bool = True) -> FastAPI:
     """The routes on `engine` (an `AsyncLLM` serving the event loop the app will run on).
 
     `decoder`: a `ToyDecoder`, None, or "auto"/"toy"/"none" (`ToyDecoder.for_model`);
-    `max_sessions`: live sessions and rollouts at most (one more is refused: `server_full`);
+    `max_sessions`: live sessions and rollouts at most (one more is refused: `server_full`); None:
+    the engine's `max_num_seqs`, and never above it (`CapacityError`);
     `max_frames`: new frames of a rollout, or of a session, at most (`too_many_frames`).
     """
     layout = FrameLayout.from_config(engine.model_config.hf_config)
@@ -121,8 +165,10 @@ def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: i
             rollout = parse_rollout(body, layout, state.max_model_len, decoder is not None, max_frames)
             live = state.admit()
         except REFUSALS as err:
-            status = 503 if getattr(err, "rule", None) == "server_full" else 400
-            return JSONResponse({"error": error_message(err)}, status_code=status)
+            if getattr(err, "rule", None) == "server_full":
+                return JSONResponse({"error": error_message(err, True)}, status_code=503,
+                                    headers={"Retry-After": str(RETRY_AFTER_S)})
+            return JSONResponse({"error": error_message(err, True)}, status_code=400)
         return StreamingResponse(_ndjson(_rollout_frames(state, rollout, live), state, live),
                                  media_type="application/x-ndjson")
 
@@ -131,8 +177,10 @@ def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: i
         await ws.accept()
         try:
             live = state.admit()
-        except ProtocolError as err:  # server_full
+        except ProtocolError as err:  # server_full: said at once; the connection closes on the client's first message
             await _send(ws, error_message(err))
+            with contextlib.suppress(asyncio.TimeoutError, WebSocketDisconnect, RuntimeError):
+                await asyncio.wait_for(ws.receive(), FULL_CLOSE_S)  # so that a client's start is sent, then refused
             await _close(ws, TRY_LATER)
             return
         try:
@@ -170,17 +218,19 @@ def _mount_metrics(app: FastAPI) -> None:
 
 
 async def _health(state: ServerState) -> dict:
-    """The engine alive, the live sessions, the engine core's KV blocks, the CPU time of the server's
-    event loop so far (what the load test charges a frame), the limits and the layout."""
+    """The engine alive, the sessions (open, running, refused), the engine core's KV blocks, the CPU
+    time of the server's event loop so far (what the load test charges a frame), the limits and the
+    layout. docs/serving.md describes every field."""
     engine, layout = state.engine, state.layout
     dead = bool(getattr(engine, "errored", False))
     return {"status": "dead" if dead else "ok", "model": str(engine.model_config.model),
             "loop_cpu_s": time.thread_time(),  # this handler runs on the server's loop: that thread's CPU so far
-            "sessions": len(state.live), "served": state.served,
+            "sessions": {"open": len(state.live), "running": state.running, "refused": state.refused,
+                         "served": state.served, "max": state.max_sessions},
             "requests": engine.output_processor.get_num_unfinished_requests(),
             "kv_blocks": None if dead else await kv_blocks(engine),
             "decoder": getattr(state.decoder, "name", None), "round_frames": round_frames(engine),
-            "max_sessions": state.max_sessions, "max_frames": state.max_frames,
+            "max_num_seqs": engine_capacity(engine), "max_frames": state.max_frames,
             "layout": {"image_tokens": layout.image_tokens, "action_tokens": layout.action_tokens,
                        "action_dim": layout.action_dim, "max_frames": layout.max_frames, "num_codes": layout.num_codes}}
 
@@ -255,17 +305,18 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
                 else:
                     if session is None:
                         raise ProtocolError("no_session")
-                    actions = parse_step(msg, state.layout)
+                    actions = parse_step(msg, state.layout, session.frames - 1)
                     if session.frames >= state.max_frames:
                         raise TerraInputError("too_many_frames", "actions", what="the session", n=session.frames + 1,
                                               limit=state.max_frames, why="the server's --max-frames")
                     work = session.step(actions)
                 began = time.perf_counter()
                 try:
-                    codes = await _until(work, gone, stop)
-                except REFUSALS:  # the engine refused a chunk: that session is over (vLLM ended it)
+                    async with state.making_frame():
+                        codes = await _until(work, gone, stop)
+                except REFUSALS as err:  # the engine refused a chunk: that session is over (vLLM ended it)
                     session = None
-                    raise
+                    reply = error_message(err, ends_session=True)
                 except Stopped:
                     raise
                 except Exception as err:  # the engine failed it: tell the client, serve the others
@@ -273,8 +324,9 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
                     session.abort()
                     session = None
                     raise ProtocolError("engine_error", error=f"{type(err).__name__}: {err}") from err
-                reply = frame_message(session.frames - 1, codes, (time.perf_counter() - began) * 1e3,
-                                      state.png(codes, image))
+                else:
+                    reply = frame_message(session.frames - 1, codes, (time.perf_counter() - began) * 1e3,
+                                          state.png(codes, image))
             except REFUSALS as err:
                 reply = error_message(err)
             if not await _send(ws, reply):
@@ -295,8 +347,9 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
 async def _rollout_frames(state: ServerState, rollout, live: Live):
     """The rollout's messages: a frame at a time as made, then an "end" message. Each next chunk
     goes to the engine as soon as its frame is out, before that frame is written to the client (as
-    `session_rollout`'s open loop sends it)."""
+    `session_rollout`'s open loop sends it). A rollout runs (`/health`) from its start to its end."""
     session = WorldSession(state.engine, rollout.sampling)
+    state.running += 1
     n_ctx = rollout.context.shape[0]
     stop = asyncio.create_task(live.stop.wait())
     pending = asyncio.ensure_future(session.start(rollout.context, rollout.actions[:n_ctx]))
@@ -306,7 +359,7 @@ async def _rollout_frames(state: ServerState, rollout, live: Live):
             try:
                 codes = await _until(pending, stop)
             except REFUSALS as err:
-                yield error_message(err)
+                yield error_message(err, ends_session=True)
                 return
             ms = (time.perf_counter() - began) * 1e3
             if k + 1 < rollout.n_frames:
@@ -317,6 +370,7 @@ async def _rollout_frames(state: ServerState, rollout, live: Live):
     except Stopped:
         yield {"type": "end", "frames": session.frames, "reason": live.reason or SHUTDOWN}
     finally:  # also when the client left: Starlette cancels the response, so nothing is awaited here
+        state.running -= 1
         stop.cancel()
         pending.cancel()
         session.abort()

@@ -18,7 +18,8 @@ It needs `httpx` and `websockets` (both come with vLLM's server stack) and nothi
             frame = await s.step(actions)
 
 `context` is `[n_ctx, P]` codes, actions `[n, 6, 3]` (lists, numpy arrays or tensors); a refused
-request raises `ServerError` with the server's `.rule`, `.param` and message.
+request raises `ServerError` with the server's `.rule`, `.param`, message and `.ends_session`.
+docs/serving.md is the protocol this client speaks.
 """
 from __future__ import annotations
 
@@ -30,10 +31,12 @@ __all__ = ["AsyncClient", "AsyncSession", "Client", "ServerError", "Session"]
 
 
 class ServerError(ValueError):
-    """The server refused a request: `.rule` (e.g. "code_out_of_range"), `.param`, the message."""
+    """The server refused a request: `.rule` (e.g. "code_out_of_range"), `.param`, the message, and
+    `.ends_session` (False: the session stands as it was; True: it is over, start a new one)."""
 
     def __init__(self, error: dict):
         self.rule, self.param = error.get("rule"), error.get("param")
+        self.ends_session = error.get("ends_session")
         super().__init__(error.get("message") or str(error))
 
 

@@ -30,15 +30,17 @@ SERVING_HOOKS = (
 """vLLM's names below its public API that the server calls ("module:qualified.name")."""
 
 
-def make_server_engine(model: str | Path, metrics: bool = True, **overrides):
+def make_server_engine(model: str | Path, metrics: bool = True, on_config=None, **overrides):
     """`make_async_engine` with vLLM's stats on when `metrics` (what `/metrics` shows: vLLM's
     counters and gauges are fed only then; `make_async_engine` turns them off, as `vllm.LLM` does).
+    `on_config`: `make_async_engine`'s (the resolved config, before the engine starts).
     Call it on the event loop the server will run."""
     import vllm.v1.engine.core  # noqa: F401 - loaded, so the plugin's utility goes onto EngineCore here too
 
     # A forked engine core inherits it from here; a spawned one gets it from the plugin in its own process.
     install_engine_utilities()
-    return make_async_engine(model, disable_log_stats=not metrics, **{**serving_defaults(model), **overrides})
+    return make_async_engine(model, disable_log_stats=not metrics, on_config=on_config,
+                             **{**serving_defaults(model), **overrides})
 
 
 def serving_defaults(model: str | Path) -> dict:

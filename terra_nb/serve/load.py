@@ -24,7 +24,8 @@ Checks (`checks`): every good session's codes equal the in-process rollout of th
 actions token for token (greedy); no client waits past `timeout` (nothing hangs); after every run
 the engine core's free KV blocks are back at their count before the load (nothing leaks); every
 bad input got its rule. Speed (`summarize`): frames/s of the timed runs both ways, medians and
-their ratio (issue 39's bar: within 10%, ratio >= 0.9), latency per frame as the clients saw it.
+their ratio (the target: within 10%, ratio >= 0.9: what serving over a network may cost), latency
+per frame as the clients saw it.
 
 In-process server (`ServerThread`, the default): the reference runs on the server's own engine, on
 its loop. With `--url`: the reference gets an engine of its own, built here with the same engine
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import time
@@ -47,7 +49,7 @@ import torch
 from .toy import arc_actions
 
 __all__ = ["BAD_INPUTS", "LoadPlan", "checks", "contexts", "in_process_trial", "main", "roles", "run_load",
-           "load_results", "plot_load", "result_row",
+           "load_results", "plot_load", "provenance_row", "result_row",
            "server_target", "server_trial", "steer", "summarize"]
 
 GREEDY = {"temperature": 0}
@@ -427,8 +429,7 @@ def plot_load(load: dict, save=None):
 
 def load_results(folder=None, earlier: bool = False) -> dict[str, dict]:
     """{file name: contents} of the committed load-test results (`results/serve/*.json`); with
-    `earlier`, also those of the rounds they superseded (`results/serve/earlier/`, named
-    `earlier/<file>`; decisions 32 tells each round's story)."""
+    `earlier`, also the results they superseded (`results/serve/earlier/`, named `earlier/<file>`)."""
     from ..workbook.paths import REPO
 
     folder = Path(folder) if folder else REPO / "results" / "serve"
@@ -436,10 +437,30 @@ def load_results(folder=None, earlier: bool = False) -> dict[str, dict]:
     return {p.relative_to(folder).as_posix(): json.loads(p.read_text()) for p in paths}
 
 
+def shown_commit(commit: str | None) -> str:
+    """A result's commit as a reader sees it: a run from a tree with uncommitted changes says so in words."""
+    if not commit:
+        return "?"
+    return commit.removesuffix("-dirty") + (" + local changes" if commit.endswith("-dirty") else "")
+
+
+def shown_command(command: str) -> str:
+    """A result's command as a reader sees it: absolute paths (a scratch folder of the machine it ran
+    on) shortened to their file names."""
+    return re.sub(r"(?<![\w:])/(?:[^\s/]+/)+([^\s/]+)", r"\1", command)
+
+
+def provenance_row(name: str, r: dict) -> dict:
+    """One result file's provenance as a table row: machine, versions, commit, command."""
+    return {"file": name, "device": r["device"], "vLLM": r["versions"]["vllm"], "torch": r["versions"]["torch"],
+            "commit": shown_commit(r["commit"]), "dtype": r["dtype"], "max_num_seqs": r["engine"]["max_num_seqs"],
+            "command": f"`{shown_command(r['command'])}`"}
+
+
 def result_row(name: str, r: dict) -> dict:
     """One result file as a table row."""
     fps = r["frames_per_s"]
-    return {"file": name, "device": r["device"], "vLLM": r["versions"]["vllm"], "commit": r["commit"] or "?",
+    return {"file": name, "device": r["device"], "vLLM": r["versions"]["vllm"], "commit": shown_commit(r["commit"]),
             "sessions": r["sessions"], "frames": r["shapes"]["frames_per_session"], "drops": r["drops"],
             "bad": r["bad_inputs"], "server frames/s": round(fps["server"]["median"], 1),
             "in-process frames/s": round(fps["in_process"]["median"], 1), "ratio": round(fps["ratio"], 3),
@@ -449,11 +470,13 @@ def result_row(name: str, r: dict) -> dict:
 
 # ---------------------------------------------------------------------------- the two targets
 def thread_target(model, engine_args: dict, metrics: bool, plan: LoadPlan):
-    """A `ServerThread` on `model` (started), and the `Target` that drives it; stop the server after."""
+    """A `ServerThread` on `model` (started), and the `Target` that drives it; stop the server after.
+    Its engine schedules every session of the plan at once (`max_num_seqs`, unless `engine_args`
+    says otherwise): the server admits no more sessions than that."""
     from .server import ServerThread
 
-    server = ServerThread(model, engine_args=engine_args, metrics=metrics, max_sessions=max(128, plan.sessions + 8),
-                          max_frames=max(1000, plan.frames)).start()
+    engine_args = {"max_num_seqs": plan.sessions, **engine_args}
+    server = ServerThread(model, engine_args=engine_args, metrics=metrics, max_frames=max(1000, plan.frames)).start()
     return server, server_target(server)
 
 
@@ -540,7 +563,7 @@ def record(load: dict, verdicts: dict, speed: dict, settings: dict, command: str
     env = environment_info()
     plan, layout = load["plan"], load["layout"]
     return {
-        "what": "terra_nb.serve load test (issue 39, item 5): concurrent WS sessions vs in-process session_rollout",
+        "what": "terra_nb.serve load test: concurrent WS sessions vs in-process session_rollout",
         "command": command, "commit": env["git_commit"], "date": env["date"],
         "device": env["device"], "device_type": env["device_type"], "cpu_count": env["cpu_count"],
         "versions": {k: env[k] for k in ("vllm", "torch", "transformers", "python")},

@@ -1,49 +1,81 @@
-"""What clients send and what the server answers: JSON messages, read with the port's rules.
+"""What clients send and what the server answers: JSON messages, read strictly, with the port's rules.
 
 Every input is checked here, before anything reaches the engine, by the same functions the
 in-process rollouts use (`layout.rollout_inputs`, `validate_actions`, ...): a bad context or bad
 actions get the port's own `TerraInputError` (its `.rule`, `.param` and message, see
-`layout.RULES`). What only a server can get wrong (a message that is not JSON, a step before the
-start, a full server) is a `ProtocolError` with a rule of its own (`PROTOCOL_RULES`). Both leave
-as one error message (`error_message`), to that client only.
+`layout.RULES`). What only a server can refuse (a message that is not JSON, an unknown field, a
+step before the start, a full server) is a `ProtocolError` with a rule of its own
+(`PROTOCOL_RULES`). Both leave as one error message (`error_message`), to that client only, with
+`"ends_session"` saying whether the session is over. docs/serving.md is the full reference.
 
-Messages (JSON objects, `"type"` first):
+Messages (JSON objects; every field not listed is refused by name, `unknown_field`):
 
     client -> WS /v1/sessions   {"type": "start", "context": [[P codes] x n_ctx], "actions": [[[x, y, t] x 6] x n_ctx],
-                                 "sampling": {"temperature": 0, "top_k": null, "top_p": 1, "seed": 0}, "image": false}
-                                {"type": "step", "actions": [[x, y, t] x 6]}      (the actions after the last frame)
-                                {"type": "end"}
+                                 "sampling": {...}?, "image": false?}
+                                {"type": "step", "actions": [[x, y, t] x 6]}      (the actions of the last frame)
+                                {"type": "end"}                                   (ends the session and the connection)
     client -> POST /v1/rollouts {"context": ..., "actions": [[[x, y, t] x 6] x (n_ctx + n_frames - 1)], "n_frames": n,
-                                 "sampling": {...}, "image": false}
+                                 "sampling": {...}?, "image": false?}
     server ->                   {"type": "frame", "index": k, "codes": [P codes], "ms": 12.3, "png": "<base64>"?}
-                                {"type": "error", "rule": "...", "param": "...", "message": "..."}
+                                {"type": "error", "rule": "...", "param": "...", "message": "...", "ends_session": b}
                                 {"type": "end", "frames": n, "reason": "..."}
+
+`sampling` (every key optional): `SAMPLING_DEFAULTS`, i.e. temperature 0.9 (0: greedy), top_k null
+(off), top_p 1.0 (off), seed 0 (null: not seeded).
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import math
 from dataclasses import dataclass
 
 import torch
 
-from ..port.engine_limits import check_engine_prompt_frames
+from ..port.engine_limits import check_engine_prompt_frames, max_prompt_frames
 from ..port.layout import FrameLayout, TerraInputError, rollout_inputs, validate_actions
 from ..port.rollout import SamplingConfig
 
 PROTOCOL_RULES = {
     "malformed_json": "the message is not JSON: {error}",
     "bad_message": "{problem}",
-    "no_session": "no session to step: send {{\"type\": \"start\", ...}} first (or again, after an error ended it)",
-    "session_open": "this connection already drives a session: send {{\"type\": \"end\"}} before a new start",
-    "server_full": "the server already serves {n} sessions (its --max-sessions); try again later",
+    "unknown_field": "unknown field \"{field}\" in {where}: did you mean \"{nearest}\"? (known: {known})",
+    "no_session": "no session to step: send {{\"type\": \"start\", ...}} first (after an error with "
+                  "\"ends_session\": true, a new start)",
+    "session_open": "this connection already drives a session (one a connection): step it, or open another "
+                    "connection for a second one ({{\"type\": \"end\"}} ends this session and its connection)",
+    "server_full": "the server already serves {n} sessions and rollouts, its capacity ({why}); try again in a "
+                   "moment",
     "bad_sampling": "bad sampling settings: {problem}",
     "no_decoder": "images were asked for, but this server has no decoder for its model's codes (--decoder)",
     "engine_error": "the engine failed this session ({error}); start a new one",
 }
 """Rule id -> message template of what only a server can refuse (the port's rules: `layout.RULES`)."""
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "seed")
+ENDS_SESSION = frozenset({"server_full", "engine_error"})
+"""Rules whose error ends the session on a WebSocket (with any refusal of the engine itself: an error
+raised while a frame was being made, `engine_refusal`); every other refusal leaves the session as it
+was. On POST /v1/rollouts every error ends the request."""
+
+SAMPLING_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SamplingConfig)}
+"""What a field left out of `sampling` is: `SamplingConfig`'s defaults (temperature 0.9: sampled)."""
+
+FIELDS = {
+    "start": ("type", "context", "actions", "sampling", "image"),
+    "step": ("type", "actions"),
+    "end": ("type",),
+    "rollout": ("context", "actions", "n_frames", "sampling", "image"),
+    "sampling": tuple(SAMPLING_DEFAULTS),
+}
+"""Every field each message (and `sampling`) may carry; any other is refused (`unknown_field`)."""
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The largest WebSocket message the server reads (uvicorn's default): a larger one closes the
+connection with code 1009."""
+
+RETRY_AFTER_S = 1
+"""What a `server_full` answer to POST asks the client to wait (its `Retry-After` header), seconds."""
 
 
 class ProtocolError(ValueError):
@@ -54,10 +86,12 @@ class ProtocolError(ValueError):
         super().__init__(PROTOCOL_RULES[rule].format(**fields))
 
 
-def error_message(err: Exception) -> dict:
-    """The one error message a client gets: the rule, the parameter at fault and the text."""
-    return {"type": "error", "rule": getattr(err, "rule", None), "param": getattr(err, "param", None),
-            "message": str(err)}
+def error_message(err: Exception, ends_session: bool | None = None) -> dict:
+    """The one error message a client gets: the rule, the parameter at fault, the text, and whether
+    the session is over (default: by `ENDS_SESSION`)."""
+    rule = getattr(err, "rule", None)
+    return {"type": "error", "rule": rule, "param": getattr(err, "param", None), "message": str(err),
+            "ends_session": rule in ENDS_SESSION if ends_session is None else ends_session}
 
 
 def frame_message(index: int, codes: list[int], ms: float, png: str | None = None) -> dict:
@@ -80,10 +114,23 @@ def loads(text: str | bytes) -> dict:
 
 
 def message_type(msg: dict, allowed: tuple[str, ...]) -> str:
+    """The message's `type`, one of `allowed`; its fields checked against `FIELDS`."""
     kind = msg.get("type")
     if kind not in allowed:
         raise ProtocolError("bad_message", "type", problem=f"\"type\" must be one of {list(allowed)}, got {kind!r}")
+    check_fields(msg, kind)
     return kind
+
+
+def check_fields(obj: dict, kind: str, where: str | None = None) -> None:
+    """Refuse the first field of `obj` that `FIELDS[kind]` does not list, naming the nearest known one."""
+    known = FIELDS[kind]
+    for name in obj:
+        if name not in known:
+            nearest = (difflib.get_close_matches(str(name), known, n=1, cutoff=0.0) or known)[0]
+            param = f"sampling.{name}" if kind == "sampling" else str(name)
+            raise ProtocolError("unknown_field", param, field=name, nearest=nearest, where=where or f"{'an' if kind == 'end' else 'a'} {kind} message",
+                                known=", ".join(known))
 
 
 def _field(msg: dict, name: str):
@@ -99,35 +146,43 @@ def _int(value, name: str) -> int:
 
 
 def parse_sampling(obj) -> SamplingConfig:
-    """`{"temperature": .., "top_k": .., "top_p": .., "seed": ..}` (each optional; defaults:
-    `SamplingConfig`'s) -> a `SamplingConfig`; temperature 0 is greedy."""
+    """`{"temperature": .., "top_k": .., "top_p": .., "seed": ..}` (each optional: `SAMPLING_DEFAULTS`)
+    -> a `SamplingConfig`; temperature 0 is greedy."""
     if obj is None:
         return SamplingConfig()
     if not isinstance(obj, dict):
-        raise ProtocolError("bad_sampling", "sampling", problem=f"an object of {list(SAMPLING_KEYS)}, got {obj!r}")
-    unknown = sorted(set(obj) - set(SAMPLING_KEYS))
-    if unknown:
-        raise ProtocolError("bad_sampling", "sampling", problem=f"unknown field(s) {unknown}; known: {list(SAMPLING_KEYS)}")
+        raise ProtocolError("bad_sampling", "sampling", problem=f"an object of {list(FIELDS['sampling'])}, got {obj!r}")
+    check_fields(obj, "sampling", "\"sampling\"")
     for key in ("temperature", "top_p"):
         value = obj.get(key)
         if key in obj and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-            raise ProtocolError("bad_sampling", key, problem=f"{key} must be a finite number, got {value!r}")
+            raise ProtocolError("bad_sampling", f"sampling.{key}", problem=f"{key} must be a finite number, got {value!r}")
     for key in ("top_k", "seed"):
         value = obj.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ProtocolError("bad_sampling", key, problem=f"{key} must be an integer or null, got {value!r}")
+            raise ProtocolError("bad_sampling", f"sampling.{key}", problem=f"{key} must be an integer or null, got {value!r}")
     try:
         return SamplingConfig(**obj)
     except ValueError as e:
         raise ProtocolError("bad_sampling", "sampling", problem=e) from None
 
 
-def _codes(value, layout: FrameLayout) -> torch.Tensor:
+def context_limit(layout: FrameLayout, max_model_len: int) -> tuple[int, str]:
+    """(most context frames a start or a rollout may send, why): a session's window holds the
+    context and the frame it makes (`max_prompt_frames`)."""
+    limit = max_prompt_frames(layout, max_model_len)
+    return limit, f"a session's window is {limit + 1} frames and one is left for the frame it makes"
+
+
+def _codes(value, layout: FrameLayout, max_model_len: int) -> torch.Tensor:
     """The context as sent (a list of frames of codes) -> a tensor; the port's rules check it after."""
     P = layout.image_tokens
     if not isinstance(value, list) or not value:
         raise TerraInputError("frames_shape", "context", what="context frames", expected=f"[n_ctx >= 1, {P}]",
                               got=repr(value)[:60])
+    limit, why = context_limit(layout, max_model_len)
+    # Before the port's own bound (a round of 25 frames), so that every too-long context gets one limit.
+    check_engine_prompt_frames(len(value), layout, max_model_len, what="the context", param="context", why=why)
     try:
         return torch.tensor(value)
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
@@ -142,6 +197,19 @@ def _image(msg: dict, can_decode: bool) -> bool:
     if image and not can_decode:
         raise ProtocolError("no_decoder", "image")
     return image
+
+
+def frame_label(row: int, n_ctx: int) -> str:
+    """Row `row` of a start's or a rollout's actions, named as the session counts frames: the
+    context's frames, then the frames it makes (the `index` of their frame messages)."""
+    return f"{row} of the context" if row < n_ctx else str(row - n_ctx)
+
+
+def _actions_at(err: TerraInputError, label) -> TerraInputError:
+    """A NaN found by the port's check (which counts rows of the message) at the session's frame."""
+    if err.rule != "actions_not_finite":
+        return err
+    return TerraInputError("actions_not_finite", err.param, frame=label(err.fields["frame"]), slot=err.fields["slot"])
 
 
 @dataclass
@@ -163,31 +231,39 @@ class Rollout(Start):
 
 def _context(msg: dict, layout: FrameLayout, max_model_len: int, n_frames: int):
     """(context [n_ctx, P], actions [T, 6, 3]) checked as `session_rollout` checks them."""
-    context, actions, batched = rollout_inputs(_codes(_field(msg, "context"), layout), _field(msg, "actions"),
-                                               n_frames, layout)
+    codes = _codes(_field(msg, "context"), layout, max_model_len)
+    try:
+        context, actions, batched = rollout_inputs(codes, _field(msg, "actions"), n_frames, layout)
+    except TerraInputError as err:
+        raise _actions_at(err, lambda row: frame_label(row, len(codes))) from None
     if batched:
         raise TerraInputError("frames_shape", "context", what="context", expected=f"[n_ctx, {layout.image_tokens}]",
                               got=list(context.shape))
-    # A session's window holds the context and one new frame.
-    check_engine_prompt_frames(context.shape[1], layout, max_model_len, what="the context", param="context")
     return context[0], actions[0]
 
 
 def parse_start(msg: dict, layout: FrameLayout, max_model_len: int, can_decode: bool) -> Start:
     """A WS session's start: `actions` covers the context frames (more rows are ignored, as
     `session_rollout` with a policy ignores them)."""
+    check_fields(msg, "start")
     context, actions = _context(msg, layout, max_model_len, 1)
     return Start(context, actions[: context.shape[0]], parse_sampling(msg.get("sampling")),
                  _image(msg, can_decode))
 
 
-def parse_step(msg: dict, layout: FrameLayout) -> torch.Tensor:
-    """A WS step: the actions `[6, 3]` after the last frame."""
-    return validate_actions([_field(msg, "actions")], layout)[0]
+def parse_step(msg: dict, layout: FrameLayout, last_frame: int = 0) -> torch.Tensor:
+    """A WS step: the actions `[6, 3]` of the session's last frame (`last_frame`, its index), which
+    condition the next one."""
+    check_fields(msg, "step")
+    try:
+        return validate_actions([_field(msg, "actions")], layout)[0]
+    except TerraInputError as err:
+        raise _actions_at(err, lambda _: f"{last_frame} (this step's actions)") from None
 
 
 def parse_rollout(msg: dict, layout: FrameLayout, max_model_len: int, can_decode: bool, max_frames: int) -> Rollout:
     """POST /v1/rollouts' body: one rollout, open loop, at most `max_frames` new frames."""
+    check_fields(msg, "rollout", "a rollout")
     n_frames = _int(_field(msg, "n_frames"), "n_frames")
     if n_frames > max_frames:
         raise TerraInputError("too_many_frames", "n_frames", what="n_frames", n=n_frames, limit=max_frames,

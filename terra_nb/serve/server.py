@@ -10,22 +10,30 @@ uvicorn runs (`serve`), never before it. Two ways in:
         server.kv_blocks()                                  # {"free": ..., "total": ...} of the engine core
         server.call(session_rollout(server.engine, ...))    # anything async, on the server's loop
 
-Shutdown (Ctrl-C, SIGTERM, `ServerThread.stop`) first ends every live session (`app.end_sessions`:
-each aborts its engine request and tells its client), then lets uvicorn close, then stops the engine.
+Shutdown (SIGTERM, SIGINT or SIGHUP to the process, Ctrl-C, `ServerThread.stop`) first ends every
+live session (`app.end_sessions`: each aborts its engine request and tells its client), then lets
+uvicorn close and release the port, then stops the engine core and its workers, and only then does
+the process exit (uvicorn alone re-raises the signal once it has closed, and SIGTERM's default
+action would end the process before the engine is stopped, leaving its processes behind).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
 import threading
 from pathlib import Path
 
 import uvicorn
 
-from .app import build_app, end_sessions
+from .app import build_app, end_sessions, session_capacity
 from .engine import close_engine, kv_blocks, make_server_engine
 
-__all__ = ["ServerThread", "TerraServer", "event_loop_factory", "run", "serve"]
+__all__ = ["STOP_SIGNALS", "ServerThread", "TerraServer", "event_loop_factory", "run", "serve"]
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What stops the server cleanly: Ctrl-C, what systemd, Docker and Kubernetes send, a closed terminal."""
 
 
 def event_loop_factory():
@@ -47,23 +55,43 @@ def run(coro):
 
 
 class TerraServer(uvicorn.Server):
-    """uvicorn's server, which ends the live sessions before closing their connections."""
+    """uvicorn's server, which ends the live sessions before closing their connections and leaves
+    the process to the caller once closed: the engine is still to be stopped."""
 
     async def shutdown(self, sockets=None) -> None:
         await end_sessions(self.config.app)
         await super().shutdown(sockets)
 
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """Every one of `STOP_SIGNALS` asks for a graceful exit (uvicorn's `handle_exit`), and none is
+        raised again after it (uvicorn's own does, and SIGTERM's default action kills the process)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach the main thread only: a ServerThread is stopped by `stop()`
+            return
+        before = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
 
 async def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, sock: socket.socket | None = None,
-                metrics: bool = True, decoder: str = "auto", max_sessions: int = 128, max_frames: int = 1000,
+                metrics: bool = True, decoder: str = "auto", max_sessions: int | None = None, max_frames: int = 1000,
                 log_level: str = "info", log_config=uvicorn.config.LOGGING_CONFIG, on_ready=None,
                 engine_args: dict | None = None, engine_shutdown_timeout: float | None = None) -> None:
     """Build the engine on this loop, serve until told to stop, stop the engine.
 
     `sock`: a bound socket to serve on (host/port ignored); `on_ready(server, app)`: called once
     uvicorn listens; `engine_args`: `make_async_engine` overrides (e.g. `max_num_seqs`);
-    `engine_shutdown_timeout`: seconds the engine core gets to exit before vLLM kills it (`close_engine`)."""
-    engine = make_server_engine(model, metrics=metrics, **(engine_args or {}))
+    `max_sessions`: sessions and rollouts at once (None: the engine's `max_num_seqs`; above it an
+    `app.CapacityError` before the engine starts); `engine_shutdown_timeout`: seconds the engine
+    core gets to exit before vLLM kills it (`close_engine`)."""
+    def check(config) -> None:
+        session_capacity(max_sessions, config.scheduler_config.max_num_seqs)
+
+    engine = make_server_engine(model, metrics=metrics, on_config=check, **(engine_args or {}))
     try:
         app = build_app(engine, decoder=decoder, max_sessions=max_sessions, max_frames=max_frames, metrics=metrics)
         # No per-message deflate: a frame's message is a few hundred bytes of codes on a local

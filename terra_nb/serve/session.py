@@ -3,7 +3,7 @@
 `session_rollout` knows every rollout's length and (open loop) its actions up front; a server's
 client does not: it sends the actions of the next frame when it has seen the last one. A
 `WorldSession` drives the same vLLM streaming-input sessions with the same chunks, built by the
-same functions (`frame_request`, `continuation`, `chunk_params`, read by `_read_session`), so a
+same functions (`frame_request`, `continuation`, `chunk_params`, run by `read_session`), so a
 greedy session equals `session_rollout`'s rollout token for token, and a seeded one draws the
 same codes (rollout 0's seeds):
 
@@ -12,8 +12,8 @@ same codes (rollout 0's seeds):
 * `step(actions)` sends `[last code] + 6 slots` with the actions after the last frame, and
   returns the next frame's codes;
 * when a session's window is full (`round_frames`, 25 frames), it is closed and the next step
-  opens a new one on the last `overlap` frames (3), as `layout.plan_rounds` plans a rollout's
-  rounds: a client can drive for as long as it likes;
+  opens a new one on the last `overlap` frames (3), by the rule a rollout's rounds are planned by
+  (`rounds.first_round`, `rounds.next_round`): a client can drive for as long as it likes;
 * `close()` ends the session as `session_rollout` ends one (its input stream closes);
   `abort()` cancels it: `AsyncLLM.generate` then aborts the request, which frees its KV blocks.
 """
@@ -27,7 +27,8 @@ import torch
 from ..port.engine_limits import max_prompt_frames
 from ..port.layout import FrameLayout
 from ..port.rollout import SamplingConfig
-from ..port.session_rollout import _chunks, _read_session, chunk_params, continuation
+from ..port.rounds import Round, first_round, next_round
+from ..port.session_rollout import chunk_params, continuation, input_stream, read_session
 from ..port.vllm_rollout import frame_request
 
 __all__ = ["WorldSession", "round_frames"]
@@ -54,9 +55,9 @@ class WorldSession:
         self.video: list[torch.Tensor] = []  # context and generated frames, [P] each
         self.rows: list[torch.Tensor] = []   # rows[k]: the actions after video frame k, [6, 3]
         self.n_ctx = 0
-        self.rounds = 0
+        self.round: Round | None = None      # the open (or last) round
         self._feed = self._made = self._reader = None
-        self._in_session = 0                 # frames in the open session's prompt and output
+        self._made_in_round = 0              # frames the open round has made
         self._ended: list[asyncio.Task] = []  # readers of closed rounds, finishing
 
     @property
@@ -69,14 +70,14 @@ class WorldSession:
         if self.video:
             raise RuntimeError("a WorldSession starts once")
         self.video, self.rows, self.n_ctx = list(context.long()), list(actions.float()), context.shape[0]
-        self._open(0)
+        self._open(first_round(self.n_ctx, self.round_frames, self.overlap))
         return await self._next_frame()
 
     async def step(self, actions: torch.Tensor) -> list[int]:
         """The actions `[6, 3]` after the last frame -> the next frame's codes."""
         self.rows.append(actions.float())
-        if self._reader is None:  # the last window was full: a new session on the last frames
-            self._open(len(self.video) - self.overlap)
+        if self._reader is None:  # the last round is full: a new session on the last frames
+            self._open(next_round(self.round, self.round_frames, self.overlap))
         else:
             self._feed.put_nowait(self._chunk(continuation(int(self.video[-1][-1]), actions, self.layout)))
         return await self._next_frame()
@@ -102,20 +103,21 @@ class WorldSession:
         # The seed of video frame len(video), rollout 0: what session_rollout gives a batch of one.
         return StreamingInput(prompt, chunk_params(self.sampling, self.layout, 0, len(self.video)))
 
-    def _open(self, start: int) -> None:
-        """A new vLLM session whose first chunk is the window `video[start:]` with its actions."""
-        window = torch.stack(self.video[start:])
-        window_actions = torch.stack(self.rows[start: start + window.shape[0]])
+    def _open(self, round_: Round) -> None:
+        """A new vLLM session for `round_`: its first chunk is the round's window with its actions."""
+        start = round_.start
+        window = torch.stack(self.video[start: start + round_.n_window])
+        window_actions = torch.stack(self.rows[start: start + round_.n_window])
         first = self._chunk(frame_request(window, window_actions, self.layout))
         self._feed, self._made = asyncio.Queue(), asyncio.Queue()
         self._feed.put_nowait(first)
-        request_id = f"terra-serve-{self.tag}-{self.rounds}"
-        self._reader = asyncio.create_task(_read_session(self.engine, _chunks(self._feed), first.sampling_params,
-                                                         request_id, self._made, self.layout))
+        request_id = f"terra-serve-{self.tag}-{round_.index}"
+        self._reader = asyncio.create_task(read_session(self.engine, input_stream(self._feed), first.sampling_params,
+                                                        request_id, self._made, self.layout))
         # Frames and the reader's end arrive in order on one queue: a frame is one plain `get` (the
         # server awaits one a session and frame, so no task or wait is made for it).
         self._reader.add_done_callback(lambda _, made=self._made: made.put_nowait(_ENDED))
-        self._in_session, self.rounds = window.shape[0], self.rounds + 1
+        self.round, self._made_in_round = round_, 0
 
     async def _next_frame(self) -> list[int]:
         """The open session's next frame, or the error that ended the session."""
@@ -126,8 +128,8 @@ class WorldSession:
                 reader.result()  # its error (a refusal stays vLLM's validation error)
             raise RuntimeError(f"session {self.tag} ended before its frame was out")
         self.video.append(torch.tensor(codes, dtype=torch.long))
-        self._in_session += 1
-        if self._in_session >= self.round_frames:
+        self._made_in_round += 1
+        if self._made_in_round >= self.round.n_new:
             self._end_round()
         return codes
 

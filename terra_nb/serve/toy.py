@@ -79,4 +79,4 @@ class ToyDecoder:
         codes = self.tokenizer.encode(clip.frames[:n_context])
         return {"context": codes.tolist(), "actions": clip.actions[:n_context].tolist(),
                 "png": [self.png(c) for c in codes], "speed": round(float(clip.plan.speed((n_context - 1) * DT)), 3),
-                "action_scale": ACTION_SCALE.tolist(), "dt": DT, "waypoints": N_WAYPOINTS}
+                "action_scale": [round(float(x), 6) for x in ACTION_SCALE], "dt": DT, "waypoints": N_WAYPOINTS}

@@ -52,6 +52,9 @@ from .registry import (  # adapted: this project's models
 from .utils import random_audio, random_image, random_video
 
 
+pytestmark = pytest.mark.engine
+
+
 def add_video_metadata(mm_data: MultiModalDataDict) -> MultiModalDataDict:
     """Add metadata to video mm_data."""
 

@@ -56,6 +56,9 @@ logger = init_logger(__name__)
 MINIMAL_MODEL_ARCH_LIST = sorted(HF_EXAMPLE_MODELS.get_supported_archs())  # adapted
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.fixture(autouse=True)
 def cleanup_gpu_memory_between_tests() -> Generator[None, None, None]:
     """Reclaim GPU memory left over by each test's forked subprocess.

@@ -49,6 +49,9 @@ _SPECULATIVE_DECODING_MODELS: dict = {}  # adapted: the project has none
 OURS = sorted(HF_EXAMPLE_MODELS.get_supported_archs())  # adapted: the architectures under test
 
 
+pytestmark = pytest.mark.engine
+
+
 @pytest.mark.parametrize("model_arch", OURS)  # adapted
 def test_registry_imports(model_arch):
     # Skip if transformers version is incompatible

@@ -58,6 +58,9 @@ VideoInput: TypeAlias = (
 AudioInput = list[tuple[np.ndarray, int]]
 
 
+pytestmark = pytest.mark.engine
+
+
 def _resize_data(
     _data: Image.Image | np.ndarray, size_factor: float
 ) -> Image.Image | np.ndarray:

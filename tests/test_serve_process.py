@@ -1,0 +1,224 @@
+"""The server as an operator runs it: `python -m terra_nb.serve` in a process of its own, with
+vLLM's default multiprocess engine (an engine-core process and its workers), on the toy model.
+
+* **Stop signals.** SIGTERM (what systemd, Docker and Kubernetes send), SIGINT (Ctrl-C) and SIGHUP
+  (a closed terminal) to the server's process alone, with sessions open: every session gets its
+  "end" message, and the server's whole process tree (server, `VLLM::EngineCore`, its workers) is
+  gone within 30 s, the port free again.
+* **Capacity.** An engine that schedules 2 sequences at once (`max_num_seqs=2`) and a server that
+  follows it: with 2 sessions open a third start is refused with `server_full` at once, a POST gets
+  503 with `Retry-After`, and the 2 sessions stream on; `/health` tells open, running and refused
+  apart. A `--max-sessions` above the engine's `max_num_seqs` stops the start with a clear error
+  before any engine process starts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from terra_nb.serve.toy import ToyDecoder
+from terra_nb.toyworld.tokenizer import toy_data_dir
+
+pytestmark = pytest.mark.engine
+
+GONE_WITHIN_S = 30
+START_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """A new server could listen on `port` (as uvicorn binds: SO_REUSEADDR, so the closed
+    connections' TIME_WAIT does not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            return True
+        except OSError:
+            return False
+
+
+def server_env() -> dict:
+    """This test run's environment, with vLLM's default engine (a process of its own): the test
+    suite's in-process engine setting is dropped."""
+    env = dict(os.environ)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    return env
+
+
+class ServerProcess:
+    """`python -m terra_nb.serve` on the toy model in a new process group (so that a failed test
+    can still clean up everything it started); `tree()` is the server and every descendant."""
+
+    def __init__(self, tmp_path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp_path / "server.log"
+        cmd = [sys.executable, "-m", "terra_nb.serve", "--model", str(toy_data_dir() / "model"),
+               "--port", str(self.port), "--log-level", "warning", *args]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=server_env(), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def wait_ready(self) -> dict:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the server exited ({self.proc.returncode}):\n{self.output()}"
+            try:
+                return httpx.get(self.url + "/health", timeout=5).json()
+            except httpx.TransportError:
+                time.sleep(0.5)
+        raise TimeoutError(f"the server did not listen within {START_TIMEOUT_S} s:\n{self.output()}")
+
+    def tree(self) -> list[psutil.Process]:
+        root = psutil.Process(self.proc.pid)
+        return [root, *root.children(recursive=True)]
+
+    def cleanup(self) -> None:
+        """Whatever is left of the process group (only after a failure: the tests check it is empty)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+
+
+def alive(processes: list[psutil.Process]) -> list[str]:
+    """Those of `processes` still running (same pid and start time; a zombie is gone)."""
+    left = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {p.name()}")
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+@pytest.fixture
+def toy_start():
+    start = ToyDecoder().start
+    return {"type": "start", "context": start["context"], "actions": start["actions"], "sampling": {"temperature": 0}}
+
+
+def open_session(url: str, start: dict):
+    """A WebSocket session, started: (the connection, its first frame)."""
+    from websockets.sync.client import connect
+
+    ws = connect(url.replace("http", "ws", 1) + "/v1/sessions", open_timeout=60).__enter__()
+    ws.send(json.dumps(start))
+    first = json.loads(ws.recv(timeout=300))
+    assert first["type"] == "frame" and first["index"] == 0, first
+    return ws, first
+
+
+def step(ws, actions) -> dict:
+    ws.send(json.dumps({"type": "step", "actions": actions}))
+    return json.loads(ws.recv(timeout=300))
+
+
+def stop_and_check(server: ServerProcess, sig: int, sessions: list) -> None:
+    """Send `sig` to the server's process alone (as `kill` does): every session is told, and the
+    whole tree is gone within `GONE_WITHIN_S`, its port free."""
+    tree = server.tree()
+    names = " ".join(p.name() for p in tree)
+    assert len(tree) >= 2, f"no engine process under the server ({names}): not vLLM's multiprocess engine"
+    os.kill(server.proc.pid, sig)
+    for ws in sessions:
+        end = json.loads(ws.recv(timeout=GONE_WITHIN_S))
+        assert end["type"] == "end" and end["reason"] == "server shutting down", end
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = alive(tree)
+    assert not left, f"{len(left)} of the server's processes ({names}) left {GONE_WITHIN_S} s after " \
+                     f"{signal.Signals(sig).name}: {left}\n{server.output()}"
+    assert server.proc.wait(5) == 0, server.output()
+    assert port_is_free(server.port), f"port {server.port} still held after {signal.Signals(sig).name}"
+
+
+def test_sigterm_at_capacity_refuses_the_extra_session_at_once_then_stops_every_process(tmp_path, toy_start):
+    server = ServerProcess(tmp_path, "--engine-arg", "max_num_seqs=2")
+    try:
+        health = server.wait_ready()
+        assert health["sessions"] == {"open": 0, "running": 0, "refused": 0, "served": 0, "max": 2}, health
+        assert health["max_num_seqs"] == 2
+        a, first_a = open_session(server.url, toy_start)
+        b, first_b = open_session(server.url, toy_start)
+
+        # the third start: refused at once, the connection closed "try again later" (1013)
+        from websockets.exceptions import ConnectionClosed
+        from websockets.sync.client import connect
+
+        began = time.monotonic()
+        c = connect(server.url.replace("http", "ws", 1) + "/v1/sessions").__enter__()  # the server closes it
+        c.send(json.dumps(toy_start))
+        refusal = json.loads(c.recv(timeout=2))
+        assert time.monotonic() - began < 2
+        assert refusal["rule"] == "server_full" and refusal["ends_session"] is True, refusal
+        assert "max_num_seqs" in refusal["message"], refusal
+        with pytest.raises(ConnectionClosed) as closed:
+            c.recv(timeout=5)
+        assert closed.value.rcvd.code == 1013
+
+        body = {k: toy_start[k] for k in ("context", "actions", "sampling")}
+        body["actions"] = body["actions"] * 2
+        began = time.monotonic()
+        response = httpx.post(server.url + "/v1/rollouts", json={**body, "n_frames": 2}, timeout=2)
+        assert time.monotonic() - began < 2
+        assert response.status_code == 503 and int(response.headers["Retry-After"]) >= 1, response
+        assert response.json()["error"]["rule"] == "server_full"
+
+        # the two open sessions stream on
+        actions = toy_start["actions"][-1]
+        for ws in (a, b):
+            frame = step(ws, actions)
+            assert frame["type"] == "frame" and frame["index"] == 1, frame
+        health = httpx.get(server.url + "/health", timeout=30).json()
+        assert health["sessions"] == {"open": 2, "running": 0, "refused": 2, "served": 2, "max": 2}, health
+        assert health["requests"] == 2, health  # each open session holds its engine request between frames
+
+        stop_and_check(server, signal.SIGTERM, [a, b])
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
+def test_sigint_and_sighup_stop_every_process(tmp_path, toy_start, sig):
+    server = ServerProcess(tmp_path, "--engine-arg", "max_num_seqs=2")
+    try:
+        server.wait_ready()
+        ws, _ = open_session(server.url, toy_start)
+        stop_and_check(server, sig, [ws])
+    finally:
+        server.cleanup()
+
+
+def test_max_sessions_above_the_engine_is_refused_before_the_engine_starts(tmp_path):
+    server = ServerProcess(tmp_path, "--max-sessions", "3", "--engine-arg", "max_num_seqs=2")
+    try:
+        assert server.proc.wait(START_TIMEOUT_S) != 0
+        out = server.output()
+        assert "--max-sessions 3 must lie in 1..2" in out and "max_num_seqs=2" in out, out
+        assert "Traceback" not in out, out
+        assert "EngineCore" not in out, f"an engine core started:\n{out}"
+    finally:
+        server.cleanup()
