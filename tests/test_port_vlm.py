@@ -46,19 +46,6 @@ def test_checkpoint_folder_is_self_contained(ckpt):
     assert text["rope_parameters"]["rope_theta"] == 50000.0
 
 
-def test_a_chat_rendered_text_gets_one_bos_whatever_the_caller_asks(ckpt, images):
-    """A chat template's text starts with `<s>`: vLLM 0.32 tokenizes it with add_special_tokens=False,
-    0.26 with True; either way the prompt starts with one `<s>`, and a plain text still gets its own."""
-    from transformers import AutoProcessor
-
-    proc = AutoProcessor.from_pretrained(ckpt)
-    rendered = proc.tokenizer.apply_chat_template([{"role": "user", "content": "<image> red car"}], tokenize=False)
-    assert rendered.startswith("<s>")
-    asked = [proc(text=rendered, images=[images[0]], add_special_tokens=flag)["input_ids"][0].tolist() for flag in (True, False)]
-    assert asked[0] == asked[1] and asked[0][:2].count(1) == 1
-    assert proc(text="<image> red car", images=[images[0]])["input_ids"][0].tolist() == asked[0]
-
-
 def test_hf_processor_expands_each_image_to_its_patches(ckpt, images):
     from transformers import AutoProcessor
 

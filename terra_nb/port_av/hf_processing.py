@@ -134,10 +134,7 @@ class TinyAVProcessor(ProcessorMixin):
         if audio:
             data.update(self.process_audio(audio))
             text = self.expand(text, AUDIO_TOKEN, data["audio_num_frames"].tolist(), "audio clip(s)")
-        # A text that already starts with `<s>` (a chat template's) gets no second one, whatever
-        # the caller asks: vLLM 0.26 tokenizes chat prompts with add_special_tokens=True.
-        bos = add_special_tokens and not text.startswith(self.tokenizer.bos_token)
-        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=bos)
+        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=add_special_tokens)
         data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
         return BatchFeature(data)
 

@@ -130,10 +130,7 @@ class TinyVLMProcessor(ProcessorMixin):
                 raise ValueError("TinyVLMProcessor takes one text at a time")
             grids = data.get("image_grid_hw", torch.zeros(0, 2, dtype=torch.long))
             expanded = self.expand_image_tokens(texts[0], grids)
-            # A text that already starts with `<s>` (a chat template's) gets no second one, whatever
-            # the caller asks: vLLM 0.26 tokenizes chat prompts with add_special_tokens=True.
-            bos = add_special_tokens and not expanded.startswith(self.tokenizer.bos_token)
-            ids = self.tokenizer(expanded, return_tensors="pt", add_special_tokens=bos)
+            ids = self.tokenizer(expanded, return_tensors="pt", add_special_tokens=add_special_tokens)
             data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
         return BatchFeature(data)
 
