@@ -84,8 +84,8 @@ def _widget_output(model_id, text):
 
 
 def test_clean_outputs_finishes_progress_bars_and_hides_scratch_paths():
-    """A tqdm notebook bar stored as a widget shows "0%" for ever: `clean_outputs` turns it into the
-    line its final state shows; an interactive view stays, its text saying what it is; no widget state or scratch path is kept."""
+    """A tqdm notebook bar stored as a widget shows "0%" for ever: `clean_outputs` drops it (a bar is
+    transient, and the committed notebooks carry no stderr); an interactive view stays, its text saying what it is; no widget state or scratch path is kept."""
     import tempfile
 
     state = {
@@ -103,16 +103,18 @@ def test_clean_outputs_finishes_progress_bars_and_hides_scratch_paths():
     nb.cells[0].outputs = [_widget_output("box", "Loading weights:   0%|          | 0/25"),
                            _widget_output("box2", "Loading shards:   0% Completed | 0/1")]
     nb.cells[1].outputs = [_widget_output("view", "VBox(children=(IntSlider(value=0),))"),
-                           _widget_output("gone", "Loading weights:   0%|          | 0/25")]
+                           _widget_output("gone", "Loading weights:   0%|          | 0/25"),
+                           nbformat.v4.new_output("stream", name="stderr", text="Loading weights: 100%|####| 25/25\n"),
+                           nbformat.v4.new_output("stream", name="stderr", text="a real problem\n")]
     scratch = f"{tempfile.gettempdir()}/tmpab12/out/run.json"
     nb.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"wrote {scratch}\n"),
                            nbformat.v4.new_output("display_data", data={
                                "text/plain": f"{REPO}/data/toy/model and {scratch}"})]
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     nb = nbtools.clean_outputs(nb, state)
-    assert [o.text for o in nb.cells[0].outputs] == ["Loading weights: 100%|##########| 25/25 [00:00<00:00, 1.0it/s]\n",
-                                                     "Loading shards: 100% Completed | 1/1\n"]
-    assert [o.data["text/plain"] for o in nb.cells[1].outputs] == [nbtools.INTERACTIVE_TEXT]
+    assert nb.cells[0].outputs == []
+    assert [o.data["text/plain"] for o in nb.cells[1].outputs[:1]] == [nbtools.INTERACTIVE_TEXT]
+    assert [o.text for o in nb.cells[1].outputs[1:]] == ["a real problem\n"]   # a bar printed as text goes too
     assert nb.cells[1].outputs[0].data[nbtools.WIDGET_VIEW]["model_id"] == "view"
     assert nb.cells[2].outputs[0].text == "wrote $TMPDIR/run.json\n"
     assert nb.cells[2].outputs[1].data["text/plain"] == "data/toy/model and $TMPDIR/run.json"
@@ -132,7 +134,7 @@ def test_clean_outputs_leaves_compared_cells_as_printed():
 
 
 def test_clean_reads_the_stored_widget_state(tmp_path):
-    """`nb.py clean` finishes a stored bar from the widget state the notebook kept in its metadata."""
+    """`nb.py clean` recognises a stored bar from the widget state the notebook kept in its metadata, and drops it."""
     nb = nbtools.make_notebook([("code", "x")])
     nb.cells[0].outputs = [_widget_output("box", "Loading weights:   0%|          | 0/2")]
     state = {"box": ("HBoxModel", {"children": ["IPY_MODEL_l", "IPY_MODEL_b", "IPY_MODEL_r"]}),
@@ -143,5 +145,5 @@ def test_clean_reads_the_stored_widget_state(tmp_path):
     nbformat.write(nb, tmp_path / "01_x.ipynb")
     nbtools.clean_in_place(tmp_path / "01_x.ipynb")
     nb = nbformat.read(tmp_path / "01_x.ipynb", as_version=4)
-    assert [o.text for o in nb.cells[0].outputs] == ["Loading weights: 100%|##########| 2/2\n"]
+    assert nb.cells[0].outputs == []
     assert "widgets" not in nb.metadata
