@@ -163,7 +163,9 @@ def get_model_ids_to_test():
         )
     }
 
-    return _get_model_ids_to_test(vllm_only_archs)
+    # adapted: sorted, so that every pytest-xdist worker collects the same order (a set's order
+    # follows the process's string hashing)
+    return sorted(_get_model_ids_to_test(vllm_only_archs))
 
 
 def get_transformers_backend_model_ids_to_test():
