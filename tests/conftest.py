@@ -101,15 +101,11 @@ def layout(llm):
 
 
 # ---------------------------------------------------------------------------- shared vLLM engines
-# A vLLM engine takes seconds to start and holds GiBs, so modules that need the same engine share
-# one session fixture (SHARED_ENGINES) instead of building their own. Without pytest-xdist (the GPU
-# runner: one process) it is shut down right after the last test that uses it, so that a process
-# holds few engines at a time (on a GPU each is capped by $TERRA_NB_GPU_MEMORY_UTILIZATION). Under
-# xdist (`--dist loadfile`) each worker that runs a user builds its own and keeps it to the end:
-# a worker cannot know which of the remaining modules it will be given.
+# The engines several modules use (SHARED_ENGINES) are module fixtures defined once here: each
+# module builds its own and shuts it down after its last test, so that no engine outlives its module
+# in a pytest process (an in-process engine's model-parallel state would meet the next module's).
 SHARED_ENGINES = ("tiny_llm", "tiny_vlm_llm")
 _engines: dict = {}
-_last_user: dict = {}
 
 
 def _gpu_share() -> dict:
@@ -132,7 +128,7 @@ def _shutdown(name: str) -> None:
         shutdown_llm(engine)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tiny_llm(tiny_ckpt):
     """A vLLM engine on `tiny_ckpt` with `make_llm`'s defaults and vLLM's stats on (its prefix-cache
     counters can be read), shared by every module that needs exactly this engine."""
@@ -151,7 +147,7 @@ def tiny_vlm_ckpt(tmp_path_factory):
     return write_random_checkpoint(tmp_path_factory.mktemp("tiny_vlm"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tiny_vlm_llm(tiny_vlm_ckpt, tmp_path_factory):
     """TinyVLM's offline engine (`port_vlm.vllm_engine.make_llm`, eager, the encoder-call counter
     installed), shared by tests/test_port_vlm_engine.py and tests/test_vllm_serve_vlm.py (vLLM finds
@@ -165,24 +161,6 @@ def tiny_vlm_llm(tiny_vlm_ckpt, tmp_path_factory):
     images_encoded(_engines["tiny_vlm_llm"])  # installs the counter
     yield _engines["tiny_vlm_llm"]
     _shutdown("tiny_vlm_llm")
-
-
-def pytest_collection_finish(session):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    for name in SHARED_ENGINES:
-        users = [it for it in session.items if name in getattr(it, "fixturenames", ())]
-        if users:
-            _last_user[name] = users[-1]
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item, nextitem):
-    """Shut a shared engine down after its last test (its fixture's own teardown, at the end of the
-    session, then finds nothing left to do)."""
-    for name, last in _last_user.items():
-        if item is last:
-            _shutdown(name)
 
 
 # ---------------------------------------------------------------------------- the benchmark's CLI

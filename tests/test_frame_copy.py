@@ -218,7 +218,8 @@ def _ngram_in_a_forked_process(tmp) -> dict:
     import multiprocessing as mp
 
     out = tmp / "ngram.pt"
-    ctx = mp.get_context("spawn" if torch.cuda.is_initialized() else "fork")
+    # spawn: a fork of a worker in which an engine has run (another module's) can hang in OpenMP
+    ctx = mp.get_context("spawn")
     proc = ctx.Process(target=_ngram_run, args=(str(out),))
     proc.start()
     proc.join(timeout=600)

@@ -140,8 +140,9 @@ def clean_outputs(nb: nbformat.NotebookNode, widgets: dict | None = None) -> nbf
     temporary directory is shown as `$TMPDIR/name`, one in this repository relative to it).
     `# NBVAL_CHECK_OUTPUT` cells are left as the kernel printed them."""
     widgets = widgets or {}
-    tmp = re.compile(r"(?<![\w.])" + re.escape(tempfile.gettempdir().rstrip("/")) + r"/(?:[\w.-]+/)*"
-                     r"|" + re.escape(str(REPO)) + r"/")
+    # the repository first: a checkout may itself live under the temporary directory
+    tmp = re.compile(re.escape(str(REPO)) + r"/"
+                     r"|(?<![\w.])" + re.escape(tempfile.gettempdir().rstrip("/")) + r"/(?:[\w.-]+/)*")
     for cell in nb.cells:
         if "NBVAL_CHECK_OUTPUT" in cell.source:
             continue   # nbval compares these outputs with the next run's: they stay as printed (such a
