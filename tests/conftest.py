@@ -105,7 +105,6 @@ def layout(llm):
 # module builds its own and shuts it down after its last test, so that no engine outlives its module
 # in a pytest process (an in-process engine's model-parallel state would meet the next module's).
 SHARED_ENGINES = ("tiny_llm", "tiny_vlm_llm")
-_engines: dict = {}
 
 
 def _gpu_share() -> dict:
@@ -120,12 +119,10 @@ def _gpu_share() -> dict:
     return gpu_engine_args(0.3, enforce_eager=True) if torch.cuda.is_available() else {}
 
 
-def _shutdown(name: str) -> None:
-    engine = _engines.pop(name, None)
-    if engine is not None:
-        from terra_nb.port.vllm_compat import shutdown_llm
+def _shutdown(engine) -> None:
+    from terra_nb.port.vllm_compat import shutdown_llm
 
-        shutdown_llm(engine)
+    shutdown_llm(engine)
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +131,9 @@ def tiny_llm(tiny_ckpt):
     counters can be read), shared by every module that needs exactly this engine."""
     from terra_nb.port.vllm_rollout import make_llm
 
-    _engines["tiny_llm"] = make_llm(tiny_ckpt, disable_log_stats=False, **_gpu_share())
-    yield _engines["tiny_llm"]
-    _shutdown("tiny_llm")
+    engine = make_llm(tiny_ckpt, disable_log_stats=False, **_gpu_share())
+    yield engine
+    _shutdown(engine)
 
 
 @pytest.fixture(scope="session")
@@ -157,10 +154,10 @@ def tiny_vlm_llm(tiny_vlm_ckpt, tmp_path_factory):
     from test_port_vlm_engine import _ensure_entry_point
 
     _ensure_entry_point(tmp_path_factory)
-    _engines["tiny_vlm_llm"] = make_llm(tiny_vlm_ckpt, worker_extension_cls=ENCODER_COUNT_EXTENSION, enforce_eager=True)
-    images_encoded(_engines["tiny_vlm_llm"])  # installs the counter
-    yield _engines["tiny_vlm_llm"]
-    _shutdown("tiny_vlm_llm")
+    engine = make_llm(tiny_vlm_ckpt, worker_extension_cls=ENCODER_COUNT_EXTENSION, enforce_eager=True)
+    images_encoded(engine)  # installs the counter
+    yield engine
+    _shutdown(engine)
 
 
 # ---------------------------------------------------------------------------- the benchmark's CLI

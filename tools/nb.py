@@ -34,7 +34,6 @@ stored outputs do not show, except the few in `FIXED_FIGURES` (the seed's figure
 from __future__ import annotations
 
 import ast
-import html
 import re
 import sys
 import tempfile
@@ -116,26 +115,18 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 INTERACTIVE_TEXT = "(an interactive widget: run the notebook to use it)"
 
 
-def progress_text(model_id: str, widgets: dict) -> str | None:
-    """The line a finished tqdm notebook bar shows ("Loading weights: 100%|##########| 25/25 [...]"),
-    from the widgets' final state; None when `model_id` is not a progress bar (an interactive view)."""
+def is_progress_bar(model_id: str, widgets: dict) -> bool:
+    """Whether the widget `model_id` is a tqdm notebook bar (a box of text, bar, text), by the
+    widgets' final state; an interactive view is not."""
     box = widgets.get(model_id, {})
     parts = [widgets.get(c.removeprefix("IPY_MODEL_"), {}) for c in box.get("children", [])]
     bars = [w for w in parts if w.get("_model_name") in ("FloatProgressModel", "IntProgressModel")]
-    if len(parts) != 3 or len(bars) != 1:
-        return None
-    left, bar, right = parts
-    full = int(round(10 * bar.get("value", 0) / bar["max"])) if bar.get("max") else 10
-    if not left.get("value", "").strip():   # a bar_format without {bar}: tqdm shows its text on the right
-        text = right.get("value", "")
-    else:
-        text = f"{left['value']}|{'#' * full}{' ' * (10 - full)}| {right.get('value', '')}"
-    return re.sub(r" +", " ", html.unescape(text).replace("\u2007", " ")).strip()
+    return len(parts) == 3 and len(bars) == 1
 
 
 def clean_outputs(nb: nbformat.NotebookNode, widgets: dict | None = None) -> nbformat.NotebookNode:
-    """Stored outputs a reader can trust: a progress widget becomes the text its bar ended on (a
-    stored widget shows the state it was displayed in, "0%", for ever), no widget state is kept in
+    """Stored outputs a reader can trust: no progress bar (a stored widget shows the state it was
+    displayed in, "0%", for ever, and a bar's text would be stderr), no widget state is kept in
     the notebook's metadata, and a scratch directory is never printed (a path under the system's
     temporary directory is shown as `$TMPDIR/name`, one in this repository relative to it).
     `# NBVAL_CHECK_OUTPUT` cells are left as the kernel printed them."""
@@ -150,10 +141,9 @@ def clean_outputs(nb: nbformat.NotebookNode, widgets: dict | None = None) -> nbf
         outs = []
         for out in cell.get("outputs", []):
             view = out.get("data", {}).get(WIDGET_VIEW)
-            line = progress_text(view["model_id"], widgets) if view else None
-            if view and line is None and _looks_like_progress(out):
-                line = ""   # a bar whose state never arrived: drop it rather than show it frozen
-            if line is not None or _is_bar_text(out):   # a bar is transient: none is stored (no stderr either)
+            # a bar is transient: none is stored (no stderr either), whether its state arrived or not
+            bar = view and (is_progress_bar(view["model_id"], widgets) or _looks_like_progress(out))
+            if bar or _is_bar_text(out):
                 continue
             if view:   # an interactive view: without a kernel, say so instead of its repr
                 out["data"]["text/plain"] = INTERACTIVE_TEXT
