@@ -40,6 +40,17 @@ def test_profile_sections_phases_and_kernels(profiles):
             assert s["wall_s"] > 0 and s["top_own"] and s["top_cum"]
             assert s["phases"]["engine_step"] > 0 and s["phases"]["model_runner"] > 0
         assert [k["steps"] for k in res["kernels"]] == [4, 4] and res["kernels"][0]["top_cpu"]
+    # Where a decode step goes, clocked around the engine's own calls at 1 rollout and at the batch:
+    # every phase is found in this vLLM and clocked once a step, and the core's step encloses its calls
+    for res in (port, stock):
+        assert [st["batch"] for st in res["steps"]] == [1, 2]
+        for st in res["steps"]:
+            assert st["steps"] >= 4 and set(st["phase_calls"]) == set(profiling.STEP_PHASES)
+            assert all(n == st["steps"] for n in st["phase_calls"].values()), st["phase_calls"]
+            parts = st["parts_ms_per_step"]
+            assert None not in parts.values() and min(parts.values()) >= 0, parts
+            assert sum(parts.values()) == pytest.approx(st["wall_ms_per_step"], rel=1e-3)
+            assert parts["forward"] > parts["sampling"] > 0
     # Our processor runs for the port's requests only; stock has no multimodal path at all.
     assert port["sections"][0]["phases"]["our_processor"] > 0
     assert stock["sections"][0]["phases"]["our_processor"] == 0
@@ -81,3 +92,20 @@ def test_phases_around_the_forward_are_clocked_not_read_from_cprofile():
     res = profiling.profiled(lambda: llm_mp.llm_engine.engine_core.get_output(), "mp", profiling.engine_targets(llm_mp))
     assert res["phases"]["engine_step"] >= 0.02 and res["phases"]["model_runner"] == 0
     assert set(res["phases"]) == set(profiling.PHASES)
+
+
+def test_kernels_are_told_apart_by_name_attention_before_matmul():
+    """FlashAttention's Hopper kernels are CUTLASS kernels: attention must win over matmul."""
+    assert profiling.kernel_kind("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90") == "attention"
+    assert profiling.kernel_kind("nvjet_sm90_tst_128x8_64x12_4x1_v_bz_TNT") == "matmul"
+    assert profiling.kernel_kind("void cutlass::device_kernel<cutlass_3x_scaled_mm_sm90_fp8") == "matmul"
+    assert profiling.kernel_kind("void vllm::rms_norm_kernel<c10::BFloat16>") == "other"
+
+
+def test_step_parts_split_a_step_without_overlap():
+    phases = dict(engine_core=10.0, schedule=1.0, execute_model=4.0, prepare_inputs=1.5, sample_tokens=2.0, sampler=1.0,
+                  update_from_output=0.5, output_processing=0.25)
+    parts = profiling.step_parts(phases, wall_ms=11.0)
+    assert parts == dict(scheduler=1.5, input_preparation=1.5, sampling=1.0, forward=3.5, waiting_for_gpu=2.5,
+                         output_processing=0.25, front_end_rest=0.75)
+    assert profiling.step_parts({k: v for k, v in phases.items() if k != "sampler"}, 11.0)["sampling"] is None

@@ -55,6 +55,7 @@ def main(argv=None):
     pr.add_argument("--ckpt-root", default="checkpoints")
     pr.add_argument("--out", required=True)
     pr.add_argument("--engine-kwargs", type=json.loads, default={}, help='JSON engine arguments, e.g. \'{"max_num_seqs": 64}\'')
+    pr.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale")
     from terra_nb.bench.profiling import ProfileSpec
 
     for f in dataclasses.fields(ProfileSpec):   # --batch, --decode-steps, --n-ctx, ...
@@ -67,11 +68,16 @@ def main(argv=None):
     elif a.cmd == "quality":
         _quality(a)
     elif a.cmd == "profile":
+        import os
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the step clocks reach into the engine core
         from terra_nb.bench.profiling import ProfileSpec, profile_side, summary_lines
         from terra_nb.bench.workload import checkpoint
 
         spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
         res = profile_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, spec, a.engine_kwargs)
+        if a.commit:
+            res = dict(res, env=dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit))
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print("\n".join(summary_lines(res)))
