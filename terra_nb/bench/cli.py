@@ -4,6 +4,7 @@
     python -m terra_nb.bench remake results/pairs/<file>.json --out <new file>
     python -m terra_nb.bench quality --out results/faster/<machine>_quality_toy.json
     python -m terra_nb.bench profile --engine port --out <file>.json
+    python -m terra_nb.bench acceptance --out results/faster/cpu_spec_acceptance_toy.json
     python -m terra_nb.bench headline
 
 `pairs` runs a named plan (bench/plans.py): every side alive in its own process, trials in turn,
@@ -61,6 +62,12 @@ def main(argv=None):
     for f in dataclasses.fields(ProfileSpec):   # --batch, --decode-steps, --n-ctx, ...
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
         pr.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+    acc = sub.add_parser("acceptance", help="frame copy's acceptance per draft position on the toy model, counted by "
+                         "vLLM and simulated on the same greedy clips (bench/faster.py: acceptance_run), write JSON")
+    acc.add_argument("--out", required=True)
+    acc.add_argument("--k", type=int, default=8)
+    acc.add_argument("--clips", type=int, default=8)
+    acc.add_argument("--frames", type=int, default=12)
     sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
     if a.cmd in ("pairs", "remake"):
@@ -81,6 +88,17 @@ def main(argv=None):
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print("\n".join(summary_lines(res)))
+    elif a.cmd == "acceptance":
+        import os
+        import shlex
+        import sys
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from terra_nb.bench.faster import acceptance_run
+
+        res = dict(acceptance_run(a.k, a.clips, a.frames),
+                   command="python -m terra_nb.bench " + " ".join(shlex.quote(x) for x in sys.argv[1:]))
+        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     else:
         from terra_nb.bench.headline import headline_markdown
 

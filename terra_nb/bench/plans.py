@@ -84,9 +84,8 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed", "faster_fp8kv", "faster_fp8w",
-              "faster_spec_terra", "faster_spec_toy", "smoke_faster",
-              "faster_spec_toy_greedy", "faster_fp8kv_long", "guide_fp8", "guide_sync", "guide_long", "smoke_guide")
+PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed", "faster_spec_terra", "faster_spec_toy",
+              "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long", "smoke_guide")
 
 
 def notebook_plan(device_type: str, preset: str) -> Plan:
@@ -148,41 +147,11 @@ def faster_plan(preset: str, shared: dict, sides: dict[str, tuple[str, dict]], b
     return Plan(preset, n_ctx, _sides(shared, sides), blocks, out)
 
 
-FP8_KV_TARGET = {128: 1.15}
-"""FP8 KV at least 1.15x bf16's frames/s at 128 rollouts: the KV cache is most of a step's reads there,
-so halving it should show (the memory floor predicts up to about 1.5x)."""
-
 SPEC_TOY_TARGET = {1: 1.5}
 """Frame copy at least 1.5x the same engine's speed on the toy model at 1 rollout, greedy: worth a
 custom proposer only if it clearly beats the engine without one."""
 
 _KV_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.28)   # three engines on one GPU
-
-
-def fp8_kv_plan(trials: int = 5) -> Plan:
-    """Terra shape: the port in bf16, with FP8 KV, and stock vLLM, at 1 and 128 rollouts."""
-    return faster_plan("terra", _KV_SHARE, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV), "stock": ("stock", {})},
-                       {1: 6, 128: 3}, [("port_fp8kv", "port", ("kv_cache_dtype",), FP8_KV_TARGET),
-                                        ("port", "stock", (), {})], trials)
-
-
-_KV_LONG_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.42)   # two engines; 128 x 12 frames of bf16 KV is 20 GB
-
-
-def fp8_kv_long_plan(trials: int = 5) -> Plan:
-    """FP8 KV where decoding dominates: 128 rollouts generating 9 frames each after the 3-frame
-    context (3 frames, as `fp8_kv_plan` has it, leave each trial mostly the context's prefill, which
-    FP8 KV does not speed up). Only the pair with a target: the port with and without it."""
-    return faster_plan("terra", _KV_LONG_SHARE, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV)},
-                       {128: 9}, [("port_fp8kv", "port", ("kv_cache_dtype",), FP8_KV_TARGET)], trials)
-
-
-def fp8_weights_plan(trials: int = 5) -> Plan:
-    """Terra shape: the port in bf16, with FP8 KV, and with FP8 KV + FP8 weights, at 1 and 128 rollouts."""
-    return faster_plan("terra", _KV_SHARE, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV),
-                                            "port_fp8": ("port", FP8_WEIGHTS)},
-                       {1: 6, 128: 3}, [("port_fp8", "port", ("kv_cache_dtype", "quantization"), {}),
-                                        ("port_fp8", "port_fp8kv", ("quantization",), {})], trials)
 
 
 def spec_terra_plan(trials: int = 5) -> Plan:
@@ -236,7 +205,7 @@ def guide_plan(share: float, blocks: dict[tuple[int, str], tuple[str, ...]], tri
     """The port as it ships and the settings of `GUIDE_SETTINGS` that `blocks` name: (batch, video)
     -> the settings run there beside `port`, each compared with it. Every side gets the memory share
     `share` (`check_pair` compares it); no targets: the guide's verdict is whether the interval
-    clears 1 (`faster.guide_verdict`)."""
+    clears 1 (`guide.guide_verdict`)."""
     used = [n for n in GUIDE_SETTINGS if any(n in names for names in blocks.values())]
     sides = _sides(dict(shared, gpu_memory_utilization=share),
                    {"port": ("port", {}), **{n: ("port", GUIDE_SETTINGS[n][0]) for n in used}})
@@ -283,9 +252,6 @@ def smoke_guide_plan() -> Plan:
                       shared=CPU_SHARED)
 
 FASTER_PLANS = {
-    "faster_fp8kv": fp8_kv_plan,
-    "faster_fp8kv_long": fp8_kv_long_plan,
-    "faster_fp8w": fp8_weights_plan,
     "faster_spec_terra": spec_terra_plan,
     "faster_spec_toy": lambda: spec_toy_plan(_TOY_SHARE, {1: 12, 4: 12}),
     "faster_spec_toy_greedy": lambda: spec_toy_plan(_TOY_SHARE, {1: 12}, ks=(8, 16), sessions=False, temperature=0.0,
