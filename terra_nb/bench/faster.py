@@ -15,7 +15,7 @@ quality run, the acceptance run) and, on the CPU, from the toy world:
   from the quality file.
 
 Every function here is pure (files in, numbers out) except the loaders and the toy-world helpers,
-which build clips on the CPU (no engine).
+which build clips on the CPU, and `acceptance_run`, which starts one engine there.
 """
 from __future__ import annotations
 
