@@ -109,3 +109,13 @@ def test_step_parts_split_a_step_without_overlap():
     assert parts == dict(scheduler=1.5, input_preparation=1.5, sampling=1.0, forward=3.5, waiting_for_gpu=2.5,
                          output_processing=0.25, front_end_rest=0.75)
     assert profiling.step_parts({k: v for k, v in phases.items() if k != "sampler"}, 11.0)["sampling"] is None
+
+
+def test_a_step_breakdown_without_the_engine_core_in_reach_says_so():
+    """An engine core in its own process: nothing to clock, recorded as an error, not raised (the
+    profile's other sections still come back from a one-shot GPU run)."""
+    from types import SimpleNamespace
+
+    llm = SimpleNamespace(llm_engine=SimpleNamespace())
+    res = profiling.step_breakdown(llm, lambda: None, 4)
+    assert res["batch"] == 4 and "VLLM_ENABLE_V1_MULTIPROCESSING=0" in res["error"]

@@ -73,3 +73,5 @@ def test_step_rows_put_the_step_beside_its_kernels_and_its_floor():
     assert rows[0]["memory floor (ms)"] == pytest.approx(1e3 * floor_1, abs=1e-3) and rows[0]["GPU busy"] == "75%"
     fig = guide.step_breakdown_plot(_profile(), cfg)
     assert len(fig.axes) == 2 and len(fig.axes[0].patches) == 7 + 3   # the host's seven parts, three kinds of kernel
+    failed = dict(_profile(), steps=[dict(batch=1, wall_s=0.1, error="no engine step was clocked")] + _profile()["steps"][1:])
+    assert [r["rollouts"] for r in guide.step_rows(failed, cfg)] == [128] and len(guide.step_breakdown_plot(failed, cfg).axes) == 1

@@ -126,7 +126,7 @@ def step_rows(profile: Mapping, config) -> list[dict]:
     layout = FrameLayout.from_config(config)
     spec, rows = profile["spec"], []
     kernels = {k["label"].split(" x ")[0].removeprefix("decode: "): k for k in profile.get("kernels", [])}
-    for st in profile["steps"]:
+    for st in (st for st in profile["steps"] if "error" not in st):
         ctx = spec["n_ctx"] * layout.frame_len + spec["decode_steps"] / 2
         floor = roofline.decode_step_floor_s(config, st["batch"], ctx, roofline.bandwidth_of(profile["env"]["device"]))
         gpu_us = (kernels.get(str(st["batch"])) or {}).get("device_us_per_step")
@@ -151,7 +151,7 @@ def step_breakdown_plot(profile: Mapping, config, title: str = "", save=None):
 
     from terra_nb.workbook.viz import save_figure
 
-    steps = profile["steps"]
+    steps = [st for st in profile["steps"] if "error" not in st]
     kernels = {k["label"].split(" x ")[0].removeprefix("decode: "): k for k in profile.get("kernels", [])}
     floors = {r["rollouts"]: r["memory floor (ms)"] for r in step_rows(profile, config)}
     fig = Figure(figsize=(4.2 * len(steps), 3.8), layout="constrained")
