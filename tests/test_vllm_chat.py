@@ -20,6 +20,7 @@ from PIL import Image
 import vllm
 from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 from vllm.entrypoints.llm import LLM
+from vllm.platforms import current_platform
 from vllm.renderers import renderer_from_config
 from transformers import AutoProcessor
 from terra_nb.port_av.vllm_plugin import register as register_av
@@ -38,8 +39,10 @@ out = {"version": vllm.__version__}
 for port in ("vlm", "av"):
     d = f"{root}/{port}"
     mc = ModelConfig(model=d, dtype="float32", max_model_len=512)
+    # the platform's device; none where 0.26's source runs beside a CPU-only torch (its renderer needs none)
+    device = DeviceConfig(device=current_platform.device_type or "cpu")
     llm = types.SimpleNamespace(model_config=mc, chat_template=None,  # what `_preprocess_chat` reads
-                                renderer=renderer_from_config(VllmConfig(model_config=mc, device_config=DeviceConfig(device="cpu"))))
+                                renderer=renderer_from_config(VllmConfig(model_config=mc, device_config=device)))
     hf = AutoProcessor.from_pretrained(d)
     for name, content in chats.items():
         (got,) = LLM._preprocess_chat(llm, [[{"role": "user", "content": content}]])
