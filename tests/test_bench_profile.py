@@ -81,3 +81,44 @@ def test_phases_around_the_forward_are_clocked_not_read_from_cprofile():
     res = profiling.profiled(lambda: llm_mp.llm_engine.engine_core.get_output(), "mp", profiling.engine_targets(llm_mp))
     assert res["phases"]["engine_step"] >= 0.02 and res["phases"]["model_runner"] == 0
     assert set(res["phases"]) == set(profiling.PHASES)
+
+
+@pytest.fixture(scope="module")
+def front_end(tmp_path_factory, bench_main):
+    """`python -m terra_nb.bench frontend` on the port, tiny shape, 1 and 2 frames, 1 and 2 requests a call."""
+    tmp = tmp_path_factory.mktemp("frontend")
+    stdout = bench_main(["frontend", "--engine", "port", "--preset", "tiny", "--ckpt-root", str(tmp / "ckpt"),
+                         "--engine-kwargs", '{"enforce_eager": true}', "--frames", "1,2", "--batches", "1,2",
+                         "--repeats", "2", "--out", str(tmp / "port.json")])
+    assert "port 2 frames x 2:" in stdout
+    return json.loads((tmp / "port.json").read_text())
+
+
+def test_front_end_per_request_and_its_parts(front_end):
+    rows = front_end["front_end"]
+    assert [(r["frames"], r["batch"]) for r in rows] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [r["prompt_tokens"] for r in rows] == [70, 70, 140, 140]
+    assert front_end["command"].startswith("python -m terra_nb.bench frontend") and front_end["env"]["vllm"]
+    for r in rows:
+        assert len(r["front_end_ms_per_request_trials"]) == 2 and r["front_end_ms_per_request"] > 0
+        parts = r["parts_ms_per_request"]
+        # the engine core ran in this process: its add_request and the block hashes are in the enqueue
+        assert parts["render"] > 0 and parts["process_inputs"] > 0 and parts["engine_add_request"] > 0
+        assert 0 < parts["our_processor"] < parts["render"] and parts["block_hashes"] > 0
+        assert parts["mm_receiver_cache"] == 0  # make_llm keeps no multimodal processor cache
+
+
+def test_front_end_record_rows_and_comparison(front_end):
+    stock = dict(front_end, engine="stock",
+                 front_end=[dict(r, front_end_ms_per_request=r["front_end_ms_per_request"] / 2) for r in front_end["front_end"]])
+    rec = profiling.front_end_record({"stock": stock, "port": front_end}, "abc1234", "cmd")
+    assert rec["commit"] == "abc1234" and rec["versions"]["vllm"] == front_end["env"]["vllm"]
+    rows = profiling.front_end_rows(rec)
+    assert rows[0]["frames"] == 1 and rows[0]["requests a call"] == 1
+    assert rows[0]["port, ms"] == pytest.approx(2 * rows[0]["stock, ms"])
+    cmp = profiling.compare_front_end(front_end, stock)
+    assert [c["ratio"] for c in cmp] == [2.0] * 4
+    from terra_nb.bench.plots import front_end_plot
+
+    fig = front_end_plot(rec)
+    assert len(fig.axes) == 2 and [line.get_label() for line in fig.axes[0].lines] == ["stock", "port"]

@@ -5,6 +5,10 @@
 #   bash tools/gpu.sh pairs     the interleaved comparisons (bench/plans.py; PLANS picks plans, default the
 #                               headline's two): one plan a GPU, side by side; a lane may chain plans with "+"
 #   bash tools/gpu.sh profile   cProfile + torch.profiler of the port, then of stock vLLM Llama (bench/profiling.py)
+#   bash tools/gpu.sh frontend  the front end's time per request at 3..12 frames and profile's sections, at 1,
+#                               32 and 128 requests a call (bench/profiling.py): SIDES picks among port, stock
+#                               and port_cache (the port with vLLM's multimodal processor cache on, as it was
+#                               before make_llm turned it off), default all three; ~4 min a side on an H100
 #   bash tools/gpu.sh hf_probe  HF's decode step at KV lengths new to the process vs the same lengths
 #                               again, per SDPA backend (bench/hf_probe.py)                 ~1.5 min
 #   bash tools/gpu.sh toy       the toy model's training sweep (TOY_RUNS='name:steps=12000 ...')   ~10 min a run
@@ -49,6 +53,19 @@ case "$1" in
       python3 -m terra_nb.bench profile --engine "$e" --ckpt-root /tmp/ckpt --out "$OUT/profile_$e.json" \
         > "$OUT/log_profile_$e.txt" 2>&1 || rc=1
       grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)" "$OUT/log_profile_$e.txt" | tail -40
+    done
+    exit $rc ;;
+  # One engine a side: the front end by prompt length and batch, then profile's sections on the same engine.
+  frontend) rc=0
+    for side in ${SIDES:-port stock port_cache}; do
+      case "$side" in
+        port_cache) args=(--engine port --engine-kwargs '{"mm_processor_cache_gb": 4}') ;;
+        *) args=(--engine "$side") ;;
+      esac
+      python3 -m terra_nb.bench frontend "${args[@]}" --preset terra --ckpt-root "${CKPT_ROOT:-/tmp/ckpt_0}" \
+        --frames 3,6,9,12 --batches 1,32,128 --profile-batches "${PROFILE_BATCHES:-1,32,128}" ${COMMIT:+--commit "$COMMIT"} \
+        --out "$OUT/frontend_$side.json" > "$OUT/log_frontend_$side.txt" 2>&1 || rc=1
+      grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)" "$OUT/log_frontend_$side.txt" | grep -E "frames x|Error|error" | tail -14
     done
     exit $rc ;;
   # Is HF's slow first video a one-time cost per new KV length? (load + probe < 90 s)
@@ -112,5 +129,5 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
       [ -f "$f" ] && { echo "-- $f"; grep -E "^port|^session|^stock|^\[|Error|error|verdict" "$f" | tail -14; }
     done
     exit $rc ;;
-  *) echo "unknown part $1 (pairs|profile|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
+  *) echo "unknown part $1 (pairs|profile|frontend|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
 esac
