@@ -108,11 +108,18 @@ def test_front_end_per_request_and_its_parts(front_end):
         assert parts["mm_receiver_cache"] == 0  # make_llm keeps no multimodal processor cache
 
 
-def test_front_end_record_rows_and_comparison(front_end):
+def test_front_end_record_rows_and_comparison(front_end, tmp_path, bench_main):
     stock = dict(front_end, engine="stock",
                  front_end=[dict(r, front_end_ms_per_request=r["front_end_ms_per_request"] / 2) for r in front_end["front_end"]])
-    rec = profiling.front_end_record({"stock": stock, "port": front_end}, "abc1234", "cmd")
+    for name, res in (("stock", stock), ("port", front_end)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+    stdout = bench_main(["frontend-record", "--side", f"stock={tmp_path / 'stock.json'}", "--side",
+                         f"port={tmp_path / 'port.json'}", "--commit", "abc1234", "--run", "cmd",
+                         "--out", str(tmp_path / "rec.json")])
+    assert "port, ms" in stdout
+    rec = json.loads((tmp_path / "rec.json").read_text())
     assert rec["commit"] == "abc1234" and rec["versions"]["vllm"] == front_end["env"]["vllm"]
+    assert list(rec["sides"]) == ["stock", "port"] and rec["date"] == front_end["env"]["date"]
     rows = profiling.front_end_rows(rec)
     assert rows[0]["frames"] == 1 and rows[0]["requests a call"] == 1
     assert rows[0]["port, ms"] == pytest.approx(2 * rows[0]["stock, ms"])

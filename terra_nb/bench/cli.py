@@ -75,6 +75,13 @@ def main(argv=None):
                     "of these batches, comma-separated (e.g. 1,32,128; default none)")
     fe.add_argument("--engine-kwargs", type=json.loads, default={})
     fe.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale")
+    fr = sub.add_parser("frontend-record", help="several `frontend` files of one run in one record, for "
+                        "results/frontend/ (bench.plots.front_end_plot draws it)")
+    fr.add_argument("--side", action="append", required=True, metavar="LABEL=FILE",
+                    help="a side's label and its `frontend` file, e.g. 'stock=frontend_stock.json'; in order")
+    fr.add_argument("--commit", required=True, help="the commit whose code ran")
+    fr.add_argument("--run", required=True, help="how the files were made: machine and command(s)")
+    fr.add_argument("--out", required=True)
     sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
     if a.cmd in ("pairs", "remake"):
@@ -92,6 +99,15 @@ def main(argv=None):
         print("\n".join(summary_lines(res)))
     elif a.cmd == "frontend":
         _frontend(a)
+    elif a.cmd == "frontend-record":
+        from terra_nb.bench.profiling import front_end_record, front_end_rows
+        from terra_nb.workbook.show import text_table
+
+        sides = {label: json.loads(Path(f).read_text()) for label, f in (x.split("=", 1) for x in a.side)}
+        rec = front_end_record(sides, a.commit, a.run)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
+        print(text_table(front_end_rows(rec)))
     else:
         from terra_nb.bench.headline import headline_markdown
 

@@ -446,7 +446,8 @@ def front_end_record(sides: dict[str, dict], commit: str, command: str) -> dict:
     versions of its first side, the commit and the command that ran them all."""
     first = next(iter(sides.values()))
     env = first["env"]
-    return dict(kind="front_end", device=env.get("device"), versions={k: env.get(k) for k in ("vllm", "torch", "python")},
+    return dict(kind="front_end", date=env.get("date"), device=env.get("device"),
+                versions={k: env.get(k) for k in ("vllm", "torch", "python")},
                 commit=commit, command=command, preset=first["preset"], sides=sides)
 
 
