@@ -123,6 +123,8 @@ def test_front_end_record_rows_and_comparison(front_end, tmp_path, bench_main):
     rows = profiling.front_end_rows(rec)
     assert rows[0]["frames"] == 1 and rows[0]["requests a call"] == 1
     assert rows[0]["port, ms"] == pytest.approx(2 * rows[0]["stock, ms"])
+    parts = profiling.front_end_parts(rec, frames=2, batch=2)
+    assert [p["side"] for p in parts] == ["stock", "port"] and parts[1]["render"] > parts[1]["our_processor"] > 0
     cmp = profiling.compare_front_end(front_end, stock)
     assert [c["ratio"] for c in cmp] == [2.0] * 4
     from terra_nb.bench.plots import front_end_plot

@@ -459,3 +459,16 @@ def front_end_rows(record: dict) -> list[dict]:
             row = table.setdefault((r["frames"], r["batch"]), {"frames": r["frames"], "requests a call": r["batch"]})
             row[f"{label}, ms"] = r["front_end_ms_per_request"]
     return [table[k] for k in sorted(table)]
+
+
+def front_end_parts(record: dict, frames: int, batch: int) -> list[dict]:
+    """Where one request's front-end time goes, per side of a front-end record, at `frames` and
+    `batch`: each of `FRONT_END_PARTS` in ms per request, under cProfile (inflated alike for all
+    sides; `render` holds `our_processor`, `engine_add_request` holds `mm_receiver_cache` and
+    `block_hashes`)."""
+    out = []
+    for label, side in record["sides"].items():
+        r = next((r for r in side["front_end"] if r["frames"] == frames and r["batch"] == batch), None)
+        if r is not None:
+            out.append({"side": label, "profiled ms": r["profiled_ms_per_request"], **r["parts_ms_per_request"]})
+    return out
