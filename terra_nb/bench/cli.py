@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
+import sys
 from pathlib import Path
 
 from terra_nb.bench.plans import PLAN_NAMES
@@ -84,6 +86,7 @@ def main(argv=None):
     fr.add_argument("--out", required=True)
     sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # what the result files record as their command
     if a.cmd in ("pairs", "remake"):
         _pairs(a)
     elif a.cmd == "quality":
@@ -132,15 +135,13 @@ def _pairs(a: argparse.Namespace) -> None:
 
 
 def _frontend(a: argparse.Namespace) -> None:
-    import sys
-
     from terra_nb.bench.profiling import front_end_side, summary_lines
     from terra_nb.bench.workload import checkpoint
 
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     res = front_end_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, ints(a.frames), ints(a.batches),
                          a.repeats, a.engine_kwargs, ints(a.profile_batches) if a.profile_batches else ())
-    res["command"] = "python -m terra_nb.bench " + " ".join(sys.argv[1:])
+    res["command"] = "python -m terra_nb.bench " + shlex.join(a.argv)
     if a.commit:
         res["env"] = dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
