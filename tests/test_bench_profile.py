@@ -89,8 +89,8 @@ def front_end(tmp_path_factory, bench_main):
     tmp = tmp_path_factory.mktemp("frontend")
     stdout = bench_main(["frontend", "--engine", "port", "--preset", "tiny", "--ckpt-root", str(tmp / "ckpt"),
                          "--engine-kwargs", '{"enforce_eager": true}', "--frames", "1,2", "--batches", "1,2",
-                         "--repeats", "2", "--out", str(tmp / "port.json")])
-    assert "port 2 frames x 2:" in stdout
+                         "--repeats", "2", "--profile-batches", "2", "--out", str(tmp / "port.json")])
+    assert "port 2 frames x 2:" in stdout and "profile at 2 requests a call:" in stdout
     return json.loads((tmp / "port.json").read_text())
 
 
@@ -106,6 +106,10 @@ def test_front_end_per_request_and_its_parts(front_end):
         assert parts["render"] > 0 and parts["process_inputs"] > 0 and parts["engine_add_request"] > 0
         assert 0 < parts["our_processor"] < parts["render"] and parts["block_hashes"] > 0
         assert parts["mm_receiver_cache"] == 0  # make_llm keeps no multimodal processor cache
+    # profile's sections on the same engine, comparable with a `profile` file's
+    prof = front_end["profiles"]["2"]
+    assert [s["label"] for s in prof["sections"]][:2] == ["front end: 2 requests, 1 token", "frame step: 2 requests x 64 tokens"]
+    assert prof["sections"][0]["phases"]["our_processor"] > 0 and prof["spec"]["batch"] == 2
 
 
 def test_front_end_record_rows_and_comparison(front_end, tmp_path, bench_main):

@@ -407,8 +407,9 @@ def front_end_side(engine: str, ckpt: Path, preset: str, frames: tuple[int, ...]
     llm, start = (port_engine if engine == "port" else stock_engine)(ckpt, **(engine_kwargs or {}))
     try:
         rows = front_end_cost(llm, make_requests, tuple(frames), tuple(batches), repeats)
-        profiles = {str(b): profile_engine(llm, lambda i: _profile_request(engine, preset, layout), layout,
-                                           ProfileSpec(batch=b), {}) for b in profile_batches}
+        request = _profile_request(engine, preset, layout)
+        profiles = {str(b): profile_engine(llm, lambda i: request, layout, ProfileSpec(batch=b), {})
+                    for b in profile_batches}
     finally:
         shutdown(llm)
     return dict(engine=engine, engine_start_s=round(start, 1), env=environment_info(), preset=preset,
