@@ -40,6 +40,17 @@ def test_profile_sections_phases_and_kernels(profiles):
             assert s["wall_s"] > 0 and s["top_own"] and s["top_cum"]
             assert s["phases"]["engine_step"] > 0 and s["phases"]["model_runner"] > 0
         assert [k["steps"] for k in res["kernels"]] == [4, 4] and res["kernels"][0]["top_cpu"]
+    # Where a decode step goes, clocked around the engine's own calls at 1 rollout and at the batch:
+    # every phase is found in this vLLM and clocked once a step, and the core's step encloses its calls
+    for res in (port, stock):
+        assert [st["batch"] for st in res["steps"]] == [1, 2]
+        for st in res["steps"]:
+            assert st["steps"] >= 4 and set(st["phase_calls"]) == set(profiling.STEP_PHASES)
+            assert all(n == st["steps"] for n in st["phase_calls"].values()), st["phase_calls"]
+            parts = st["parts_ms_per_step"]
+            assert None not in parts.values() and min(parts.values()) >= 0, parts
+            assert sum(parts.values()) == pytest.approx(st["wall_ms_per_step"], rel=1e-3)
+            assert parts["forward"] > parts["sampling"] > 0
     # Our processor runs for the port's requests only; stock has no multimodal path at all.
     assert port["sections"][0]["phases"]["our_processor"] > 0
     assert stock["sections"][0]["phases"]["our_processor"] == 0
@@ -135,3 +146,30 @@ def test_front_end_record_rows_and_comparison(front_end, tmp_path, bench_main):
 
     fig = front_end_plot(rec)
     assert len(fig.axes) == 2 and [line.get_label() for line in fig.axes[0].lines] == ["stock", "port"]
+
+
+def test_kernels_are_told_apart_by_name_attention_before_matmul():
+    """FlashAttention's Hopper kernels are CUTLASS kernels: attention must win over matmul."""
+    assert profiling.kernel_kind("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90") == "attention"
+    assert profiling.kernel_kind("nvjet_sm90_tst_128x8_64x12_4x1_v_bz_TNT") == "matmul"
+    assert profiling.kernel_kind("void cutlass::device_kernel<cutlass_3x_scaled_mm_sm90_fp8") == "matmul"
+    assert profiling.kernel_kind("void vllm::rms_norm_kernel<c10::BFloat16>") == "other"
+
+
+def test_step_parts_split_a_step_without_overlap():
+    phases = dict(engine_core=10.0, schedule=1.0, execute_model=4.0, prepare_inputs=1.5, sample_tokens=2.0, sampler=1.0,
+                  update_from_output=0.5, output_processing=0.25)
+    parts = profiling.step_parts(phases, wall_ms=11.0)
+    assert parts == dict(scheduler=1.5, input_preparation=1.5, sampling=1.0, forward=3.5, waiting_for_gpu=2.5,
+                         output_processing=0.25, front_end_rest=0.75)
+    assert profiling.step_parts({k: v for k, v in phases.items() if k != "sampler"}, 11.0)["sampling"] is None
+
+
+def test_a_step_breakdown_without_the_engine_core_in_reach_says_so():
+    """An engine core in its own process: nothing to clock, recorded as an error, not raised (the
+    profile's other sections still come back from a one-shot GPU run)."""
+    from types import SimpleNamespace
+
+    llm = SimpleNamespace(llm_engine=SimpleNamespace())
+    res = profiling.step_breakdown(llm, lambda: None, 4)
+    assert res["batch"] == 4 and "VLLM_ENABLE_V1_MULTIPROCESSING=0" in res["error"]

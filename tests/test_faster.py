@@ -18,8 +18,8 @@ def runs_async(kwargs: dict) -> bool:
     return kwargs.get("async_scheduling", True) and "speculative_k" not in kwargs
 
 
-@pytest.mark.parametrize("name", ["faster_fp8kv", "faster_fp8w", "faster_spec_terra", "faster_spec_toy",
-                                  "faster_spec_toy_greedy"])
+@pytest.mark.parametrize("name", ["faster_spec_terra", "faster_spec_toy",
+                                  "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long", "smoke_guide"])
 def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
     """A pair's `under_test` must name the settings in which its sides' asked arguments differ
     (spelled as `effective_settings` records them), no more: else `check_pair` would wave through
@@ -46,11 +46,57 @@ def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
 
 
 def test_speed_lever_plans_put_their_targets_on_the_pairs_that_have_one():
-    targets = {p.name: p.target for name in ("faster_fp8kv", "faster_spec_toy", "faster_spec_toy_greedy")
+    targets = {p.name: p.target for name in plans.PLAN_NAMES if name.startswith(("faster", "guide"))
                for p in plans.named_plan(name).pairs if p.target is not None}
-    assert targets == {"port_fp8kv_vs_port_b128": 1.15, "port_fc8_vs_port_b1": 1.5, "port_fc16_vs_port_b1": 1.5}
+    assert targets == {"port_fc8_vs_port_b1": 1.5, "port_fc16_vs_port_b1": 1.5}
     (block,) = plans.named_plan("faster_spec_toy_greedy").blocks
     assert block.temperature == 0 and block.batch == 1
+
+
+GUIDE = ("guide_fp8", "guide_sync", "guide_long")
+
+
+def test_the_guide_plans_cover_what_the_guide_needs_each_against_the_port():
+    """Every setting against the port as it ships on the short video at 1, 32 and 128 rollouts; FP8
+    weights (alone and with FP8 KV) on the long video at 1 rollout, FP8 KV (alone and with FP8
+    weights) at 128; five trials a side; a side asks for nothing but its setting and the plan's
+    shared limits, and the sides of a plan fit one GPU together."""
+    covered = set()
+    for name in GUIDE:
+        plan = plans.named_plan(name)
+        sides = {s.name: s for s in plan.sides}
+        blocks = {b.name: b for b in plan.blocks}
+        assert sides["port"].engine_kwargs == dict(plans.GPU_SHARED, **plans.STATS,
+                                                   gpu_memory_utilization=sides["port"].engine_kwargs["gpu_memory_utilization"])
+        assert len(sides) * sides["port"].engine_kwargs["gpu_memory_utilization"] <= 0.9
+        for s in plan.sides[1:]:
+            asked, tested = plans.GUIDE_SETTINGS[s.name]
+            assert s.engine_kwargs == dict(sides["port"].engine_kwargs, **asked)
+        for p in plan.pairs:
+            b = blocks[p.block]
+            assert p.second == "port" and p.under_test == plans.GUIDE_SETTINGS[p.first][1] and b.trials == 5
+            covered.add((p.first, b.batch, b.frames))
+    short, long = plans.GUIDE_VIDEOS["short"], plans.GUIDE_VIDEOS["long"]
+    need = {(s, b, short) for s in plans.GUIDE_SETTINGS for b in (1, 32, 128)}
+    need |= {("port_fp8w", 1, long), ("port_fp8", 1, long), ("port_fp8kv", 128, long), ("port_fp8", 128, long)}
+    assert need <= covered, need - covered
+    assert plans.FP8_WEIGHTS == dict(plans.FP8_WEIGHTS_ONLY, **plans.FP8_KV)
+
+
+def test_each_guide_plan_fits_its_gpu_time():
+    """Engine starts plus warm-up and five rounds, from trial times measured on an H100 (Terra
+    shape, bf16: results/faster, results/pairs) scaled to the frames, within 13.5 minutes a GPU."""
+    per_frame_s = {1: 1.35, 32: 2.0, 128: 3.3}           # short video; frame 4 onward at 128 grows
+    long_128_s = 37.0                                    # 128 rollouts x 8 frames (9 frames took ~42 s)
+    for name in GUIDE:
+        plan = plans.named_plan(name)
+        total = sum(60.0 for _ in plan.sides)
+        for b in plan.blocks:
+            trial = long_128_s if (b.batch, b.frames) == (128, 8) else per_frame_s[b.batch] * b.frames
+            for side in b.sides:
+                slow = 1 / 0.55 if side == "port_sync" else 1.0
+                total += (b.trials + 0.5) * trial * slow
+        assert total <= 13.5 * 60, (name, total)
 
 
 def test_check_pair_accepts_speculation_only_with_async_scheduling_named():

@@ -153,12 +153,38 @@ def test_mean_context_tokens_matches_the_sum_over_every_code():
 
 
 def test_the_figures_draw_from_small_inputs():
-    cfg = preset_config("tiny")
     maps = {"a": np.zeros(64), "b": np.linspace(0, 1, 64)}
     assert len(faster.still_maps_plot(maps).axes) == 2 + 1   # two maps and the colour bar
     curves = {"w": {1: 1.2, 8: 2.0}}
     fig = faster.speculation_plot(curves, {"e": 1.5}, [dict(k=8, codes_per_step=1.3, speedup=0.9)])
     assert [len(ax.lines) for ax in fig.axes][1] == 1 + 1 + 1 + 1   # the curve, the point, its legend entry, y = 1
-    assert faster.kv_share_plot(cfg, {"2 + 2": (2, 2)}, batches=(1, 4), marks=[(4, 2, 2)]).axes
-    res = _pairs_file()
-    assert len(faster.step_cost_plot(res).axes[0].patches) == 2
+    rows = [{"clips": "a", "counted by": "vLLM", "codes/step": 1.5, "pos 1": "50%", "pos 2": "25%"},
+            {"clips": "a", "counted by": "simulation", "codes/step": 1.5, "pos 1": "50%", "pos 2": "25%"}]
+    ax = faster.acceptance_plot(rows).axes[0]
+    assert [round(p.get_height(), 2) for p in ax.patches] == [0.5, 0.25] and len(ax.lines) == 1
+
+
+def test_acceptance_counts_drafts_and_positions_as_vllm_does():
+    """Per draft: the draft reaches positions 1..len, is accepted through the agreeing prefix; a step
+    with no draft (a frame's first code, the frame's last) counts no draft."""
+    frames = [[1, 2, 3, 4], [1, 2, 3, 4], [1, 9, 3, 4]]   # frame 2 copies frame 1; frame 3 differs at 2
+    r = faster.frame_copy_acceptance(frames, k=8, n_context=1, action_tokens=1)
+    # frame 2: the prefill samples 1; draft [2, 3] (one short of the frame's end) accepted, own 4
+    # frame 3: the prefill samples 1; draft [2, 3] rejected at once, own 9; draft [3] accepted, own 4
+    assert (r["codes"], r["steps"], r["drafts"], r["draft_codes"], r["accepted"]) == (8, 5, 3, 5, 3)
+    assert r["accepted_per_pos"][:3] == [2, 1, 0] and r["drafted_per_pos"][:3] == [3, 2, 0]
+    assert (r["codes"], r["steps"]) == faster.simulate_frame_copy(frames, 8, 1, 1)
+    assert r["codes"] == r["steps"] + r["accepted"]   # every step one own code, plus what it accepted
+
+
+def test_the_committed_acceptance_run_counts_what_the_simulation_counts():
+    """vLLM's spec-decode counters on the CPU equal the simulation's on every clip, per position, and
+    its greedy codes equal HF's: the run that explains the simulated-vs-measured gap by the clips."""
+    _, res = faster.load("spec_acceptance_toy")
+    for c in res["clips"]:
+        v, s = c["vllm"], c["simulated"]
+        assert c["codes_equal"] == c["codes"], c["clip"]
+        assert v["generation_tokens"] == s["codes"] and v["spec_decode_num_accepted_tokens"] == s["accepted"]
+        assert v["spec_decode_num_drafts"] == s["drafts"] and v["accepted_per_pos"] == s["accepted_per_pos"]
+    rows = faster.acceptance_rows(res, {"w": ["GPU toy workload"]})
+    assert rows[0]["codes/step"] == rows[1]["codes/step"] > 1

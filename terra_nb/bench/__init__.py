@@ -21,8 +21,10 @@ One job a module; imports flow down this list, never up (tests/test_imports.py c
 - `headline`, `plots`: the headline's table, sentences and README block, and the trials' figure,
   from the interleaved result files (`results/pairs/`).
 - `quality`: what a faster setting costs in quality on the toy model.
-- `faster`: notebook 12's figures: a verification step's cost and the break-even codes per step,
-  the bytes FP8 would halve, the FP8 quality and attempts (`results/faster/`), and frame copy
-  simulated on the toy world's clips.
+- `faster`: notebook 12's speculation and FP8 figures: a verification step's cost and the
+  break-even codes per step, the bytes FP8 would halve, the FP8 quality (`results/faster/`), and
+  frame copy simulated on the toy world's clips and counted by vLLM on the same clips.
+- `guide`: notebook 12's settings guide: every setting's speed-up over the port as it ships, read
+  off its interval, the advice by batch, and where a decode step's time goes (the step profile).
 - `cli` (`python -m terra_nb.bench`): the command line.
 """

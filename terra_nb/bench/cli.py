@@ -5,6 +5,7 @@
     python -m terra_nb.bench quality --out results/faster/<machine>_quality_toy.json
     python -m terra_nb.bench profile --engine port --out <file>.json
     python -m terra_nb.bench frontend --engine port --preset terra_layout --out <file>.json
+    python -m terra_nb.bench acceptance --out results/faster/cpu_spec_acceptance_toy.json
     python -m terra_nb.bench headline
 
 `pairs` runs a named plan (bench/plans.py): every side alive in its own process, trials in turn,
@@ -59,6 +60,7 @@ def main(argv=None):
     pr.add_argument("--ckpt-root", default="checkpoints")
     pr.add_argument("--out", required=True)
     pr.add_argument("--engine-kwargs", type=json.loads, default={}, help='JSON engine arguments, e.g. \'{"max_num_seqs": 64}\'')
+    pr.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale")
     from terra_nb.bench.profiling import ProfileSpec
 
     for f in dataclasses.fields(ProfileSpec):   # --batch, --decode-steps, --n-ctx, ...
@@ -84,6 +86,12 @@ def main(argv=None):
     fr.add_argument("--commit", required=True, help="the commit whose code ran")
     fr.add_argument("--run", required=True, help="how the files were made: machine and command(s)")
     fr.add_argument("--out", required=True)
+    acc = sub.add_parser("acceptance", help="frame copy's acceptance per draft position on the toy model, counted by "
+                         "vLLM and simulated on the same greedy clips (bench/faster.py: acceptance_run), write JSON")
+    acc.add_argument("--out", required=True)
+    acc.add_argument("--k", type=int, default=8)
+    acc.add_argument("--clips", type=int, default=8)
+    acc.add_argument("--frames", type=int, default=12)
     sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)  # what the result files record as their command
@@ -92,11 +100,16 @@ def main(argv=None):
     elif a.cmd == "quality":
         _quality(a)
     elif a.cmd == "profile":
+        import os
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the step clocks reach into the engine core
         from terra_nb.bench.profiling import ProfileSpec, profile_side, summary_lines
         from terra_nb.bench.workload import checkpoint
 
         spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
         res = profile_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, spec, a.engine_kwargs)
+        if a.commit:
+            res = dict(res, env=dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit))
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print("\n".join(summary_lines(res)))
@@ -111,6 +124,15 @@ def main(argv=None):
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
         print(text_table(front_end_rows(rec)))
+    elif a.cmd == "acceptance":
+        import os
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from terra_nb.bench.faster import acceptance_run
+
+        res = dict(acceptance_run(a.k, a.clips, a.frames),
+                   command="python -m terra_nb.bench " + " ".join(shlex.quote(x) for x in a.argv))
+        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     else:
         from terra_nb.bench.headline import headline_markdown
 

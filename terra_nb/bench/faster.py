@@ -1,7 +1,7 @@
 """Speed levers: notebook 12's figures, from the committed GPU files and the toy world.
 
 Two levers beyond stock vLLM, each priced from files in `results/faster/` (interleaved pairs, a
-quality run, the FP8-weight attempts) and, on the CPU, from the toy world:
+quality run, the acceptance run) and, on the CPU, from the toy world:
 
 - **Frame copy** (`terra_nb.port.frame_copy`): propose the previous frame's codes, let vLLM verify
   them. A verification step costs more than a plain step (`step_s`, `step_cost_ratio`) and yields
@@ -15,7 +15,7 @@ quality run, the FP8-weight attempts) and, on the CPU, from the toy world:
   from the quality file.
 
 Every function here is pure (files in, numbers out) except the loaders and the toy-world helpers,
-which build clips on the CPU (no engine).
+which build clips on the CPU, and `acceptance_run`, which starts one engine there.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from terra_nb.bench import roofline
 from terra_nb.bench.records import latest
 from terra_nb.port.frame_copy import frame_copy_draft
 
-FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8w_attempts",
-         "fp8_weights_terra", "fp8_weights_toy")
+FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8_weights_terra",
+         "fp8_weights_toy", "spec_acceptance_toy")
 """The kinds of file in `results/faster/`: `<machine>_<date>_<kind>.json`."""
 
 KS = (1, 2, 4, 8, 16)
@@ -138,19 +138,6 @@ def step_cost_rows(files: Mapping[str, Mapping]) -> list[dict]:
     return rows
 
 
-def sides_rows(res: Mapping) -> list[dict]:
-    """Every side of every block of a pairs file: trials, median seconds per frame step (all
-    rollouts' frame at once), codes per engine step, milliseconds per engine step."""
-    rows = []
-    for b in res["blocks"]:
-        for side, trials in b["trials_s"].items():
-            rows.append({"rollouts": b["batch"], "frames": b["frames"], "side": side, "trials": len(trials),
-                         "s/frame": round(statistics.median(trials) / b["frames"], 4),
-                         "codes/step": round(codes_per_step(res, b["name"], side), 3),
-                         "ms/step": round(1e3 * step_s(res, b["name"], side), 3)})
-    return rows
-
-
 def inverted(c: Mapping) -> dict:
     """An `analysis` entry read the other way round: second over first, interval flipped."""
     lo, hi = c["interval"]
@@ -242,7 +229,19 @@ def still_share(codes: np.ndarray, n_context: int) -> np.ndarray:
 def simulate_frame_copy(frames: Sequence[Sequence[int]] | np.ndarray, k: int, n_context: int,
                         action_tokens: int) -> tuple[int, int]:
     """(codes, engine steps) frame copy takes to generate `frames[n_context:]` of one rollout in
-    greedy decoding, with the proposer's own rule (`frame_copy_draft`, at most `k` drafts).
+    greedy decoding, with the proposer's own rule (`frame_copy_draft`, at most `k` drafts): the
+    first two counts of `frame_copy_acceptance`."""
+    r = frame_copy_acceptance(frames, k, n_context, action_tokens)
+    return r["codes"], r["steps"]
+
+
+def frame_copy_acceptance(frames: Sequence[Sequence[int]] | np.ndarray, k: int, n_context: int,
+                          action_tokens: int) -> dict:
+    """What frame copy does on one rollout, step by step, in greedy decoding: codes, engine steps,
+    and vLLM's spec-decode counts (`drafts`: steps that verified at least one drafted code;
+    `draft_codes`; `accepted`; `accepted_per_pos[i]`: drafts accepted through position i, as
+    vLLM's `spec_decode_num_accepted_tokens_per_pos` counts; `drafted_per_pos[i]`: drafts that
+    reached position i).
 
     Greedy verification keeps the longest prefix of the draft equal to the codes the model
     generates, plus one code of its own: so with `frames` the model's greedy output (or a video
@@ -256,19 +255,25 @@ def simulate_frame_copy(frames: Sequence[Sequence[int]] | np.ndarray, k: int, n_
     history: list[int] = []
     for f in range(n_context):
         history += [int(t) for t in frames[f]] + slots
-    steps = 0
+    out = dict(codes=P * (n - n_context), steps=0, drafts=0, draft_codes=0, accepted=0,
+               accepted_per_pos=[0] * k, drafted_per_pos=[0] * k)
     for f in range(n_context, n):
         true = [int(t) for t in frames[f]]
         history.append(true[0])  # the prefill step samples the first code
-        steps, j = steps + 1, 1
+        out["steps"], j = out["steps"] + 1, 1
         while j < P:
             draft = frame_copy_draft(history, P, action_tokens, k)
             accepted = next((i for i, d in enumerate(draft) if d != true[j + i]), len(draft))
-            emitted = accepted + 1
-            history += true[j:j + emitted]
-            steps, j = steps + 1, j + emitted
+            if draft:
+                out["drafts"], out["draft_codes"], out["accepted"] = (out["drafts"] + 1, out["draft_codes"] + len(draft),
+                                                                      out["accepted"] + accepted)
+                for i in range(len(draft)):
+                    out["drafted_per_pos"][i] += 1
+                    out["accepted_per_pos"][i] += i < accepted
+            history += true[j:j + accepted + 1]
+            out["steps"], j = out["steps"] + 1, j + accepted + 1
         history += slots
-    return P * (n - n_context), steps
+    return out
 
 
 def codes_per_step_curve(clips: np.ndarray, n_context: int, action_tokens: int, ks: Sequence[int] = KS) -> dict[int, float]:
@@ -304,6 +309,77 @@ def workload_inputs(n_context: int = 3):
     return workbook_inputs("tiny", "toy", n_frames=TOY_FRAMES, n_context=n_context)
 
 
+def spec_counters(llm) -> dict:
+    """vLLM's spec-decode totals of a `vllm.LLM` now (`settings.engine_counters`) and its accepted
+    drafts per position (`spec_decode_num_accepted_tokens_per_pos`, a vector)."""
+    from terra_nb.bench.settings import engine_counters
+
+    out = dict(engine_counters(llm), accepted_per_pos=[])
+    for m in llm.get_metrics():
+        if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out["accepted_per_pos"] = [int(v) for v in m.values]
+    return out
+
+
+def _delta(before: Mapping, after: Mapping) -> dict:
+    pos = [a - b for a, b in zip(after["accepted_per_pos"], before["accepted_per_pos"] or [0] * len(after["accepted_per_pos"]))]
+    return dict({k: int(after[k] - before[k]) for k in after if k != "accepted_per_pos"}, accepted_per_pos=pos)
+
+
+def acceptance_run(k: int = 8, n_clips: int = 8, n_frames: int = 12, n_context: int = 3) -> dict:
+    """Frame copy's acceptance, counted by vLLM and simulated, on the same clips: the GPU plans' toy
+    workload (`workload_inputs`) and the toy world's held-out clips (`eval_clips`), each rolled out
+    greedily by HF (the reference codes) and by a vLLM engine with frame copy (`k` drafts at most,
+    statistics on). Per clip: vLLM's counter deltas (`spec_counters`), `frame_copy_acceptance` on
+    HF's codes, and whether vLLM's codes equal HF's. Runs on the CPU in a few minutes."""
+    import torch
+
+    from terra_nb.port.rollout import SamplingConfig, hf_rollout
+    from terra_nb.port.vllm_compat import shutdown_llm
+    from terra_nb.port.vllm_rollout import make_llm, vllm_rollout
+    from terra_nb.toyworld.score import eval_clips, load_toy_model, toy_checkpoint_dir
+    from terra_nb.workbook.show import environment_info
+
+    wl = workload_inputs(n_context)
+    clips = [("GPU toy workload", wl.sample.context, wl.sample.actions)]
+    for c in eval_clips(n_clips, n_context, n_frames):
+        clips.append((c.kind, torch.from_numpy(wl.tokenizer.encode(c.frames[:n_context])), torch.from_numpy(c.actions)))
+    greedy, hf = SamplingConfig(temperature=0.0), load_toy_model()
+    llm = make_llm(toy_checkpoint_dir(), speculative_k=k, disable_log_stats=False)
+    rows = []
+    try:
+        for name, ctx, actions in clips:
+            ref = hf_rollout(hf, ctx, actions, n_frames, sampling=greedy, progress=False).cpu()
+            before = spec_counters(llm)
+            got = vllm_rollout(llm, ctx, actions, n_frames, greedy, progress=False).cpu()
+            sim = frame_copy_acceptance(np.concatenate([ctx.numpy(), ref.numpy()]), k, n_context, int(actions.shape[-2]))
+            rows.append(dict(clip=name, vllm=_delta(before, spec_counters(llm)), simulated=sim,
+                             codes_equal=int((got == ref).sum()), codes=int(ref.numel())))
+    finally:
+        shutdown_llm(llm)
+    env = environment_info()
+    return dict(kind="spec_acceptance", k=k, n_context=n_context, n_frames=n_frames, device=env["device"],
+                versions={key: env[key] for key in ("vllm", "torch", "python")}, commit=env["git_commit"], clips=rows)
+
+
+def acceptance_rows(res: Mapping, groups: Mapping[str, Sequence[str]]) -> list[dict]:
+    """Per group of clips (name -> clip names): codes per step and acceptance at each draft
+    position (accepted through it / drafts), as vLLM counted and as simulated."""
+    rows = []
+    for group, names in groups.items():
+        clips = [c for c in res["clips"] if c["clip"] in names]
+        for source in ("vllm", "simulated"):
+            n = lambda key: sum(c[source][key] for c in clips)  # noqa: E731
+            gen = n("generation_tokens") if source == "vllm" else n("codes")
+            steps = gen - n("spec_decode_num_accepted_tokens") if source == "vllm" else n("steps")
+            drafts = n("spec_decode_num_drafts") if source == "vllm" else n("drafts")
+            pos = np.sum([c[source]["accepted_per_pos"] for c in clips], axis=0)
+            rows.append({"clips": group, "counted by": "vLLM" if source == "vllm" else "simulation",
+                         "codes/step": round(gen / steps, 3), "drafts": int(drafts),
+                         **{f"pos {i + 1}": f"{v / drafts:.0%}" for i, v in enumerate(pos)}})
+    return rows
+
+
 # ------------------------------------------------------------------ figures
 
 def still_maps_plot(maps: Mapping[str, np.ndarray], grid: tuple[int, int] = (8, 8), save=None):
@@ -327,33 +403,6 @@ def still_maps_plot(maps: Mapping[str, np.ndarray], grid: tuple[int, int] = (8, 
     for ax in axes[n:]:
         ax.set_axis_off()
     fig.colorbar(im, ax=list(axes[:n]), shrink=0.8, label="share equal to previous frame")
-    return save_figure(fig, save)
-
-
-def step_cost_plot(res: Mapping, title: str = "", save=None):
-    """One panel per block: each side's milliseconds per engine step (`step_s`) as a bar, labelled
-    with its codes per step and its cost against the block's first side."""
-    from matplotlib.figure import Figure
-
-    from terra_nb.workbook.viz import save_figure
-
-    blocks = res["blocks"]
-    fig = Figure(figsize=(4.0 * len(blocks), 3.2), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(blocks)))
-    for ax, b in zip(axes, blocks):
-        sides = list(b["trials_s"])
-        ms = [1e3 * step_s(res, b["name"], s) for s in sides]
-        bars = ax.bar(sides, ms, color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(sides)])
-        for bar, side, v in zip(bars, sides, ms):
-            ax.annotate(f"{v:.2f} ms\n{v / ms[0]:.2f}x {sides[0]}\n{codes_per_step(res, b['name'], side):.2f} codes/step",
-                        (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
-        trials = min(len(t) for t in b["trials_s"].values())
-        rollouts = "1 rollout" if b["batch"] == 1 else f"{b['batch']} rollouts"
-        ax.set_title(f"{rollouts}, {trials} trial{'s' if trials > 1 else ''} a side", fontsize=9)
-        ax.set_ylabel("ms per engine step (median trial)")
-        ax.set_ylim(0, max(ms) * 1.45)
-    if title:
-        fig.suptitle(title, fontsize=8)
     return save_figure(fig, save)
 
 
@@ -400,33 +449,7 @@ def speculation_plot(curves: Mapping[str, Mapping[int, float]], break_even: Mapp
     return save_figure(fig, save)
 
 
-def kv_share_plot(config, lengths: Mapping[str, tuple[int, int]], batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
-                  marks: Sequence[tuple[int, int, int]] = (), save=None):
-    """The KV cache's share of a decode step's bytes (bf16, `step_bytes`) against rollouts, one line
-    per rollout length (`{name: (n_ctx, n_frames)}`); `marks`: (batch, n_ctx, n_frames) measured."""
-    from matplotlib.figure import Figure
-
-    from terra_nb.workbook.viz import save_figure
-
-    fig = Figure(figsize=(5.2, 3.3), layout="constrained")
-    ax = fig.subplots()
-    for name, (n_ctx, n_frames) in lengths.items():
-        ax.plot(batches, [step_bytes(config, b, n_ctx, n_frames)["kv_share"] for b in batches], "o-", ms=3, label=name)
-    for b, n_ctx, n_frames in marks:
-        ax.plot(b, step_bytes(config, b, n_ctx, n_frames)["kv_share"], "x", color="k", ms=9)
-    if marks:
-        ax.plot([], [], "x", color="k", label="the FP8 KV pairs (GPU)")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(batches), [str(b) for b in batches])
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("rollouts decoded together")
-    ax.set_ylabel("KV cache's share of a step's bytes")
-    ax.set_title("what FP8 KV can halve (Terra shape, bf16)", fontsize=9)
-    ax.legend(fontsize=7)
-    return save_figure(fig, save)
-
-
-# ------------------------------------------------------------------ FP8: quality and the attempts
+# ------------------------------------------------------------------ FP8: quality
 
 def why_not_run(error: str) -> str:
     """A variant's failure in a few words for a table: what stopped it, not the whole message (the
@@ -452,56 +475,47 @@ def quality_rows(q: Mapping) -> list[dict]:
     return rows
 
 
-def attempt_rows(a: Mapping) -> list[dict]:
-    """The FP8-weight attempts: commit, settings beyond the port's, where it failed and how."""
-    return [{"attempt": i + 1, "commit": t["commit"], "settings": ", ".join(f"{k}={v}" for k, v in t["settings"].items()
-                                                                          if k in ("kv_cache_dtype", "quantization",
-                                                                                   "compilation_config", "enforce_eager")),
-             "weights loaded": t["weights_loaded"], "failed at": t["stage"], "error": t["error"]}
-            for i, t in enumerate(a["attempts"])]
+def acceptance_plot(rows: Sequence[Mapping], save=None):
+    """Acceptance at each draft position (accepted through it / drafts) per group of clips: vLLM's
+    counters as bars, the simulation as crosses."""
+    from matplotlib.figure import Figure
+
+    from terra_nb.workbook.viz import save_figure
+
+    fig = Figure(figsize=(6.4, 3.2), layout="constrained")
+    ax = fig.subplots()
+    groups = list(dict.fromkeys(r["clips"] for r in rows))
+    width = 0.8 / len(groups)
+    for g, group in enumerate(groups):
+        for r in rows:
+            if r["clips"] != group:
+                continue
+            pos = [int(k.split()[1]) for k in r if k.startswith("pos ")]
+            vals = [float(r[f"pos {i}"].rstrip("%")) / 100 for i in pos]
+            x = np.array(pos) + (g - (len(groups) - 1) / 2) * width
+            if r["counted by"] == "vLLM":
+                ax.bar(x, vals, width, label=f"{group}: vLLM, {r['codes/step']:.2f} codes/step")
+            else:
+                ax.plot(x, vals, "kx", ms=6, label="simulation" if g == 0 else None)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("drafts accepted through it")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    return save_figure(fig, save)
 
 
-# ------------------------------------------------------------------ when each lever pays
-
-def pays(c: Mapping) -> str:
-    """Whether a lever pays, read off its interval: `yes` when the whole 95% interval is above 1,
-    `no` when it is wholly below, `cannot tell` when it straddles 1 or there is one trial a side."""
-    lo, hi = c["interval"]
-    if c["trials"] < 2:
-        return "cannot tell (1 trial a side)"
-    return "yes" if lo > 1 else "no" if hi < 1 else "cannot tell"
-
-
-def lever_rows(files: Mapping[str, Mapping]) -> list[dict]:
-    """Each lever as measured against the port as it ships, per workload and batch: the speed-up
-    (the lever's side over the port's) with its interval, whether it pays (`pays`), and codes per
-    step where it speculated; FP8 weights as not measured where they did not run."""
+def break_even_rows(spec: Mapping, got: Mapping[str, float]) -> list[dict]:
+    """Per batch of the Terra-shape speculation file: what async scheduling off costs, what a
+    verification step costs against a plain one (both sync), and the codes a step a drafter must
+    average to pay against the port as it ships (the product), i.e. drafts accepted a step;
+    `got`: codes per step some drafter reached (name -> value), each read against it."""
     rows = []
-
-    def add(lever, c, model, note=""):
-        rows.append({"lever": lever, "model": model, "rollouts": c["batch"], "frames": c["frames"],
-                     "speed-up": ratio_text(c), "pays?": pays(c), "note": note})
-
-    terra, toy, greedy, kv = files["spec_terra"], files["spec_toy"], files["spec_toy_greedy"], files["fp8kv"]
-    terra_name, toy_name = "Terra shape, random weights, temperature 0.9", "toy, temperature 0.9"
-    for res, model in ((terra, terra_name), (toy, toy_name)):
-        for b in res["blocks"]:
-            add("async scheduling off", pair(res, "port_sync", "port", b["name"]), model)
-    for res, model in ((terra, terra_name), (toy, toy_name), (greedy, "toy, greedy")):
-        for b in res["blocks"]:
-            add("frame copy, k = 8", pair(res, "port_fc8", "port", b["name"]), model,
-                f"{codes_per_step(res, b['name'], 'port_fc8'):.2f} codes per step; break-even "
-                f"{break_even_codes_per_step(step_s(res, b['name'], 'port_fc8'), step_s(res, b['name'], 'port')):.2f}")
-    for res in (kv, files["fp8kv_long"]):  # 3 frames a trial (mostly the context's prefill), then 9
-        for b in res["blocks"]:
-            c = pair(res, "port_fp8kv", "port", b["name"])
-            add("FP8 KV cache", c, terra_name, (f"target {c['target']}x: {c['verdict']}" if c.get("target") else ""))
-    w = files.get("fp8_weights_terra")
-    for b in (w or {}).get("blocks", []):
-        add("FP8 weights + FP8 KV cache", pair(w, "port_fp8", "port", b["name"]), terra_name,
-            f"over FP8 KV alone: {ratio_text(pair(w, 'port_fp8', 'port_fp8kv', b['name']))}")
-    if w is None and "fp8w_attempts" in files:
-        rows.append({"lever": "FP8 weights", "model": terra_name, "rollouts": "", "frames": "",
-                     "speed-up": "not measured", "pays?": "did not run on the GPU's vLLM",
-                     "note": f"{len(files['fp8w_attempts']['attempts'])} attempts, each stopped inside vLLM's FP8 path"})
+    for b in spec["blocks"]:
+        sync = pair(spec, "port_sync", "port", b["name"])
+        verify = step_cost_ratio(spec, b["name"], "port_fc8", "port_sync")
+        be = break_even_codes_per_step(step_s(spec, b["name"], "port_fc8"), step_s(spec, b["name"], "port"))
+        rows.append({"rollouts": b["batch"], "async off (speed-up)": ratio_text(sync),
+                     "a verification step (k = 8) costs, vs sync": f"{verify:.2f}x",
+                     "break-even codes/step": f"{be:.2f}", "accepted drafts a step needed": f"{be - 1:.2f}",
+                     **{name: f"{cps / be:.2f}x" for name, cps in got.items()}})
     return rows

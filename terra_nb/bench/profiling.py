@@ -23,6 +23,12 @@ directly (a clock around the engine's own calls, `TIMED_PHASES`) instead of read
 a GPU (Python 3.12, vLLM 0.26, CUDA graphs) cProfile recorded none of the frames around the
 forward (`LLM.generate`, `LLMEngine.step`, `EngineCore.step`, `execute_model`) while it kept the
 calls before and after it (scheduler, sampler), so both phases read 0 there.
+
+**steps** (`step_breakdown`): where one decode step's time goes at 1 rollout and at `batch`, with
+no profiler attached: a clock around each of the engine's own calls (`STEP_PHASES`: the scheduler,
+the executor, the model runner's input preparation and sampler, the front end's output processing),
+beside the GPU's kernel time per step by kind (`kernel_profile`). The engine core must run in this
+process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, which the CLI sets) for the core's clocks to reach it.
 """
 from __future__ import annotations
 
@@ -63,6 +69,23 @@ TIMED_PHASES = {
     "model_runner": ("llm_engine.engine_core.engine_core.model_executor", "execute_model"),
 }
 
+_CORE = "llm_engine.engine_core.engine_core"
+_RUNNER = _CORE + ".model_executor.driver_worker.worker.model_runner"
+STEP_PHASES = {
+    "engine_core": [("llm_engine.engine_core", "get_output")],
+    "schedule": [(_CORE + ".scheduler", "schedule")],
+    "execute_model": [(_CORE + ".model_executor", "execute_model")],
+    "prepare_inputs": [(_RUNNER, "prepare_inputs"), (_RUNNER, "_prepare_inputs")],   # model runner V2, V1
+    "sample_tokens": [(_CORE + ".model_executor", "sample_tokens")],
+    "sampler": [(_RUNNER, "sample"), (_RUNNER, "_sample")],
+    "update_from_output": [(_CORE + ".scheduler", "update_from_output")],
+    "output_processing": [("llm_engine.output_processor", "process_outputs")],
+}
+"""The calls a decode step is made of, clocked by `step_breakdown` (phase -> candidate (path from
+the `vllm.LLM`, method), the first that exists; none: the phase is not recorded). `engine_core` holds
+the core's step (schedule, execute, sample, update, and the wait for the GPU between them);
+`output_processing` is the front end's turning of the core's outputs into request outputs."""
+
 
 @dataclasses.dataclass
 class ProfileSpec:
@@ -90,11 +113,14 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def timed_calls(targets: dict[str, tuple[object, str]]):
-    """While the block runs, every call of `obj.method` adds its wall seconds to the phase's total.
-    `targets`: phase -> (obj, method name); a None obj or a missing method leaves its phase at 0.
-    Yields the totals (phase -> seconds). The instance attribute that does it is removed after."""
+def timed_calls(targets: dict[str, tuple[object, str]], calls: dict[str, int] | None = None):
+    """While the block runs, every call of `obj.method` adds its wall seconds to the phase's total
+    (and, given `calls`, one to its count there). `targets`: phase -> (obj, method name); a None obj
+    or a missing method leaves its phase at 0. Yields the totals (phase -> seconds). The instance
+    attribute that does it is removed after."""
     totals = {phase: 0.0 for phase in targets}
+    calls = {} if calls is None else calls
+    calls.update(dict.fromkeys(targets, 0))
     restore = []
 
     def clocked(phase, inner):
@@ -104,6 +130,7 @@ def timed_calls(targets: dict[str, tuple[object, str]]):
                 return inner(*args, **kwargs)
             finally:
                 totals[phase] += time.perf_counter() - t0
+                calls[phase] += 1
         return call
 
     try:
@@ -126,6 +153,59 @@ def timed_calls(targets: dict[str, tuple[object, str]]):
 def engine_targets(llm) -> dict[str, tuple[object, str]]:
     """`TIMED_PHASES` resolved on a `vllm.LLM` (None where this engine does not have the object)."""
     return {phase: (_attr_path(llm, path), name) for phase, (path, name) in TIMED_PHASES.items()}
+
+
+def step_targets(llm) -> dict[str, tuple[object, str]]:
+    """`STEP_PHASES` resolved on a `vllm.LLM`: each phase's first candidate whose object has the method
+    (phases with none are left out)."""
+    out = {}
+    for phase, candidates in STEP_PHASES.items():
+        for path, name in candidates:
+            obj = _attr_path(llm, path)
+            if obj is not None and callable(getattr(obj, name, None)):
+                out[phase] = (obj, name)
+                break
+    return out
+
+
+def step_breakdown(llm, fn, batch: int) -> dict:
+    """Run `fn` (a decode of `batch` requests on `llm`) once with the clocks of `step_targets` and no
+    profiler: its wall time and engine steps, and per step (ms) each phase's time and the parts that
+    add up to the step's wall time (`step_parts`); an `error` instead where no step was clocked."""
+    targets, calls = step_targets(llm), {}
+    sync()
+    t0 = time.perf_counter()
+    with timed_calls(targets, calls) as totals:
+        fn()
+        sync()
+    wall = time.perf_counter() - t0
+    steps = calls.get("engine_core", 0)
+    if steps == 0:  # recorded, not raised: the profile's other sections still come back from the GPU
+        return dict(batch=batch, wall_s=round(wall, 5), error="no engine step was clocked: is the engine core in "
+                    "this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)?")
+    per_step = {k: round(1000 * v / steps, 4) for k, v in totals.items()}
+    return dict(batch=batch, steps=steps, wall_s=round(wall, 5), wall_ms_per_step=round(1000 * wall / steps, 4),
+                phase_ms_per_step=per_step, phase_calls=calls, parts_ms_per_step=step_parts(per_step, 1000 * wall / steps))
+
+
+def step_parts(phase_ms: dict[str, float], wall_ms: float) -> dict[str, float | None]:
+    """A step's wall time cut into parts that do not overlap (ms; None where a phase was not
+    recorded): the scheduler (`schedule` + `update_from_output`), input preparation, sampling, the
+    rest of the executor's calls (`forward`: the model's forward, on a GPU the launch of its CUDA
+    graph), the core's wait for the GPU (its step
+    less its calls), output processing, and the front end's rest (the wall less the core's step and
+    output processing)."""
+    get = lambda k: phase_ms.get(k, 0.0)  # noqa: E731
+    executor = get("execute_model") + get("sample_tokens")
+    inside_core = get("schedule") + executor + get("update_from_output")
+    parts = dict(scheduler=get("schedule") + get("update_from_output"),
+                 input_preparation=phase_ms.get("prepare_inputs"),
+                 sampling=phase_ms.get("sampler"),
+                 forward=executor - get("prepare_inputs") - get("sampler"),
+                 waiting_for_gpu=get("engine_core") - inside_core,
+                 output_processing=phase_ms.get("output_processing"),
+                 front_end_rest=wall_ms - get("engine_core") - get("output_processing"))
+    return {k: None if v is None else round(v, 4) for k, v in parts.items()}
 
 
 def _phase_times(stats: pstats.Stats) -> dict[str, float]:
@@ -191,6 +271,17 @@ def profiled(fn, label: str, timed: dict[str, tuple[object, str]] | None = None)
                 phases=phases, top_own=_top(stats, "own_s"), top_cum=_top(stats, "cum_s"))
 
 
+KERNEL_KINDS = (("attention", ("flash", "attn", "fmha")),
+                ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "scaled_mm", "splitk")))
+"""How a CUDA kernel's name tells what it does (first match wins: FlashAttention's kernels are
+CUTLASS kernels too); anything else (norms, rotary, activations, sampling, copies) is `other`."""
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
 def kernel_profile(fn, steps: int, label: str) -> dict:
     """torch.profiler over `fn` (a decode of `steps` tokens): the ops/kernels by own time, per step."""
     from torch.profiler import ProfilerActivity, profile
@@ -208,9 +299,13 @@ def kernel_profile(fn, steps: int, label: str) -> dict:
                      us_per_step=round(getattr(e, key, 0) / steps, 2)) for e in ev]
 
     kernels = [e for e in events if getattr(e, "device_type", None) is not None and "cuda" in str(e.device_type).lower()]
+    by_kind: dict[str, float] = {}
+    for e in kernels:
+        by_kind[kernel_kind(e.key)] = by_kind.get(kernel_kind(e.key), 0.0) + getattr(e, dev_key, 0) / steps
     return dict(label=label, steps=steps, top_device=rows(dev_key), top_cpu=rows("self_cpu_time_total"),
                 kernel_launches_per_step=round(sum(e.count for e in kernels) / steps, 2) if kernels else None,
-                device_us_per_step=round(sum(getattr(e, dev_key, 0) for e in kernels) / steps, 2) if kernels else None)
+                device_us_per_step=round(sum(getattr(e, dev_key, 0) for e in kernels) / steps, 2) if kernels else None,
+                device_us_per_step_by_kind={k: round(v, 2) for k, v in sorted(by_kind.items())} if kernels else None)
 
 
 def profile_engine(llm, make_request, layout, spec: ProfileSpec, sampling_kwargs: dict) -> dict:
@@ -228,12 +323,13 @@ def profile_engine(llm, make_request, layout, spec: ProfileSpec, sampling_kwargs
 
     gen(spec.batch, 2)()  # fills the prefix cache with every prompt
     timed = engine_targets(llm)
-    out = dict(spec=dataclasses.asdict(spec), sections=[], kernels=[])
+    out = dict(spec=dataclasses.asdict(spec), sections=[], kernels=[], steps=[])
     out["sections"].append(profiled(gen(spec.batch, 1), f"front end: {spec.batch} requests, 1 token", timed))
     out["sections"].append(profiled(gen(spec.batch, layout.image_tokens),
                                     f"frame step: {spec.batch} requests x {layout.image_tokens} tokens", timed))
     out["decode_wall_s"] = {"gc on": _wall(gen(1, spec.decode_steps)), "gc off": _wall(gen(1, spec.decode_steps), gc_off=True)}
     for batch in (1, spec.batch):
+        out["steps"].append(step_breakdown(llm, gen(batch, spec.decode_steps), batch))
         out["sections"].append(profiled(gen(batch, spec.decode_steps), f"decode: {batch} x {spec.decode_steps} tokens",
                                         timed))
         if spec.torch_profile:
@@ -292,9 +388,15 @@ def summary_lines(res: dict, n: int = 12) -> list[str]:
         lines.append("    phases: " + ", ".join(f"{k} {v * 1000:.1f}" for k, v in s["phases"].items() if v))
         for r in s["top_own"][:n]:
             lines.append(f"    {r['own_s'] * 1000:8.2f} ms own {r['calls']:7d}x  {r['func']}")
+    for st in res.get("steps", []):
+        if "error" in st:
+            lines.append(f"  step at batch {st['batch']}: {st['error']}")
+            continue
+        lines.append(f"  step at batch {st['batch']}: {st['wall_ms_per_step']:.3f} ms over {st['steps']} steps; "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in st["parts_ms_per_step"].items() if v is not None))
     for k in res.get("kernels", []):
         lines.append(f"  {k['label']}: {k['kernel_launches_per_step']} kernels/step, "
-                     f"{k['device_us_per_step']} device us/step")
+                     f"{k['device_us_per_step']} device us/step {k.get('device_us_per_step_by_kind') or ''}")
         for r in k["top_device"][:n]:
             lines.append(f"    {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.2f}x  {r['name']}")
     return lines
