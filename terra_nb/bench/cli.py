@@ -4,13 +4,15 @@
     python -m terra_nb.bench remake results/pairs/<file>.json --out <new file>
     python -m terra_nb.bench quality --out results/faster/<machine>_quality_toy.json
     python -m terra_nb.bench profile --engine port --out <file>.json
+    python -m terra_nb.bench frontend --engine port --preset terra_layout --out <file>.json
     python -m terra_nb.bench acceptance --out results/faster/cpu_spec_acceptance_toy.json
     python -m terra_nb.bench headline
 
 `pairs` runs a named plan (bench/plans.py): every side alive in its own process, trials in turn,
 settings read back and checked, one result file rewritten after every round. `remake` runs a result
 file's own plan again. `quality` scores the toy model under each engine variant; `profile` profiles
-one engine (port or stock) section by section; `headline` prints the README's headline block.
+one engine (port or stock) section by section, `frontend` its front end's milliseconds per request
+by prompt length and batch; `headline` prints the README's headline block.
 The package's `__init__` lists what each module does.
 """
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
+import sys
 from pathlib import Path
 
 from terra_nb.bench.plans import PLAN_NAMES
@@ -62,6 +66,26 @@ def main(argv=None):
     for f in dataclasses.fields(ProfileSpec):   # --batch, --decode-steps, --n-ctx, ...
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
         pr.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
+    fe = sub.add_parser("frontend", help="the front end's time per request (LLM.enqueue) of one engine, port or "
+                        "stock, by prompt length and batch, with its parts under cProfile; write JSON")
+    fe.add_argument("--engine", choices=("port", "stock"), required=True)
+    fe.add_argument("--preset", default="terra_layout", help="terra_layout: Terra's frame layout on the tiny backbone")
+    fe.add_argument("--ckpt-root", default="checkpoints")
+    fe.add_argument("--out", required=True)
+    fe.add_argument("--frames", default="3,6,9,12", help="frames in a prompt, comma-separated")
+    fe.add_argument("--batches", default="32", help="requests a call, comma-separated (e.g. 1,32,128)")
+    fe.add_argument("--repeats", type=int, default=5)
+    fe.add_argument("--profile-batches", default="", help="then `profile`'s sections on the same engine at each "
+                    "of these batches, comma-separated (e.g. 1,32,128; default none)")
+    fe.add_argument("--engine-kwargs", type=json.loads, default={})
+    fe.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale")
+    fr = sub.add_parser("frontend-record", help="several `frontend` files of one run in one record, for "
+                        "results/frontend/ (bench.plots.front_end_plot draws it)")
+    fr.add_argument("--side", action="append", required=True, metavar="LABEL=FILE",
+                    help="a side's label and its `frontend` file, e.g. 'stock=frontend_stock.json'; in order")
+    fr.add_argument("--commit", required=True, help="the commit whose code ran")
+    fr.add_argument("--run", required=True, help="how the files were made: machine and command(s)")
+    fr.add_argument("--out", required=True)
     acc = sub.add_parser("acceptance", help="frame copy's acceptance per draft position on the toy model, counted by "
                          "vLLM and simulated on the same greedy clips (bench/faster.py: acceptance_run), write JSON")
     acc.add_argument("--out", required=True)
@@ -70,6 +94,7 @@ def main(argv=None):
     acc.add_argument("--frames", type=int, default=12)
     sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # what the result files record as their command
     if a.cmd in ("pairs", "remake"):
         _pairs(a)
     elif a.cmd == "quality":
@@ -88,16 +113,25 @@ def main(argv=None):
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=2))
         print("\n".join(summary_lines(res)))
+    elif a.cmd == "frontend":
+        _frontend(a)
+    elif a.cmd == "frontend-record":
+        from terra_nb.bench.profiling import front_end_record, front_end_rows
+        from terra_nb.workbook.show import text_table
+
+        sides = {label: json.loads(Path(f).read_text()) for label, f in (x.split("=", 1) for x in a.side)}
+        rec = front_end_record(sides, a.commit, a.run)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
+        print(text_table(front_end_rows(rec)))
     elif a.cmd == "acceptance":
         import os
-        import shlex
-        import sys
 
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from terra_nb.bench.faster import acceptance_run
 
         res = dict(acceptance_run(a.k, a.clips, a.frames),
-                   command="python -m terra_nb.bench " + " ".join(shlex.quote(x) for x in sys.argv[1:]))
+                   command="python -m terra_nb.bench " + " ".join(shlex.quote(x) for x in a.argv))
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     else:
         from terra_nb.bench.headline import headline_markdown
@@ -120,6 +154,26 @@ def _pairs(a: argparse.Namespace) -> None:
               f"{c['trials']} trials a side, verdict {c['verdict']}")
     if res["errors"]:
         print(json.dumps(res["errors"], indent=2))
+
+
+def _frontend(a: argparse.Namespace) -> None:
+    from terra_nb.bench.profiling import front_end_side, summary_lines
+    from terra_nb.bench.workload import checkpoint
+
+    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    res = front_end_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, ints(a.frames), ints(a.batches),
+                         a.repeats, a.engine_kwargs, ints(a.profile_batches) if a.profile_batches else ())
+    res["command"] = "python -m terra_nb.bench " + shlex.join(a.argv)
+    if a.commit:
+        res["env"] = dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=2))
+    for r in res["front_end"]:
+        print(f"{a.engine} {r['frames']} frames x {r['batch']}: {r['front_end_ms_per_request']:.3f} ms a request "
+              f"(engine {r['engine_ms']:.1f} ms); parts {r['parts_ms_per_request']}")
+    for batch, prof in res["profiles"].items():
+        print(f"profile at {batch} requests a call:")
+        print("\n".join(summary_lines(dict(prof, engine=a.engine, env=res["env"]), n=8)))
 
 
 def _quality(a: argparse.Namespace) -> None:

@@ -35,3 +35,28 @@ def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
         ax.legend(fontsize=7)
     fig.suptitle(title or f"{res['device']}, vLLM {res['versions']['vllm']}, {res['dtype']}, {res['preset']}", fontsize=9)
     return save_figure(fig, save)
+
+
+def front_end_plot(record: dict, title: str | None = None, save=None) -> Figure:
+    """The front end's milliseconds per request against the frames in a prompt, one panel per batch,
+    one line per side of a front-end record (`profiling.front_end_record`: e.g. stock, the port as
+    it was, the port now). Each point is the median of the side's trials."""
+    from terra_nb.workbook.viz import save_figure
+
+    sides = record["sides"]
+    batches = sorted({r["batch"] for side in sides.values() for r in side["front_end"]})
+    fig = Figure(figsize=(4.2 * len(batches), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(batches), squeeze=False)[0]
+    for ax, batch in zip(axes, batches):
+        for label, side in sides.items():
+            rows = sorted((r for r in side["front_end"] if r["batch"] == batch), key=lambda r: r["frames"])
+            ax.plot([r["frames"] for r in rows], [r["front_end_ms_per_request"] for r in rows], "o-", label=label)
+        ax.set_title("1 request a call" if batch == 1 else f"{batch} requests a call", fontsize=8)
+        ax.set_xlabel("frames in the prompt (action items)")
+        ax.set_ylabel("front end, ms per request")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    env = next(iter(sides.values()))["env"]
+    fig.suptitle(title or f"{env.get('device', '')}, vLLM {env.get('vllm', '')}, commit {record.get('commit', '')}",
+                 fontsize=9)
+    return save_figure(fig, save)

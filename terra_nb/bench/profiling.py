@@ -400,3 +400,178 @@ def summary_lines(res: dict, n: int = 12) -> list[str]:
         for r in k["top_device"][:n]:
             lines.append(f"    {r['us_per_step']:8.1f} us/step {r['calls_per_step']:6.2f}x  {r['name']}")
     return lines
+
+
+# ---------------------------------------------------------------------------- the front end per request
+# Parts of one `LLM.enqueue` (file fragment, function name; the outermost match): the same names
+# on vLLM 0.26 and 0.32. `enqueue` adds requests without running a step: rendering (vLLM's
+# multimodal path, our processor's `apply` inside), `InputProcessor.process_inputs` (our front
+# door around it) and the engine core's `add_request` (in process: the receiver's multimodal
+# cache, the request's block hashes).
+FRONT_END_PARTS = {
+    "render": [("base.py", "render_cmpl")],
+    "our_processor": [("vllm_processing.py", "apply")],
+    "process_inputs": [("input_processor.py", "process_inputs")],
+    "engine_add_request": [("core.py", "preprocess_add_request")],
+    "mm_receiver_cache": [("cache.py", "get_and_update_features"), ("base.py", "get_and_update_features")],
+    "block_hashes": [("kv_cache_utils.py", "request_block_hasher")],
+}
+
+
+def _parts(stats: pstats.Stats, parts: dict) -> dict[str, float]:
+    out = {}
+    for part, keys in parts.items():
+        best = 0.0
+        for (file, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+            if any(file.endswith(f) and func == name for f, name in keys):
+                best = max(best, ct)
+        out[part] = round(best, 6)
+    return out
+
+
+def front_end_cost(llm, make_requests, frames: tuple[int, ...], batches: tuple[int, ...], repeats: int = 5) -> list[dict]:
+    """The front end's seconds per request: for each prompt length (`frames` whole frames) and
+    batch, the median over `repeats` of one `LLM.enqueue` of `batch` requests (`make_requests(n,
+    batch)`) divided by `batch`, the engine's run of them (`wait_for_completion`, 1 token each)
+    beside it, and one more enqueue under cProfile split into `FRONT_END_PARTS` (seconds per
+    request, inflated by the profiler) with its top functions. Every prompt is in the prefix cache
+    first, as in a rollout's frame step."""
+    import statistics
+
+    import vllm
+
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+    rows = []
+    for n in frames:
+        for batch in batches:
+            reqs = make_requests(n, batch)
+            llm.generate(reqs, params, use_tqdm=False)
+            enq, run = [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                llm.enqueue(reqs, params, use_tqdm=False)
+                t1 = time.perf_counter()
+                llm.wait_for_completion(use_tqdm=False)
+                sync()
+                enq.append(t1 - t0)
+                run.append(time.perf_counter() - t1)
+            prof = cProfile.Profile()
+            prof.enable()
+            llm.enqueue(reqs, params, use_tqdm=False)
+            prof.disable()
+            llm.wait_for_completion(use_tqdm=False)
+            stats = pstats.Stats(prof, stream=io.StringIO())
+            rows.append(dict(frames=n, batch=batch, prompt_tokens=len(reqs[0]["prompt_token_ids"]),
+                             front_end_ms_per_request=round(statistics.median(enq) / batch * 1e3, 4),
+                             front_end_ms_per_request_trials=[round(t / batch * 1e3, 4) for t in enq],
+                             engine_ms=round(statistics.median(run) * 1e3, 2),
+                             profiled_ms_per_request=round(stats.total_tt / batch * 1e3, 4),  # type: ignore[attr-defined]
+                             parts_ms_per_request={k: round(v / batch * 1e3, 4) for k, v in _parts(stats, FRONT_END_PARTS).items()},
+                             top_own=_top(stats, "own_s", 15)))
+    return rows
+
+
+def front_end_side(engine: str, ckpt: Path, preset: str, frames: tuple[int, ...] = (3, 6, 9, 12),
+                   batches: tuple[int, ...] = (32,), repeats: int = 5, engine_kwargs: dict | None = None,
+                   profile_batches: tuple[int, ...] = ()) -> dict:
+    """`front_end_cost` of one engine, our port (`"port"`: requests with one action item a frame)
+    or stock vLLM Llama (`"stock"`: the same token ids, plain), on prompts of `frames` frames of
+    seeded random codes with the preset sample's actions; the engine core in this process (as the
+    benchmark's sides run it), so that `enqueue` includes its `add_request`. Then, on the same
+    engine, `profile_engine` at each of `profile_batches` (under `profiles`, by batch), as
+    `profile_side` would run it, without an engine start each."""
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from terra_nb.bench.engines import port_engine, shutdown, stock_engine
+    from terra_nb.bench.workload import sample_for
+    from terra_nb.port.config import LlamaActionConfig
+    from terra_nb.port.layout import FrameLayout, build_prompt
+    from terra_nb.port.vllm_rollout import frame_request
+    from terra_nb.workbook.show import environment_info
+
+    if engine not in ("port", "stock"):
+        raise ValueError(f"engine must be 'port' or 'stock', got {engine!r}")
+    layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
+    most = max(frames)
+    if most >= layout.max_frames:
+        raise ValueError(f"frames must stay below {layout.max_frames} (a prompt extends by one frame), got {most}")
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, layout.num_codes, (max(batches), most, layout.image_tokens), generator=g)
+    actions = sample_for(preset).actions.reshape(-1, layout.action_tokens, layout.action_dim)
+    actions = actions[torch.arange(most) % actions.shape[0]]
+
+    def make_requests(n: int, batch: int) -> list[dict]:
+        if engine == "port":
+            return [frame_request(codes[b, :n], actions, layout) for b in range(batch)]
+        return [{"prompt_token_ids": build_prompt(codes[b, :n], layout)} for b in range(batch)]
+
+    llm, start = (port_engine if engine == "port" else stock_engine)(ckpt, **(engine_kwargs or {}))
+    try:
+        rows = front_end_cost(llm, make_requests, tuple(frames), tuple(batches), repeats)
+        request = _profile_request(engine, preset, layout)
+        profiles = {str(b): profile_engine(llm, lambda i: request, layout, ProfileSpec(batch=b), {})
+                    for b in profile_batches}
+    finally:
+        shutdown(llm)
+    return dict(engine=engine, engine_start_s=round(start, 1), env=environment_info(), preset=preset,
+                engine_kwargs=engine_kwargs or {}, repeats=repeats, front_end=rows, profiles=profiles)
+
+
+def _profile_request(engine: str, preset: str, layout, n_ctx: int = ProfileSpec.n_ctx) -> dict:
+    """The request `profile_side` profiles: the preset sample's context, with its actions for the port."""
+    from terra_nb.bench.workload import sample_for
+    from terra_nb.port.layout import build_prompt
+    from terra_nb.port.vllm_rollout import frame_request
+
+    sample = sample_for(preset, n_ctx)
+    ctx = sample.context[:n_ctx]
+    return frame_request(ctx, sample.actions, layout) if engine == "port" else {"prompt_token_ids": build_prompt(ctx, layout)}
+
+
+def compare_front_end(port: dict, stock: dict) -> list[dict]:
+    """Row by row (frames, batch): the port's front-end milliseconds per request over stock's."""
+    key = {(r["frames"], r["batch"]): r for r in stock["front_end"]}
+    out = []
+    for r in port["front_end"]:
+        s = key.get((r["frames"], r["batch"]))
+        if s is None:
+            continue
+        out.append(dict(frames=r["frames"], batch=r["batch"], port_ms=r["front_end_ms_per_request"],
+                        stock_ms=s["front_end_ms_per_request"],
+                        extra_ms=round(r["front_end_ms_per_request"] - s["front_end_ms_per_request"], 4),
+                        ratio=round(r["front_end_ms_per_request"] / s["front_end_ms_per_request"], 2)))
+    return out
+
+
+def front_end_record(sides: dict[str, dict], commit: str, command: str) -> dict:
+    """One file of `front_end_side` results (label -> result) measured in one run: the device and
+    versions of its first side, the commit and the command that ran them all."""
+    first = next(iter(sides.values()))
+    env = first["env"]
+    return dict(kind="front_end", date=env.get("date"), device=env.get("device"),
+                versions={k: env.get(k) for k in ("vllm", "torch", "python")},
+                commit=commit, command=command, preset=first["preset"], sides=sides)
+
+
+def front_end_rows(record: dict) -> list[dict]:
+    """A table of a front-end record: per frames and batch, every side's ms per request (median)."""
+    table: dict[tuple[int, int], dict] = {}
+    for label, side in record["sides"].items():
+        for r in side["front_end"]:
+            row = table.setdefault((r["frames"], r["batch"]), {"frames": r["frames"], "requests a call": r["batch"]})
+            row[f"{label}, ms"] = r["front_end_ms_per_request"]
+    return [table[k] for k in sorted(table)]
+
+
+def front_end_parts(record: dict, frames: int, batch: int) -> list[dict]:
+    """Where one request's front-end time goes, per side of a front-end record, at `frames` and
+    `batch`: each of `FRONT_END_PARTS` in ms per request, under cProfile (inflated alike for all
+    sides; `render` holds `our_processor`, `engine_add_request` holds `mm_receiver_cache` and
+    `block_hashes`)."""
+    out = []
+    for label, side in record["sides"].items():
+        r = next((r for r in side["front_end"] if r["frames"] == frames and r["batch"] == batch), None)
+        if r is not None:
+            out.append({"side": label, "profiled ms": r["profiled_ms_per_request"], **r["parts_ms_per_request"]})
+    return out

@@ -13,8 +13,9 @@ methods only through `wrap`:
   `port/vllm_frontdoor.py`; TinyVLM: `port_vlm/vllm_frontdoor.py`).
 
 This file stands alone (the standard library and vLLM's public `vllm.exceptions`) and is shipped,
-the same file, in both copyable ports, `terra_nb/port/` and `terra_nb/port_vlm/`, so that either
-folder copies into another project by itself; `tests/test_port_copy.py` keeps the two identical.
+the same file, in every copyable port, `terra_nb/port/`, `terra_nb/port_vlm/` and `terra_nb/port_av/`,
+so that each folder copies into another project by itself; `tests/test_port_copy.py` keeps them
+identical.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import NamedTuple
 import vllm
 from vllm.exceptions import VLLMValidationError as _VLLMValidationError
 
-__all__ = ["PROCESS_INPUTS", "STREAMING_SESSIONS", "Patch", "RequestValidationError", "skipped", "wrap",
+__all__ = ["CHAT_RENDERING", "PROCESS_INPUTS", "STREAMING_SESSIONS", "Patch", "RequestValidationError", "skipped", "wrap",
            "wrapped_by"]
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,14 @@ PROCESS_INPUTS = Patch("vllm.v1.engine.input_processor", "InputProcessor", "proc
 STREAMING_SESSIONS = Patch("vllm.v1.engine.async_llm", "AsyncLLM", "_add_streaming_input_request",
                            ("self", "request_id", "input_stream", "sampling_params"))
 """Where `AsyncLLM.generate` opens a streaming-input session (0.26 and 0.32)."""
+
+CHAT_RENDERING = Patch("vllm.entrypoints.llm", "LLM", "_preprocess_chat",
+                       ("self", "conversations", "chat_template", "chat_template_content_format",
+                        "chat_template_kwargs", "add_generation_prompt", "continue_final_message", "tools",
+                        "tokenization_kwargs"))
+"""Where `LLM.chat` renders a conversation and tokenizes the text (0.26 and 0.32, inherited from
+the offline mixin): where the TinyVLM and TinyAV plugins set the tokenization default
+(`vllm_chat`)."""
 
 
 # One error type that vLLM's server (HTTP 400) and a plain `except ValueError` both recognise:

@@ -71,6 +71,10 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
     * `max_model_len = max_frames * frame_len` (25 * 582 = 14550 for Terra: one round);
       `max_frames` defaults to the config's `num_temporal_embeddings`;
     * `limit_mm_per_prompt={"actions": max_frames - 1}` (one item per prompt frame);
+    * `mm_processor_cache_gb=0`: no multimodal processor cache. It saves re-running an HF
+      processor on an item seen before; Terra's processor only hands on 18 floats a frame, while
+      the cache sized and stored every item of every request again (a rollout re-sends all its
+      frames' items at every frame step): more front-end time per request than the processing;
     * `dtype`: the checkpoint's `torch_dtype`, spelled out (vLLM's `"auto"` turns float32 into
       bfloat16 on the CPU backend, which breaks fp32 parity with HF);
     * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
@@ -112,6 +116,7 @@ def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp3
         enable_prefix_caching=True,
         max_model_len=frames * layout.frame_len,
         limit_mm_per_prompt={MODALITY: frames - 1},
+        mm_processor_cache_gb=0,
         dtype=config_dtype(cfg),
     )
     if _on_cpu():

@@ -21,12 +21,15 @@ ENTRY_POINT = "terra_nb_av"
 
 
 def register() -> None:
-    """Register the HF classes with the Auto classes and the architecture with vLLM (idempotent)."""
+    """Register the HF classes with the Auto classes and the architecture with vLLM, and set
+    `LLM.chat`'s tokenization for TinyAV (`vllm_chat`: the template writes the `<s>`). Idempotent."""
     from vllm import ModelRegistry
 
     from .hf_model import register as register_hf
+    from .vllm_chat import install as install_chat
 
     register_hf()
+    install_chat()
     if ARCHITECTURE not in set(ModelRegistry.get_supported_archs()):
         ModelRegistry.register_model(ARCHITECTURE, f"{__package__}.vllm_model:{ARCHITECTURE}")
 

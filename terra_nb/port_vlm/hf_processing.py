@@ -128,8 +128,11 @@ class TinyVLMProcessor(ProcessorMixin):
             texts = [text] if isinstance(text, str) else list(text)
             if len(texts) != 1:
                 raise ValueError("TinyVLMProcessor takes one text at a time")
-            grids = data.get("image_grid_hw", torch.zeros(0, 2, dtype=torch.long))
-            expanded = self.expand_image_tokens(texts[0], grids)
+            # With images, each `<image>` becomes its patches; text alone is tokenized as written, as
+            # HF's LLaVA processor does (vLLM 0.26 asks so for a text prompt whose images all come
+            # from its cache, and expands the tokens itself; the HF model refuses `<image>` tokens
+            # without pixel_values).
+            expanded = self.expand_image_tokens(texts[0], data["image_grid_hw"]) if images else texts[0]
             ids = self.tokenizer(expanded, return_tensors="pt", add_special_tokens=add_special_tokens)
             data.update(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"])
         return BatchFeature(data)

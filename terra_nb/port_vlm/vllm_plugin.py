@@ -14,7 +14,9 @@ when the engine core is another process. `register` is idempotent and cheap:
 * the architecture goes into vLLM's `ModelRegistry` lazily ("module:Class");
 * the front door (`vllm_frontdoor.install`) checks `<image>` tokens against the images. It never
   raises: vLLM does not catch what a general plugin raises, and one exception here would stop every
-  engine of the environment (`vllm_frontdoor` says what happens on a vLLM without the method).
+  engine of the environment (`vllm_frontdoor` says what happens on a vLLM without the method);
+* `LLM.chat` tokenizes the rendered chat without special tokens on every release
+  (`vllm_chat.install`: the template writes the `<s>`; vLLM 0.26 would add a second).
 
 Everything is found relative to this module (`__package__`), and nothing outside the folder is
 imported, so the folder works under any package name: copy it into a project as `myproj/tiny_vlm/`
@@ -31,10 +33,12 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from .hf_model import register as register_hf
+    from .vllm_chat import install as install_chat
     from .vllm_frontdoor import install
 
     register_hf()
     install()
+    install_chat()
     if ARCHITECTURE not in set(ModelRegistry.get_supported_archs()):
         ModelRegistry.register_model(ARCHITECTURE, f"{__package__}.vllm_model:{ARCHITECTURE}")
 
