@@ -142,6 +142,12 @@ def test_front_end_record_rows_and_comparison(front_end, tmp_path, bench_main):
     assert [p["side"] for p in parts] == ["stock", "port"] and parts[1]["render"] > parts[1]["our_processor"] > 0
     cmp = profiling.compare_front_end(front_end, stock)
     assert [c["ratio"] for c in cmp] == [2.0] * 4
+    # the profiled sections side by side: stock's walls halved -> the port 2x slower in every section
+    halved = {b: dict(p, sections=[dict(sec, wall_s=sec["wall_s"] / 2) for sec in p["sections"]])
+              for b, p in front_end["profiles"].items()}
+    prof_rows = profiling.profile_rows(dict(rec, sides={"stock": dict(stock, profiles=halved), "port": front_end}), "port")
+    assert [r["requests a call"] for r in prof_rows] == [2] * len(front_end["profiles"]["2"]["sections"])
+    assert all(r["port / stock"] == pytest.approx(2.0, rel=0.01) for r in prof_rows if r["stock, s"])
     from terra_nb.bench.plots import front_end_plot
 
     fig = front_end_plot(rec)

@@ -181,8 +181,12 @@ def test_test_groups_cover_every_test_module_once_and_keep_shared_engines_togeth
     r = subprocess.run(["bash", str(REPO / "tools" / "gpu_runner.sh"), "groups"], capture_output=True, text=True)
     groups = dict(line.split(": ", 1) for line in r.stdout.splitlines())
     modules = {p.name for p in (REPO / "tests").glob("test_*.py")}
-    ignored = set(re.findall(r"--ignore tests/(\S+)", groups.pop("fast")))
-    in_groups = [m for args in groups.values() for m in re.findall(r"tests/(test_\w+\.py)", args)]
+    ignored = set(re.findall(r"--ignore tests/(\S+\.py)", groups["fast"]))
+    # vLLM's own model tests: out of the fast group, every 0.26 module of theirs in `models`
+    assert "--ignore tests/vllm_model_tests" in groups.pop("fast")
+    assert set(re.findall(r"tests/vllm_model_tests/(\S+\.py)", groups.pop("models"))) == {
+        p.name for p in (REPO / "tests" / "vllm_model_tests").glob("test_*_v026.py")}
+    in_groups = [m for args in groups.values() for m in re.findall(r"(?<!_)tests/(test_\w+\.py)", args)]
     # test_browser runs on CPU CI only (no Chromium on the GPU machine); every other module once
     assert r.returncode == 0 and sorted(in_groups) == sorted(ignored - {"test_browser.py"}) and ignored < modules
     named = {g: set(re.findall(r"tests/(test_\w+\.py)", args)) for g, args in groups.items()}

@@ -7,6 +7,7 @@
 #   bash tools/gpu_runner.sh setup             # install the project (no downloads), record the machine
 #   bash tools/gpu_runner.sh reproduce 06      # papermill, real Terra shape (--device cuda --preset terra)
 #   bash tools/gpu_runner.sh test engine1      # a group of unit tests (`bash tools/gpu_runner.sh groups` lists them)
+#   bash tools/gpu_runner.sh test models       # vLLM 0.26's own model tests, alone on the GPU (not in the lanes)
 #   bash tools/gpu_runner.sh nbval 06          # nbval over one notebook, on the GPU
 #   bash tools/gpu_runner.sh report            # $OUT/gpu_report_<gpu>.md (+ .json) from everything above
 # The report names one commit and the machine's run: set TERRA_NB_RUN (e.g. "H200, one hold")
@@ -70,7 +71,7 @@ ENGINE_TESTS=(test_vllm_engine test_session_rollout test_vllm_engine_v2 test_vll
 groups() {  # name -> pytest arguments
   case "$1" in
     # test_browser: the GPU machine has neither Chromium nor Playwright; .ci/run (CPU CI) runs it
-    fast) local a=(tests --ignore tests/test_browser.py); for t in "${ENGINE_TESTS[@]}"; do a+=(--ignore "tests/$t.py"); done; echo "${a[@]}" ;;
+    fast) local a=(tests --ignore tests/test_browser.py --ignore tests/vllm_model_tests); for t in "${ENGINE_TESTS[@]}"; do a+=(--ignore "tests/$t.py"); done; echo "${a[@]}" ;;
     # test_vllm_engine, test_teacher_forced and test_session_rollout share one engine (tests/conftest.py: tiny_llm)
     engine1) echo tests/test_vllm_engine.py tests/test_teacher_forced.py tests/test_session_rollout.py tests/test_vllm_engine_v2.py ;;
     engine2) echo tests/test_vllm_trace.py tests/test_weight_mapping.py tests/test_vllm_release.py ;;
@@ -78,7 +79,11 @@ groups() {  # name -> pytest arguments
     engine4) echo tests/test_bench_pairs.py ;;
     # TinyVLM's offline engine, shared by these two (tests/conftest.py: tiny_vlm_llm)
     engine5) echo tests/test_port_vlm_engine.py tests/test_vllm_serve_vlm.py ;;
-    *) echo "unknown test group $1 (fast, engine1..engine5)" >&2; return 2 ;;
+    # vLLM's own model tests (0.26's here): alone on the GPU, since the initialization tests start each
+    # engine at 0.8 of its memory; they come last (the registry checks hung when run after them)
+    models) echo tests/vllm_model_tests/test_registry_v026.py tests/vllm_model_tests/test_common_v026.py \
+                 tests/vllm_model_tests/test_tensor_schema_v026.py tests/vllm_model_tests/test_initialization_v026.py ;;
+    *) echo "unknown test group $1 (fast, engine1..engine5, models)" >&2; return 2 ;;
   esac
 }
 NOTEBOOKS=$(ls notebooks/[0-9][0-9]_*.ipynb | sed -E 's|notebooks/([0-9][0-9])_.*|\1|')
@@ -141,7 +146,7 @@ case "${1:-plan}" in
     # as `lane` reads them: a lane whose steps end in a non-zero status would not start
     for lane in $LANES; do steps=$(lane_steps $lane) || exit 2; echo "$lane: $(echo "$steps" | paste -sd ';' -)"; done ;;
   groups)  # the unit-test groups and their pytest arguments, one per line
-    for g in fast engine1 engine2 engine3 engine4 engine5; do echo "$g: $(groups $g)"; done ;;
+    for g in fast engine1 engine2 engine3 engine4 engine5 models; do echo "$g: $(groups $g)"; done ;;
   snapshot)  # snapshot DIR: a copy of the files here (those git does not ignore) and .git
     # `start` runs its lanes in one: every later device call (`wait`) copies the checkout again, and
     # a file being copied is briefly absent (nbval 08 once found no notebook 20 s into a run, and
@@ -173,7 +178,7 @@ case "${1:-plan}" in
     rc=$?; cp "$STATE/reproduce/$nb/summary.json" "$OUT/reproduce_${nb}_summary.json" 2>/dev/null
     cp -r "$STATE/reproduce/$nb/results" "$OUT/reproduce_${nb}_results" 2>/dev/null; exit $rc ;;
   test)
-    g=${2:?which group: fast, engine1..engine5}; args=$(groups "$g") || exit 2
+    g=${2:?which group: fast, engine1..engine5, models}; args=$(groups "$g") || exit 2
     timed "test_$g" mk test -p no:cacheprovider $args ;;
   nbval)
     nb=${2:?which notebook, e.g. 06}

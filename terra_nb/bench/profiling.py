@@ -564,6 +564,15 @@ def front_end_rows(record: dict) -> list[dict]:
     return [table[k] for k in sorted(table)]
 
 
+def profile_rows(record: dict, port: str, stock: str = "stock") -> list[dict]:
+    """The sections `profile` timed on both engines of a front-end record (`--profile-batches`), per
+    batch: wall seconds without the profiler, port and stock, and their ratio (> 1: the port slower)."""
+    p, s = record["sides"][port].get("profiles", {}), record["sides"][stock].get("profiles", {})
+    return [{"requests a call": int(b), "section": c["section"], "port, s": c["port_wall_s"],
+             "stock, s": c["stock_wall_s"], "port / stock": c["ratio"]}
+            for b in sorted(set(p) & set(s), key=int) for c in compare(p[b], s[b])]
+
+
 def front_end_parts(record: dict, frames: int, batch: int) -> list[dict]:
     """Where one request's front-end time goes, per side of a front-end record, at `frames` and
     `batch`: each of `FRONT_END_PARTS` in ms per request, under cProfile (inflated alike for all
