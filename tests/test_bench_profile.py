@@ -140,8 +140,6 @@ def test_front_end_record_rows_and_comparison(front_end, tmp_path, bench_main):
     assert rows[0]["port, ms"] == pytest.approx(2 * rows[0]["stock, ms"])
     parts = profiling.front_end_parts(rec, frames=2, batch=2)
     assert [p["side"] for p in parts] == ["stock", "port"] and parts[1]["render"] > parts[1]["our_processor"] > 0
-    cmp = profiling.compare_front_end(front_end, stock)
-    assert [c["ratio"] for c in cmp] == [2.0] * 4
     # the profiled sections side by side: stock's walls halved -> the port 2x slower in every section
     halved = {b: dict(p, sections=[dict(sec, wall_s=sec["wall_s"] / 2) for sec in p["sections"]])
               for b, p in front_end["profiles"].items()}

@@ -1,15 +1,19 @@
-"""The new-length probe of HF's decode step (bench/hf_probe.py) on the tiny checkpoint: what it
+"""The new-length probe of HF's decode step (tools/hf_probe.py) on the tiny checkpoint: what it
 records, that its cold and warm passes visit the same lengths and no two settings share one, and
 that crop restores the cache (warm logits = cold logits = a forward without any cache)."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from terra_nb.bench import hf_probe
 from terra_nb.bench.engines import load_hf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import hf_probe  # noqa: E402  (a script under tools/, run as `python3 tools/hf_probe.py`)
 
 STEPS = 6
 
@@ -113,4 +117,4 @@ def test_cli_writes_the_part(tiny_ckpt, tmp_path, single_thread):
     assert part["env"]["torch"] == torch.__version__ and "transformers" in part["env"] and "git_commit" in part["env"]
     assert part["probe"]["steps"] == 31  # what fits in a frame of 64 codes for 2 settings and the profiled step
     assert list(part["probe"]["settings"]) == ["default", "MATH"]
-    assert part["command"].startswith("python -m terra_nb.bench.hf_probe --preset tiny --ckpt ")
+    assert part["command"].startswith("python3 tools/hf_probe.py --preset tiny --ckpt ")

@@ -41,15 +41,6 @@ def test_clocked_calls_time_every_call_and_vanish_afterwards():
     assert "step" not in vars(e) and e.step(5) == 6
 
 
-def test_compare_steps_sets_the_session_against_stocks_frame_loop():
-    loop = dict(mode="frame loop", batch=128, wall_ms=6600.0, decode_step_ms=11.0, overhead_ms=275.0)
-    sess = dict(mode="session", batch=128, wall_ms=6350.0, decode_step_ms=10.9, overhead_ms=82.5)
-    cmp = sp.compare_steps(loop, sess)
-    assert cmp["saved_ms"] == pytest.approx(250.0) and cmp["overhead_saved_ms"] == pytest.approx(192.5)
-    with pytest.raises(ValueError, match="different batches"):
-        sp.compare_steps(loop, dict(sess, batch=1))
-
-
 def test_step_rows_show_each_engines_split_and_its_ceiling():
     from terra_nb.bench.records import overhead_ceiling, step_rows
 

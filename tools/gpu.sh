@@ -10,7 +10,7 @@
 #                               and port_cache (the port with vLLM's multimodal processor cache on, as it was
 #                               before make_llm turned it off), default all three; ~4 min a side on an H100
 #   bash tools/gpu.sh hf_probe  HF's decode step at KV lengths new to the process vs the same lengths
-#                               again, per SDPA backend (bench/hf_probe.py)                 ~1.5 min
+#                               again, per SDPA backend (tools/hf_probe.py)                 ~1.5 min
 #   bash tools/gpu.sh toy       the toy model's training sweep (TOY_RUNS='name:steps=12000 ...')   ~10 min a run
 #   bash tools/gpu.sh toy_par   the same, each run in a process of its own, side by side, then merged;
 #                               $OUT/toy_par.tar.gz holds every run's checkpoint and log. The steps are
@@ -73,7 +73,7 @@ case "$1" in
     for side in ${SIDES:-port stock port_cache}; do frontend_side "$side" "${CKPT_ROOT:-/tmp/ckpt_0}" || rc=1; done
     exit $rc ;;
   # Is HF's slow first video a one-time cost per new KV length? (load + probe < 90 s)
-  hf_probe) python3 -m terra_nb.bench.hf_probe --preset terra --ckpt-root /tmp/ckpt --out "$OUT/part_hf_probe.json" \
+  hf_probe) python3 tools/hf_probe.py --preset terra --ckpt-root /tmp/ckpt --out "$OUT/part_hf_probe.json" \
       > "$OUT/log_hf_probe.txt" 2>&1
     rc=$?; grep -v -E "^USDT|it/s\]$" "$OUT/log_hf_probe.txt" | tail -40; exit $rc ;;
   # The toy model's training sweep (tools/toy_sweep.py; TOY_RUNS: its --run specs, space-separated).

@@ -5,7 +5,6 @@
     python -m terra_nb.bench quality --out results/faster/<machine>_quality_toy.json
     python -m terra_nb.bench profile --engine port --out <file>.json
     python -m terra_nb.bench frontend --engine port --preset terra_layout --out <file>.json
-    python -m terra_nb.bench acceptance --out results/faster/cpu_spec_acceptance_toy.json
     python -m terra_nb.bench headline
 
 `pairs` runs a named plan (bench/plans.py): every side alive in its own process, trials in turn,
@@ -86,12 +85,6 @@ def main(argv=None):
     fr.add_argument("--commit", required=True, help="the commit whose code ran")
     fr.add_argument("--run", required=True, help="how the files were made: machine and command(s)")
     fr.add_argument("--out", required=True)
-    acc = sub.add_parser("acceptance", help="frame copy's acceptance per draft position on the toy model, counted by "
-                         "vLLM and simulated on the same greedy clips (bench/faster.py: acceptance_run), write JSON")
-    acc.add_argument("--out", required=True)
-    acc.add_argument("--k", type=int, default=8)
-    acc.add_argument("--clips", type=int, default=8)
-    acc.add_argument("--frames", type=int, default=12)
     sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)  # what the result files record as their command
@@ -124,15 +117,6 @@ def main(argv=None):
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
         print(text_table(front_end_rows(rec)))
-    elif a.cmd == "acceptance":
-        import os
-
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from terra_nb.bench.faster import acceptance_run
-
-        res = dict(acceptance_run(a.k, a.clips, a.frames),
-                   command="python -m terra_nb.bench " + " ".join(shlex.quote(x) for x in a.argv))
-        Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     else:
         from terra_nb.bench.headline import headline_markdown
 

@@ -529,21 +529,6 @@ def _profile_request(engine: str, preset: str, layout, n_ctx: int = ProfileSpec.
     return frame_request(ctx, sample.actions, layout) if engine == "port" else {"prompt_token_ids": build_prompt(ctx, layout)}
 
 
-def compare_front_end(port: dict, stock: dict) -> list[dict]:
-    """Row by row (frames, batch): the port's front-end milliseconds per request over stock's."""
-    key = {(r["frames"], r["batch"]): r for r in stock["front_end"]}
-    out = []
-    for r in port["front_end"]:
-        s = key.get((r["frames"], r["batch"]))
-        if s is None:
-            continue
-        out.append(dict(frames=r["frames"], batch=r["batch"], port_ms=r["front_end_ms_per_request"],
-                        stock_ms=s["front_end_ms_per_request"],
-                        extra_ms=round(r["front_end_ms_per_request"] - s["front_end_ms_per_request"], 4),
-                        ratio=round(r["front_end_ms_per_request"] / s["front_end_ms_per_request"], 2)))
-    return out
-
-
 def front_end_record(sides: dict[str, dict], commit: str, command: str) -> dict:
     """One file of `front_end_side` results (label -> result) measured in one run: the device and
     versions of its first side, the commit and the command that ran them all."""

@@ -217,7 +217,7 @@ def seed_video(model, sample, n_ctx: int, frames: int, layout, sampling):
 HF_FLASH_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 """The SDPA kernels an HF side may use to keep cuDNN's attention out: on an H200 (torch 2.11, cuDNN
 9.19) SDPA picks cuDNN for HF's decode step, and cuDNN builds an execution plan for every key length
-it has not seen in the process (`hf_probe` measured a step at a new length 5.7x one at a length seen
+it has not seen in the process (`tools/hf_probe.py` measured a step at a new length 5.7x one at a length seen
 before). A video's decode steps are all new lengths, so HF's first video pays it at every step."""
 
 

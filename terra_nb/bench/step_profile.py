@@ -28,7 +28,7 @@ import statistics
 import time
 from typing import Callable
 
-__all__ = ["clocked_calls", "clocked_stream", "frame_loop_step_profile", "session_step_profile", "compare_steps"]
+__all__ = ["clocked_calls", "clocked_stream", "frame_loop_step_profile", "session_step_profile"]
 
 
 @contextlib.contextmanager
@@ -151,14 +151,3 @@ def session_step_profile(engine, roll: Callable[[], object], codes: int, batch: 
         roll()
     return dict(mode="session", **_summary(session_frames(record, codes), codes, batch))
 
-
-def compare_steps(loop: dict, session: dict) -> dict:
-    """A frame loop's step profile beside a session's at the same batch: what the session saves."""
-    if loop["batch"] != session["batch"]:
-        raise ValueError(f"profiles of different batches: {loop['batch']} vs {session['batch']}")
-    return dict(batch=loop["batch"],
-                wall_ms=(loop["wall_ms"], session["wall_ms"]),
-                decode_step_ms=(loop["decode_step_ms"], session["decode_step_ms"]),
-                overhead_ms=(loop["overhead_ms"], session["overhead_ms"]),
-                saved_ms=round(loop["wall_ms"] - session["wall_ms"], 3),
-                overhead_saved_ms=round(loop["overhead_ms"] - session["overhead_ms"], 3))

@@ -154,7 +154,7 @@ def hf_probe_markdown(path: Path | None = None) -> str:
             f"(torch's default there), HF's decode step at a key length new to the process took "
             f"{s['cold_ms_median']:.1f} ms and at a length seen before {s['warm_ms_median']:.1f} ms "
             f"({s['cold_over_warm']:.1f}x, medians of {p['steps']} steps; `results/hf_probe_h200.json`, "
-            "`python -m terra_nb.bench.hf_probe`). A first video pays that at every step: a cold HF run looks "
+            "`python3 tools/hf_probe.py`). A first video pays that at every step: a cold HF run looks "
             "slower than a warm one. The headline's HF side therefore runs with cuDNN's attention ruled out.")
 
 

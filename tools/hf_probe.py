@@ -15,7 +15,7 @@ The probe, on an HF Terra model already loaded (`new_length_probe`):
 5. torch.profiler over one cold and one warm default step (top CUDA kernels and CPU ops).
 
 cold >> warm per step says "per new length"; CPU seconds near wall seconds say CPU-bound. The CLI
-writes one JSON file (`python -m terra_nb.bench.hf_probe --preset terra --out hf_probe.json`,
+writes one JSON file (`python3 tools/hf_probe.py --preset terra --out hf_probe.json`,
 `tools/gpu.sh hf_probe` on the GPU).
 """
 from __future__ import annotations
@@ -291,7 +291,7 @@ def main(argv=None) -> dict:
     from terra_nb.workbook.data import load_sample
     from terra_nb.workbook.show import environment_info
 
-    ap = argparse.ArgumentParser(prog="python -m terra_nb.bench.hf_probe", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 tools/hf_probe.py", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="terra", help="the checkpoint's shape and the sample (as `bench pairs`)")
     ap.add_argument("--ckpt-root", default="checkpoints", help="where `bench pairs` keeps its checkpoints")
     ap.add_argument("--ckpt", default=None, help="a checkpoint folder (instead of the benchmark's)")
@@ -308,8 +308,8 @@ def main(argv=None) -> dict:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = dict(env=environment_info(), ckpt=str(ckpt), load_s=round(load_s, 2),
-                  # the command that made it: this module's own, with the arguments it was given
-                  command=" ".join(["python -m terra_nb.bench.hf_probe"]
+                  # the command that made it: this script, with the arguments it was given
+                  command=" ".join(["python3 tools/hf_probe.py"]
                                    + [shlex.quote(x) for x in (sys.argv[1:] if argv is None else argv)]))
     write = lambda res: out.write_text(json.dumps(dict(header, probe=res), indent=1))  # noqa: E731
     res = new_length_probe(model, sample.context[: a.n_ctx], sample.actions, steps, settings, flush=write)
