@@ -34,11 +34,30 @@ import torch
 
 from terra_nb.port.layout import FrameLayout
 from terra_nb.bench.engines import load_hf
-from terra_nb.bench.timing import cpu_usage, device_allocs, sdpa_backends
+from terra_nb.bench.timing import sdpa_backends
 from terra_nb.bench.profiling import sync
 
 SETTINGS = ("default", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 """SDPA settings in the order probed: no restriction first (torch's own choice), then one backend each."""
+
+
+def cpu_usage() -> tuple[float, int]:
+    """This process's CPU seconds (user + system) and involuntary context switches so far. Their
+    deltas over a phase tell a CPU-bound phase (CPU seconds near its wall seconds) from one that
+    waits (on the GPU, or preempted: involuntary switches)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_nivcsw
+
+
+def device_allocs() -> int | None:
+    """How many times torch's CUDA caching allocator has asked the driver for memory so far (None
+    on the CPU): a dynamic KV cache that grows past every size the allocator has cached makes it
+    call the driver, a CPU-side cost in a CPU-bound decode loop."""
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0))
 
 
 # ---------------------------------------------------------------------------- one pass of decode steps

@@ -208,15 +208,16 @@ def step_parts(phase_ms: dict[str, float], wall_ms: float) -> dict[str, float | 
     return {k: None if v is None else round(v, 4) for k, v in parts.items()}
 
 
-def _phase_times(stats: pstats.Stats) -> dict[str, float]:
-    """Cumulative seconds of the first matching function of each phase (the outermost call)."""
+def _cumulative_s(stats: pstats.Stats, parts: dict[str, list[tuple[str, str]]], digits: int = 5) -> dict[str, float]:
+    """Per part (name -> [(file ending, function name)]), the cumulative seconds of its outermost
+    matching call: the largest cumulative time among the matches, 0.0 where none ran."""
     out = {}
-    for phase, keys in PHASES.items():
+    for part, keys in parts.items():
         best = 0.0
         for (file, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
             if any(file.endswith(f) and func == name for f, name in keys):
                 best = max(best, ct)
-        out[phase] = round(best, 5)
+        out[part] = round(best, digits)
     return out
 
 
@@ -265,7 +266,7 @@ def profiled(fn, label: str, timed: dict[str, tuple[object, str]] | None = None)
         sync()
         prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
-    phases = _phase_times(stats)
+    phases = _cumulative_s(stats, PHASES)
     phases.update({k: round(v, 5) for k, v in clocked.items()})
     return dict(label=label, wall_s=round(wall, 5), profiled_s=round(stats.total_tt, 5),  # type: ignore[attr-defined]
                 phases=phases, top_own=_top(stats, "own_s"), top_cum=_top(stats, "cum_s"))
@@ -418,17 +419,6 @@ FRONT_END_PARTS = {
 }
 
 
-def _parts(stats: pstats.Stats, parts: dict) -> dict[str, float]:
-    out = {}
-    for part, keys in parts.items():
-        best = 0.0
-        for (file, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-            if any(file.endswith(f) and func == name for f, name in keys):
-                best = max(best, ct)
-        out[part] = round(best, 6)
-    return out
-
-
 def front_end_cost(llm, make_requests, frames: tuple[int, ...], batches: tuple[int, ...], repeats: int = 5) -> list[dict]:
     """The front end's seconds per request: for each prompt length (`frames` whole frames) and
     batch, the median over `repeats` of one `LLM.enqueue` of `batch` requests (`make_requests(n,
@@ -461,12 +451,13 @@ def front_end_cost(llm, make_requests, frames: tuple[int, ...], batches: tuple[i
             prof.disable()
             llm.wait_for_completion(use_tqdm=False)
             stats = pstats.Stats(prof, stream=io.StringIO())
+            parts = _cumulative_s(stats, FRONT_END_PARTS, 6)
             rows.append(dict(frames=n, batch=batch, prompt_tokens=len(reqs[0]["prompt_token_ids"]),
                              front_end_ms_per_request=round(statistics.median(enq) / batch * 1e3, 4),
                              front_end_ms_per_request_trials=[round(t / batch * 1e3, 4) for t in enq],
                              engine_ms=round(statistics.median(run) * 1e3, 2),
                              profiled_ms_per_request=round(stats.total_tt / batch * 1e3, 4),  # type: ignore[attr-defined]
-                             parts_ms_per_request={k: round(v / batch * 1e3, 4) for k, v in _parts(stats, FRONT_END_PARTS).items()},
+                             parts_ms_per_request={k: round(v / batch * 1e3, 4) for k, v in parts.items()},
                              top_own=_top(stats, "own_s", 15)))
     return rows
 
