@@ -34,8 +34,7 @@ import torch
 
 from terra_nb.port.layout import FrameLayout
 from terra_nb.bench.engines import load_hf
-from terra_nb.bench.timing import sdpa_backends
-from terra_nb.bench.profiling import sync
+from terra_nb.bench.timing import sdpa_backends, sync
 
 SETTINGS = ("default", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
 """SDPA settings in the order probed: no restriction first (torch's own choice), then one backend each."""

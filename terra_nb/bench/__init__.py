@@ -12,8 +12,8 @@ One job a module; imports flow down this list, never up (tests/test_imports.py c
 - `workload`: the checkpoints, the sample a trial starts from, the seed's setting.
 - `engines`: building and ending each engine.
 - `profiling`, `step_profile`, `roofline`: measuring tools and the memory floor.
-  `timing`: the synchronised clock, CPU use, SDPA limits. (HF's decode step at new vs seen lengths,
-  a one-off probe, is `tools/hf_probe.py`.)
+  `timing`: the synchronised clock, SDPA limits. (HF's decode step at new vs seen lengths, a one-off
+  probe, is `tools/hf_probe.py`.)
 - `records`: the committed result files: the newest of a kind, the provenance line, and the earlier
   (non-interleaved) measurements read as they were frozen (`results/earlier/`).
 - `sides`, `pairs`, `plans`: the sides a comparison puts against each other, the interleaved runner

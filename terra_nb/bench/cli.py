@@ -100,11 +100,8 @@ def main(argv=None):
         from terra_nb.bench.workload import checkpoint
 
         spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
-        res = profile_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, spec, a.engine_kwargs)
-        if a.commit:
-            res = dict(res, env=dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit))
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(res, indent=2))
+        res = _write_profile(profile_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, spec,
+                                          a.engine_kwargs), a)
         print("\n".join(summary_lines(res)))
     elif a.cmd == "frontend":
         _frontend(a)
@@ -140,6 +137,16 @@ def _pairs(a: argparse.Namespace) -> None:
         print(json.dumps(res["errors"], indent=2))
 
 
+def _write_profile(res: dict, a: argparse.Namespace) -> dict:
+    """Write a `profile` or `frontend` result to `--out`, with `--commit` as the commit whose code ran
+    (the device's own stale name kept beside it)."""
+    if a.commit:
+        res = dict(res, env=dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=2))
+    return res
+
+
 def _frontend(a: argparse.Namespace) -> None:
     from terra_nb.bench.profiling import front_end_side, summary_lines
     from terra_nb.bench.workload import checkpoint
@@ -147,11 +154,7 @@ def _frontend(a: argparse.Namespace) -> None:
     ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
     res = front_end_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, ints(a.frames), ints(a.batches),
                          a.repeats, a.engine_kwargs, ints(a.profile_batches) if a.profile_batches else ())
-    res["command"] = "python -m terra_nb.bench " + shlex.join(a.argv)
-    if a.commit:
-        res["env"] = dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=2))
+    res = _write_profile(dict(res, command="python -m terra_nb.bench " + shlex.join(a.argv)), a)
     for r in res["front_end"]:
         print(f"{a.engine} {r['frames']} frames x {r['batch']}: {r['front_end_ms_per_request']:.3f} ms a request "
               f"(engine {r['engine_ms']:.1f} ms); parts {r['parts_ms_per_request']}")

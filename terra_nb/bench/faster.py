@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from terra_nb.bench import roofline
-from terra_nb.bench.records import latest
+from terra_nb.bench.records import block, latest
 from terra_nb.port.frame_copy import frame_copy_draft
 
 FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8_weights_terra",
@@ -61,10 +61,6 @@ def load_all(folder: Path | None = None) -> dict[str, dict]:
 
 
 # ------------------------------------------------------------------ a step's cost, from a pairs file
-
-def block(res: Mapping, name: str) -> dict:
-    return next(b for b in res["blocks"] if b["name"] == name)
-
 
 def pair(res: Mapping, first: str, second: str, block_name: str) -> dict:
     """The file's `analysis` entry of `first` vs `second` in a block (speed-up of first over second)."""

@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from terra_nb.bench.plans import SEED_SPEEDUP
-from terra_nb.bench.records import latest as latest_file, provenance as provenance_line
+from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line
 from terra_nb.bench.stats import MET, MISSED
 from terra_nb.bench.workload import SEED_FIGURES
 
@@ -38,22 +38,18 @@ def latest(kind: str, results_dir: Path | None = None) -> tuple[Path, dict]:
                        f"run `python -m terra_nb.bench pairs --plan headline_{kind}` on a GPU first")
 
 
-def _block(res: dict, name: str) -> dict:
-    return next(b for b in res["blocks"] if b["name"] == name)
-
-
-def s_per_frame(res: dict, block: str, side: str) -> float:
+def s_per_frame(res: dict, block_name: str, side: str) -> float:
     """A side's median seconds per frame in a block (each frame of all rollouts at once)."""
-    b = _block(res, block)
+    b = block(res, block_name)
     return statistics.median(b["trials_s"][side]) / b["frames"]
 
 
-def ms_per_code(res: dict, block: str, side: str) -> float:
+def ms_per_code(res: dict, block_name: str, side: str) -> float:
     """A side's median milliseconds per generated code at batch 1 (codes per frame from the preset)."""
     from terra_nb.port.checkpoints import preset_config
     from terra_nb.port.layout import FrameLayout
 
-    return 1000 * s_per_frame(res, block, side) / FrameLayout.from_config(preset_config(res["preset"])).image_tokens
+    return 1000 * s_per_frame(res, block_name, side) / FrameLayout.from_config(preset_config(res["preset"])).image_tokens
 
 
 def _rollouts(n: int) -> str:
@@ -74,7 +70,7 @@ def headline_rows(stock: dict, seed: dict) -> list[dict]:
         for c in res["analysis"]:
             if res is seed and c["second"] != "hf":
                 continue  # the seed plan's third ratio (defaults vs seed engine) is detail, not headline
-            b = _block(res, c["block"])
+            b = block(res, c["block"])
             lo, hi = c["interval"]
             rows.append(dict(
                 comparison=f"{WHO[c['first']]} vs {WHO[c['second']]}", note=note,
@@ -110,7 +106,7 @@ def setup_notes(stock: dict, seed: dict) -> list[str]:
         f"the same backbone without the action inputs and the learned position table. A frame step is one frame "
         f"for every rollout at once.",
         f"(2) The seed's setting: one video, one `generate` call per frame, temperature {temps(seed)}, "
-        f"{seed['n_ctx']} + {_block(seed, 'seed')['frames']} frames (the seed's video had 22). HF Transformers' "
+        f"{seed['n_ctx']} + {block(seed, 'seed')['frames']} frames (the seed's video had 22). HF Transformers' "
         f"attention limited to {', '.join(hf['sdpa'] or ['any kernel'])} (cuDNN's kernel rebuilds a plan at every new "
         f"length); the port as the seed ran vLLM 0.6: {_asked(seed['sides']['port_seed'])}; the port with today's "
         f"defaults: {_asked(seed['sides']['port_defaults'])}.",
@@ -137,7 +133,7 @@ def seed_sentences(seed: dict) -> list[str]:
         f"HF's speed on the same video.",
         f"Why: HF here took {hf_s:.2f} s per frame ({ms_per_code(seed, 'seed', 'hf'):.1f} ms per code) against the "
         f"seed's {seed_hf:.2f} s, while the eager port took {eager_s:.2f} s ({ms_per_code(seed, 'seed', 'port_seed'):.1f} ms "
-        f"per code) against the seed's vLLM at {seed_vllm:.2f} s (over {_block(seed, 'seed')['frames']} frames, not "
+        f"per code) against the seed's vLLM at {seed_vllm:.2f} s (over {block(seed, 'seed')['frames']} frames, not "
         f"the seed's 22: HF re-reads a prompt that grows by a frame per call, so its later frames cost more). "
         f"The same port with CUDA graphs took "
         f"{ms_per_code(seed, 'seed', 'port_defaults'):.1f} ms per code in the same rounds, so "

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from terra_nb.bench.timing import sync, timed
+
 TOP = 30
 # Functions whose cumulative time splits a `generate` into phases (file fragment, function name).
 PHASES = {
@@ -94,12 +96,6 @@ class ProfileSpec:
     n_ctx: int = 3
     temperature: float = 0.9
     torch_profile: bool = True
-
-
-def sync() -> None:
-    """Wait for the GPU's queued work (a no-op on the CPU), so that a timer brackets it."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _attr_path(obj, path: str):
@@ -173,12 +169,8 @@ def step_breakdown(llm, fn, batch: int) -> dict:
     profiler: its wall time and engine steps, and per step (ms) each phase's time and the parts that
     add up to the step's wall time (`step_parts`); an `error` instead where no step was clocked."""
     targets, calls = step_targets(llm), {}
-    sync()
-    t0 = time.perf_counter()
     with timed_calls(targets, calls) as totals:
-        fn()
-        sync()
-    wall = time.perf_counter() - t0
+        wall = timed(fn)
     steps = calls.get("engine_core", 0)
     if steps == 0:  # recorded, not raised: the profile's other sections still come back from the GPU
         return dict(batch=batch, wall_s=round(wall, 5), error="no engine step was clocked: is the engine core in "
@@ -241,11 +233,7 @@ def _wall(fn, gc_off: bool = False, repeats: int = 3) -> float:
         if gc_off:
             gc.disable()
         try:
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - t0)
+            times.append(timed(fn))
         finally:
             gc.enable()
     return round(statistics.median(times), 5)
@@ -254,11 +242,7 @@ def _wall(fn, gc_off: bool = False, repeats: int = 3) -> float:
 def profiled(fn, label: str, timed: dict[str, tuple[object, str]] | None = None) -> dict:
     """Run `fn` once plain (wall time) and once under cProfile (phases, top functions); the phases
     in `timed` (phase -> (obj, method), see `timed_calls`) are clocked in that same run instead."""
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    wall = time.perf_counter() - t0
+    wall = timed(fn)
     prof = cProfile.Profile()
     with timed_calls(timed or {}) as clocked:
         prof.enable()

@@ -46,6 +46,11 @@ def provenance(res: dict) -> str:
     return ", ".join(parts)
 
 
+def block(res: dict, name: str) -> dict:
+    """An interleaved result file's block by its name."""
+    return next(b for b in res["blocks"] if b["name"] == name)
+
+
 # ---------------------------------------------------------------- earlier measurements
 
 def earlier(kind: str) -> tuple[Path, dict]:

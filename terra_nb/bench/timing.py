@@ -1,13 +1,19 @@
 """Timing primitives of the benchmark: a synchronised clock and SDPA backend limits.
 
-The bottom of the package: it imports nothing else of `terra_nb.bench` but `profiling.sync`.
+The bottom of the package: it imports nothing else of `terra_nb.bench`.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable
 
-from terra_nb.bench.profiling import sync
+import torch
+
+
+def sync() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU), so that a timer brackets it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def timed(fn: Callable[[], object]) -> float:
