@@ -28,6 +28,7 @@ import numpy as np
 
 from terra_nb.bench import roofline
 from terra_nb.bench.records import block, latest
+from terra_nb.bench.stats import interval_text
 from terra_nb.port.frame_copy import frame_copy_draft
 
 FILES = ("fp8kv", "fp8kv_long", "spec_terra", "spec_toy", "spec_toy_greedy", "quality_toy", "fp8_weights_terra",
@@ -145,7 +146,7 @@ def ratio_text(c: Mapping) -> str:
     """"0.96x [0.93, 1.05], 5 trials a side" (one trial: no interval, said so)."""
     if c["trials"] < 2:
         return f"{c['speedup']:.2f}x (1 trial a side: no interval)"
-    return f"{c['speedup']:.2f}x [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}], {c['trials']} trials a side"
+    return f"{interval_text(c['speedup'], c['interval'])}, {c['trials']} trials a side"
 
 
 # ------------------------------------------------------------------ bytes a step reads (the floor)

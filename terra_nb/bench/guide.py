@@ -20,6 +20,7 @@ import numpy as np
 
 from terra_nb.bench import roofline
 from terra_nb.bench.faster import faster_dir
+from terra_nb.bench.stats import interval_text
 from terra_nb.port.layout import FrameLayout
 
 GUIDE_LABELS = {"port_fp8kv": "FP8 KV cache", "port_fp8w": "FP8 weights", "port_fp8": "FP8 weights + FP8 KV cache",
@@ -72,8 +73,7 @@ def guide_rows(meas: Mapping, grid: Sequence[tuple[int, int]]) -> list[dict]:
         row = {"rollouts": b, "frames": f}
         for side, label in GUIDE_LABELS.items():
             c = meas.get((side, b, f))
-            row[label] = f"{c['speedup']:.2f}x [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]: {guide_verdict(c)}" if c \
-                else "not yet measured"
+            row[label] = f"{interval_text(c['speedup'], c['interval'])}: {guide_verdict(c)}" if c else "not yet measured"
         rows.append(row)
     return rows
 

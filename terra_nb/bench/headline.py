@@ -19,7 +19,7 @@ from pathlib import Path
 
 from terra_nb.bench.plans import SEED_SPEEDUP
 from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line
-from terra_nb.bench.stats import MET, MISSED
+from terra_nb.bench.stats import MET, MISSED, interval_text
 from terra_nb.bench.workload import SEED_FIGURES
 
 README_START, README_END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -151,8 +151,7 @@ def seed_sentences(seed: dict) -> list[str]:
 def stock_sentence(stock: dict) -> str:
     """The port against stock vLLM, batch by batch, in one sentence computed from the verdicts."""
     cs = stock["analysis"]
-    parts = [f"{c['speedup']:.2f}x [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}] at {_rollouts(c['batch'])}"
-             for c in cs]
+    parts = [f"{interval_text(c['speedup'], c['interval'])} at {_rollouts(c['batch'])}" for c in cs]
     verdicts = {c["verdict"] for c in cs}
     if verdicts == {MET}:
         tail = "every target met"

@@ -6,6 +6,7 @@ import statistics
 
 from matplotlib.figure import Figure
 
+from terra_nb.bench.stats import interval_text
 
 
 def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
@@ -26,7 +27,7 @@ def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
             line, = ax.plot(range(1, len(per_frame) + 1), per_frame, "o-", label=side)
             if per_frame:
                 ax.axhline(statistics.median(per_frame), color=line.get_color(), ls="--", lw=0.8)
-        pairs = "; ".join(f"{c['first']}/{c['second']}: {c['speedup']:.2f}x [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
+        pairs = "; ".join(f"{c['first']}/{c['second']}: {interval_text(c['speedup'], c['interval'])}"
                           for c in by_block.get(b["name"], []))
         rollouts = "1 rollout" if b["batch"] == 1 else f"{b['batch']} rollouts"
         ax.set_title(f"{rollouts}, {b['frames']} frames\n{pairs}", fontsize=8)

@@ -59,6 +59,11 @@ def bootstrap_interval(first_s: list[float], second_s: list[float], level: float
     return lo, hi
 
 
+def interval_text(speedup: float, interval) -> str:
+    """'1.02x [0.98, 1.05]': a speed-up and its interval, as tables and sentences show them."""
+    return f"{speedup:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
 def verdict(interval: tuple[float, float], target: float) -> str:
     """`met` when the whole interval is at or above `target` (a speed-up the first side must reach),
     `missed` when it is wholly below, else `not resolved` (the trials cannot tell)."""
@@ -86,8 +91,7 @@ class Comparison:
 
     def text(self) -> str:
         """'1.02x [0.98, 1.05]': the speed-up of `first` over `second` and its interval."""
-        lo, hi = self.interval
-        return f"{self.value:.2f}x [{lo:.2f}, {hi:.2f}]"
+        return interval_text(self.value, self.interval)
 
 
 def compare(first: str, first_s: list[float], second: str, second_s: list[float],
