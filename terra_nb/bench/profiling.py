@@ -239,12 +239,12 @@ def _wall(fn, gc_off: bool = False, repeats: int = 3) -> float:
     return round(statistics.median(times), 5)
 
 
-def profiled(fn, label: str, timed: dict[str, tuple[object, str]] | None = None) -> dict:
+def profiled(fn, label: str, clocks: dict[str, tuple[object, str]] | None = None) -> dict:
     """Run `fn` once plain (wall time) and once under cProfile (phases, top functions); the phases
-    in `timed` (phase -> (obj, method), see `timed_calls`) are clocked in that same run instead."""
+    in `clocks` (phase -> (obj, method), see `timed_calls`) are clocked in that same run instead."""
     wall = timed(fn)
     prof = cProfile.Profile()
-    with timed_calls(timed or {}) as clocked:
+    with timed_calls(clocks or {}) as clocked:
         prof.enable()
         fn()
         sync()
@@ -307,16 +307,16 @@ def profile_engine(llm, make_request, layout, spec: ProfileSpec, sampling_kwargs
         return lambda: llm.generate(reqs, [params(n_tokens, b) for b in range(batch)], use_tqdm=False)
 
     gen(spec.batch, 2)()  # fills the prefix cache with every prompt
-    timed = engine_targets(llm)
+    clocks = engine_targets(llm)
     out = dict(spec=dataclasses.asdict(spec), sections=[], kernels=[], steps=[])
-    out["sections"].append(profiled(gen(spec.batch, 1), f"front end: {spec.batch} requests, 1 token", timed))
+    out["sections"].append(profiled(gen(spec.batch, 1), f"front end: {spec.batch} requests, 1 token", clocks))
     out["sections"].append(profiled(gen(spec.batch, layout.image_tokens),
-                                    f"frame step: {spec.batch} requests x {layout.image_tokens} tokens", timed))
+                                    f"frame step: {spec.batch} requests x {layout.image_tokens} tokens", clocks))
     out["decode_wall_s"] = {"gc on": _wall(gen(1, spec.decode_steps)), "gc off": _wall(gen(1, spec.decode_steps), gc_off=True)}
     for batch in (1, spec.batch):
         out["steps"].append(step_breakdown(llm, gen(batch, spec.decode_steps), batch))
         out["sections"].append(profiled(gen(batch, spec.decode_steps), f"decode: {batch} x {spec.decode_steps} tokens",
-                                        timed))
+                                        clocks))
         if spec.torch_profile:
             out["kernels"].append(kernel_profile(gen(batch, spec.decode_steps), spec.decode_steps,
                                                  f"decode: {batch} x {spec.decode_steps} tokens"))
