@@ -119,13 +119,18 @@ def step_profile_files(folder: Path | None = None) -> dict[str, dict]:
     return out
 
 
+def _kernels_by_batch(profile: Mapping) -> dict[str, dict]:
+    """A step profile's kernel records by the batch of their decode ("decode: 128 x 64 tokens" -> "128")."""
+    return {k["label"].split(" x ")[0].removeprefix("decode: "): k for k in profile.get("kernels", [])}
+
+
 def step_rows(profile: Mapping, config) -> list[dict]:
     """Per batch of a step profile: the wall time of a decode step, the GPU's kernel time in it, and
     the memory floor (weights and every rollout's KV cache at the profile's context, over the
     device's data-sheet bandwidth)."""
     layout = FrameLayout.from_config(config)
     spec, rows = profile["spec"], []
-    kernels = {k["label"].split(" x ")[0].removeprefix("decode: "): k for k in profile.get("kernels", [])}
+    kernels = _kernels_by_batch(profile)
     for st in (st for st in profile["steps"] if "error" not in st):
         ctx = spec["n_ctx"] * layout.frame_len + spec["decode_steps"] / 2
         floor = roofline.decode_step_floor_s(config, st["batch"], ctx, roofline.bandwidth_of(profile["env"]["device"]))
@@ -152,7 +157,7 @@ def step_breakdown_plot(profile: Mapping, config, title: str = "", save=None):
     from terra_nb.workbook.viz import save_figure
 
     steps = [st for st in profile["steps"] if "error" not in st]
-    kernels = {k["label"].split(" x ")[0].removeprefix("decode: "): k for k in profile.get("kernels", [])}
+    kernels = _kernels_by_batch(profile)
     floors = {r["rollouts"]: r["memory floor (ms)"] for r in step_rows(profile, config)}
     fig = Figure(figsize=(4.2 * len(steps), 3.8), layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(steps)))

@@ -286,7 +286,8 @@ def kernel_profile(fn, steps: int, label: str) -> dict:
     kernels = [e for e in events if getattr(e, "device_type", None) is not None and "cuda" in str(e.device_type).lower()]
     by_kind: dict[str, float] = {}
     for e in kernels:
-        by_kind[kernel_kind(e.key)] = by_kind.get(kernel_kind(e.key), 0.0) + getattr(e, dev_key, 0) / steps
+        kind = kernel_kind(e.key)
+        by_kind[kind] = by_kind.get(kind, 0.0) + getattr(e, dev_key, 0) / steps
     return dict(label=label, steps=steps, top_device=rows(dev_key), top_cpu=rows("self_cpu_time_total"),
                 kernel_launches_per_step=round(sum(e.count for e in kernels) / steps, 2) if kernels else None,
                 device_us_per_step=round(sum(getattr(e, dev_key, 0) for e in kernels) / steps, 2) if kernels else None,
@@ -329,11 +330,8 @@ def profile_side(engine: str, ckpt: Path, preset: str, spec: ProfileSpec | None 
     plain token prompts), profile it (`profile_engine`) on the preset's sample, and shut it down;
     the result records the device, versions and commit (`environment_info`)."""
     from terra_nb.bench.engines import port_engine, shutdown, stock_engine
-    from terra_nb.bench.workload import sample_for
     from terra_nb.port.config import LlamaActionConfig
-    from terra_nb.port.layout import FrameLayout, build_prompt
-    from terra_nb.port.rollout import SamplingConfig
-    from terra_nb.port.vllm_rollout import frame_request, sampling_params
+    from terra_nb.port.layout import FrameLayout
     from terra_nb.workbook.show import environment_info
 
     if engine not in ("port", "stock"):
@@ -342,12 +340,8 @@ def profile_side(engine: str, ckpt: Path, preset: str, spec: ProfileSpec | None 
     llm, start = (port_engine if engine == "port" else stock_engine)(ckpt, **(engine_kwargs or {}))
     try:
         layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
-        sample = sample_for(preset, spec.n_ctx)
-        ctx = sample.context[: spec.n_ctx]
-        request = (frame_request(ctx, sample.actions, layout) if engine == "port"
-                   else {"prompt_token_ids": build_prompt(ctx, layout)})
-        bias = sampling_params(SamplingConfig(temperature=0.0), layout).logit_bias
-        res = profile_engine(llm, lambda b: request, layout, spec, {"logit_bias": bias} if bias else {})
+        request = _profile_request(engine, preset, layout, spec.n_ctx)
+        res = profile_engine(llm, lambda b: request, layout, spec, {})
     finally:
         shutdown(llm)
     return dict(engine=engine, engine_start_s=round(start, 1), env=environment_info(), preset=preset,
