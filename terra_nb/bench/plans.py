@@ -8,7 +8,10 @@
   cuDNN builds a plan for every new key length, which made HF's first video slow), the port as the
   seed ran vLLM 0.6 (`workload.SEED_ENGINE`: eager, no prefix caching, 5 sequences), and the port
   with today's defaults. HF runs in turn with both ports, so one set of HF trials serves both ratios.
-- `smoke_stock`, `smoke_seed`: the same two plans, small enough for the CPU (tests, notebook 07).
+- `mm_path`: where the port's time over stock goes: the port, its engine on stock's token prompts,
+  the same as a text-only model to vLLM, and stock, at 1, 32 and 128 rollouts (`mm_path_plan`).
+- `smoke_stock`, `smoke_seed`, `smoke_mm_path`: the same plans, small enough for the CPU (tests,
+  notebook 07).
 - `guide_fp8`, `guide_sync`, `guide_long`: the settings guide of notebook 12 (FP8 KV, FP8 weights,
   both, async scheduling off, each against the port as it ships), one plan a GPU; `smoke_guide` on
   the CPU.
@@ -51,9 +54,36 @@ def stock_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, 
     `targets`, the batches of `STOCK_TARGETS` get their verdicts (a plan of few trials gets none)."""
     sides = (SideSpec("port", "port", dict(shared)), SideSpec("stock", "stock", dict(shared)))
     blocks = tuple(Block(f"b{b}", ("port", "stock"), b, f, trials) for b, f in batches.items())
-    pairs = tuple(Pair(f"port_vs_stock_b{b}", f"b{b}", "port", "stock", (), STOCK_TARGETS.get(b) if targets else None)
-                  for b in batches)
+    pairs = tuple(Pair(f"port_vs_stock_b{b}", f"b{b}", "port", "stock", MULTIMODAL,
+                       STOCK_TARGETS.get(b) if targets else None) for b in batches)
     return Plan(preset, n_ctx, sides, blocks, pairs)
+
+
+MULTIMODAL = ("multimodal_inputs",)
+"""What the port changes against stock by being a multimodal model: vLLM's runner embeds its tokens
+eagerly before the compiled graph, where stock's graph starts from token ids."""
+
+MM_PATH_SIDES = {"port": ("port", {}), "port_tokens": ("port_tokens", {}),
+                 "port_text": ("port_tokens", {"limit_mm_per_prompt": {"actions": 0}}), "stock": ("stock", {})}
+"""The port's cost split in three steps, each a side of `mm_path_plan`: the port as it ships; its
+engine on stock's token prompts (no action items); the same with vLLM told the model takes no
+actions (a text-only model to vLLM's runner); stock vLLM Llama."""
+
+MM_PATH_PAIRS = (("port", "port_tokens", ()),            # what the action items cost
+                 ("port_tokens", "port_text", MULTIMODAL),  # vLLM's multimodal path, the same for any model
+                 ("port_text", "stock", ()),               # the port's model: position table, placeholder mask
+                 ("port", "stock", MULTIMODAL))
+
+
+def mm_path_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, share: float | None = None) -> Plan:
+    """Where the port's time over stock goes (`MM_PATH_SIDES`, `MM_PATH_PAIRS`) at each batch of
+    `batches` (batch -> frames), every block step-profiled once per side after its trials (the
+    median decode step is the cleanest figure: thousands of steps a side)."""
+    kw = dict(shared) if share is None else dict(shared, gpu_memory_utilization=share)
+    sides = tuple(SideSpec(name, kind, dict(kw, **extra)) for name, (kind, extra) in MM_PATH_SIDES.items())
+    blocks = tuple(Block(f"b{b}", tuple(MM_PATH_SIDES), b, f, trials, step_profile=True) for b, f in batches.items())
+    pairs = tuple(Pair(f"{a}_vs_{c}_b{b}", f"b{b}", a, c, tested) for b in batches for a, c, tested in MM_PATH_PAIRS)
+    return Plan(preset, 3, sides, blocks, pairs)
 
 
 def seed_plan(preset: str, frames: int, trials: int, seed_kwargs: dict, defaults_kwargs: dict, n_ctx: int = 3) -> Plan:
@@ -75,6 +105,11 @@ def named_plan(name: str) -> Plan:
         # on an H200, so five interleaved rounds would take half an hour
         share = dict(gpu_memory_utilization=0.3)
         return seed_plan("terra", 4, 5, dict(SEED_ENGINE, **share), share)
+    if name == "mm_path":
+        # four engines on one GPU: 128 rollouts x 6 frames of bf16 KV cache (10 GB) in 0.22 of it
+        return mm_path_plan("terra", GPU_SHARED, {1: 6, 32: 6, 128: 3}, trials=5, share=0.22)
+    if name == "smoke_mm_path":
+        return mm_path_plan("tiny", CPU_SHARED, {1: 2}, trials=2)
     if name == "smoke_stock":
         return stock_plan("tiny", CPU_SHARED, {1: 2, 4: 2}, trials=3, targets=False)
     if name == "smoke_seed":
@@ -84,7 +119,7 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "smoke_stock", "smoke_seed", "faster_spec_terra", "faster_spec_toy",
+PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "smoke_stock", "smoke_seed", "smoke_mm_path", "faster_spec_terra", "faster_spec_toy",
               "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long", "smoke_guide")
 
 

@@ -61,11 +61,14 @@ def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
 
     settings: scheduler limits, chunked prefill, async scheduling, KV-cache dtype, block size,
     prefix caching, memory share, model dtype and length, eager mode, CUDA-graph mode, compilation
-    mode, attention backend asked for and chosen, model runner (V1/V2), speculative decoding, tensor
-    parallelism, where the engine core runs, and every `VLLM_*` variable (`env`: as read before the
+    mode, attention backend asked for and chosen, model runner (V1/V2), speculative decoding,
+    quantization, whether vLLM feeds the model multimodal inputs (its runner then embeds the tokens
+    eagerly, before the compiled graph), tensor parallelism, where the engine core runs, and every `VLLM_*` variable (`env`: as read before the
     engine started, see `vllm_env`; default: now).
     observed: KV-cache blocks and the engine class."""
     from vllm import envs
+
+    from terra_nb.port.vllm_release import supports_multimodal_inputs
 
     c = vllm_config_of(engine)
     sched, cache, model, comp = c.scheduler_config, c.cache_config, c.model_config, c.compilation_config
@@ -96,6 +99,7 @@ def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
         model_runner=None if runner_v2 is None else ("V2" if runner_v2 else "V1"),
         speculative=None if c.speculative_config is None else str(c.speculative_config),
         quantization=getattr(model, "quantization", None),
+        multimodal_inputs=supports_multimodal_inputs(model),
         tensor_parallel_size=c.parallel_config.tensor_parallel_size,
         log_stats=getattr(getattr(engine, "llm_engine", engine), "log_stats", None),
         engine_core=("child process" if engine_kind(engine) == "AsyncLLM" or envs.VLLM_ENABLE_V1_MULTIPROCESSING

@@ -9,6 +9,7 @@ does the same work for the same arguments, so two sides' seconds compare directl
 |---|---|
 | `port` | our port's frame loop (`vllm_rollout`: one `generate` per frame for all rollouts) |
 | `stock` | stock vLLM Llama of the same shape, the same frame loop on plain token prompts |
+| `port_tokens` | our port's engine on stock's plain token prompts: no action items, no multimodal work per request |
 | `session` | our port with one streaming-input session per rollout (`session_rollout`) |
 | `hf` | HF `generate` as the seed ran it: one call per frame, batch 1 |
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-KINDS = ("port", "stock", "session", "hf")
+KINDS = ("port", "stock", "port_tokens", "session", "hf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,16 +115,43 @@ class PortSide(Side):
 class StockSide(Side):
     def __init__(self, spec, ckpt, preset, n_ctx):
         super().__init__(spec, ckpt, preset, n_ctx)
-        from terra_nb.bench.engines import stock_engine
         from terra_nb.port.config import LlamaActionConfig
         from terra_nb.port.layout import FrameLayout, build_prompt
 
         self.layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
         self.prompt = build_prompt(self.sample.context[:n_ctx], self.layout)
-        self.engine, self.start_s = stock_engine(ckpt, **spec.engine_kwargs)
+        self.engine, self.start_s = self.build(ckpt, **spec.engine_kwargs)
+
+    def build(self, ckpt, **kw):
+        from terra_nb.bench.engines import stock_engine
+
+        return stock_engine(ckpt, **kw)
 
     def run(self, batch, frames, sampling):
         stock_rollout(self.engine, self.prompt, self.layout, batch, frames, sampling)
+
+
+class PortTokensSide(StockSide):
+    """Our port's model doing stock's work: the same token prompts, action slots holding the
+    placeholder id and no actions, so no request carries a multimodal item. Against `port` it
+    shows what the action items cost (front end, `embed_multimodal`); against `stock`, what the
+    port's model costs. Given `limit_mm_per_prompt={"actions": 0}`, vLLM runs the same model as a
+    text-only one (`vllm_release.supports_multimodal_inputs` is False: token ids go into the
+    compiled graph instead of an embedding computed eagerly before it), which isolates vLLM's
+    multimodal path itself.
+
+    Terra's front door refuses these prompts (action slots without actions, several frames in a
+    plain prompt), so this side's engine is built with the door open: the timing needs the work,
+    the codes it generates are never read."""
+
+    def build(self, ckpt, **kw):
+        from terra_nb.bench.engines import port_engine
+        from terra_nb.port import vllm_frontdoor
+
+        llm, start_s = port_engine(ckpt, **kw)
+        # the door caches "not a Terra model" (None) per input processor; the benchmark alone sets it
+        llm.llm_engine.input_processor.__dict__[vllm_frontdoor._MARK] = None
+        return llm, start_s
 
 
 class SessionSide(Side):
@@ -221,7 +249,8 @@ it has not seen in the process (`tools/hf_probe.py` measured a step at a new len
 before). A video's decode steps are all new lengths, so HF's first video pays it at every step."""
 
 
-SIDE_CLASSES = {"port": PortSide, "stock": StockSide, "session": SessionSide, "hf": HFSide}
+SIDE_CLASSES = {"port": PortSide, "stock": StockSide, "port_tokens": PortTokensSide, "session": SessionSide,
+                "hf": HFSide}
 
 
 def build_side(spec: SideSpec, ckpt: Path, preset: str, n_ctx: int) -> Side:
