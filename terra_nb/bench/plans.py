@@ -21,6 +21,9 @@ rollout (at most 3% slower per frame) and 0.95x at 32 and 128; the seed's 2.6x a
 """
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 from terra_nb.bench.pairs import Block, Pair, Plan
 from terra_nb.bench.settings import ALL
 from terra_nb.bench.sides import HF_FLASH_BACKENDS, SideSpec
@@ -63,8 +66,16 @@ MULTIMODAL = ("multimodal_inputs",)
 """What the port changes against stock by being a multimodal model: vLLM's runner embeds its tokens
 eagerly before the compiled graph, where stock's graph starts from token ids."""
 
+TEXT_ONLY_COMPILE_CACHE = str(Path(tempfile.gettempdir()) / "terra_nb_text_only_compile")
+"""Where the text-only side keeps its torch.compile artefacts: vLLM 0.26's compile cache key leaves out
+whether the runner feeds the model token ids or embeddings, so beside the port's own cached graph
+(built for embeddings) the text-only engine loads it and fails (`'NoneType' object has no attribute
+'size'`)."""
+
 MM_PATH_SIDES = {"port": ("port", {}), "port_tokens": ("port_tokens", {}),
-                 "port_text": ("port_tokens", {"limit_mm_per_prompt": {"actions": 0}}), "stock": ("stock", {})}
+                 "port_text": ("port_tokens", {"limit_mm_per_prompt": {"actions": 0},
+                                               "compilation_config": {"cache_dir": TEXT_ONLY_COMPILE_CACHE}}),
+                 "stock": ("stock", {})}
 """The port's cost split in three steps, each a side of `mm_path_plan`: the port as it ships; its
 engine on stock's token prompts (no action items); the same with vLLM told the model takes no
 actions (a text-only model to vLLM's runner); stock vLLM Llama."""
