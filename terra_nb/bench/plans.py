@@ -118,7 +118,7 @@ def named_plan(name: str) -> Plan:
         return seed_plan("terra", 4, 5, dict(SEED_ENGINE, **share), share)
     if name == "mm_path":
         # four engines on one GPU: 128 rollouts x 6 frames of bf16 KV cache (10 GB) in 0.22 of it
-        return mm_path_plan("terra", GPU_SHARED, {1: 6, 32: 6, 128: 3}, trials=5, share=0.22)
+        return mm_path_plan("terra", GPU_SHARED, {1: 6, 128: 3}, trials=5, share=0.22)
     if name == "smoke_mm_path":
         return mm_path_plan("tiny", CPU_SHARED, {1: 2}, trials=2)
     if name == "smoke_stock":
