@@ -195,6 +195,9 @@ def test_committed_faster_files_recompute_and_are_like_for_like(path):
     for b in res["blocks"]:
         for side, c in b["counters"].items():
             steps = c["generation_tokens"] - c["spec_decode_num_accepted_tokens"]
+            if not steps:  # a block whose rounds were all past the run's deadline
+                assert not any(b["trials_s"].values()) and "codes_per_step" not in c, (b["name"], side)
+                continue
             assert c["codes_per_step"] == pytest.approx(c["generation_tokens"] / steps, abs=1e-3), (b["name"], side)
     for key in ("device", "versions", "dtype", "command", "commit", "date"):
         assert res[key], key

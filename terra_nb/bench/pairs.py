@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing as mp
+import os
 import shlex
 import sys
 import time
@@ -70,13 +71,15 @@ class Pair:
 class Plan:
     """Sides, the blocks they run, and the pairs compared. Sides start in the order given, each
     finishing its start before the next begins (two engines sizing their memory at once would
-    race for it); all stay alive until every block has run."""
+    race for it); all stay alive until every block has run. `env`: (name, value) pairs of
+    environment variables every side's process starts with (each side records its `VLLM_*` ones)."""
     preset: str
     n_ctx: int
     sides: tuple[SideSpec, ...]
     blocks: tuple[Block, ...]
     pairs: tuple[Pair, ...]
     seed: int = 0
+    env: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         names = [s.name for s in self.sides]
@@ -241,6 +244,8 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, run: str | None = 
     if commit:
         res = with_commit(res, commit)
     workers: dict[str, Worker] = {}
+    saved_env = {k: os.environ.get(k) for k, _ in plan.env}
+    os.environ.update(dict(plan.env))  # the sides' processes inherit it when they start
 
     def flush():
         res["analysis"] = analyse(res)
@@ -284,6 +289,11 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, run: str | None = 
         res["errors"].append(dict(error=str(e).split("\n")[0]))
         raise
     finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         for w in workers.values():
             try:
                 w.close()
@@ -371,7 +381,8 @@ def audit(res: dict) -> None:
 def plan_dict(plan: Plan) -> dict:
     """A plan as JSON (kept in its result file, so that `plan_of` can run it again)."""
     return dict(preset=plan.preset, n_ctx=plan.n_ctx, seed=plan.seed, sides=[dataclasses.asdict(s) for s in plan.sides],
-                blocks=[dataclasses.asdict(b) for b in plan.blocks], pairs=[dataclasses.asdict(p) for p in plan.pairs])
+                blocks=[dataclasses.asdict(b) for b in plan.blocks], pairs=[dataclasses.asdict(p) for p in plan.pairs],
+                env=[list(kv) for kv in plan.env])
 
 
 def plan_of(res: dict) -> Plan:
@@ -380,4 +391,4 @@ def plan_of(res: dict) -> Plan:
     sides = tuple(SideSpec(**dict(s, sdpa=tuple(s["sdpa"]) if s.get("sdpa") else None)) for s in d["sides"])
     blocks = tuple(Block(**dict(b, sides=tuple(b["sides"]))) for b in d["blocks"])
     pairs = tuple(Pair(**dict(p, under_test=_under_test(p))) for p in d["pairs"])
-    return Plan(d["preset"], d["n_ctx"], sides, blocks, pairs, d.get("seed", 0))
+    return Plan(d["preset"], d["n_ctx"], sides, blocks, pairs, d.get("seed", 0), tuple(map(tuple, d.get("env", ()))))

@@ -21,9 +21,6 @@ rollout (at most 3% slower per frame) and 0.95x at 32 and 128; the seed's 2.6x a
 """
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from terra_nb.bench.pairs import Block, Pair, Plan
 from terra_nb.bench.settings import ALL
 from terra_nb.bench.sides import HF_FLASH_BACKENDS, SideSpec
@@ -66,16 +63,8 @@ MULTIMODAL = ("multimodal_inputs",)
 """What the port changes against stock by being a multimodal model: vLLM's runner embeds its tokens
 eagerly before the compiled graph, where stock's graph starts from token ids."""
 
-TEXT_ONLY_COMPILE_CACHE = str(Path(tempfile.gettempdir()) / "terra_nb_text_only_compile")
-"""Where the text-only side keeps its torch.compile artefacts: vLLM 0.26's compile cache key leaves out
-whether the runner feeds the model token ids or embeddings, so beside the port's own cached graph
-(built for embeddings) the text-only engine loads it and fails (`'NoneType' object has no attribute
-'size'`)."""
-
 MM_PATH_SIDES = {"port": ("port", {}), "port_tokens": ("port_tokens", {}),
-                 "port_text": ("port_tokens", {"limit_mm_per_prompt": {"actions": 0},
-                                               "compilation_config": {"cache_dir": TEXT_ONLY_COMPILE_CACHE}}),
-                 "stock": ("stock", {})}
+                 "port_text": ("port_tokens", {"limit_mm_per_prompt": {"actions": 0}}), "stock": ("stock", {})}
 """The port's cost split in three steps, each a side of `mm_path_plan`: the port as it ships; its
 engine on stock's token prompts (no action items); the same with vLLM told the model takes no
 actions (a text-only model to vLLM's runner); stock vLLM Llama."""
@@ -94,7 +83,13 @@ def mm_path_plan(preset: str, shared: dict, batches: dict[int, int], trials: int
     sides = tuple(SideSpec(name, kind, dict(kw, **extra)) for name, (kind, extra) in MM_PATH_SIDES.items())
     blocks = tuple(Block(f"b{b}", tuple(MM_PATH_SIDES), b, f, trials, step_profile=True) for b, f in batches.items())
     pairs = tuple(Pair(f"{a}_vs_{c}_b{b}", f"b{b}", a, c, tested) for b in batches for a, c, tested in MM_PATH_PAIRS)
-    return Plan(preset, 3, sides, blocks, pairs)
+    return Plan(preset, 3, sides, blocks, pairs, env=NO_COMPILE_CACHE)
+
+
+NO_COMPILE_CACHE = (("VLLM_DISABLE_COMPILE_CACHE", "1"),)
+"""`mm_path`'s sides compile their own graphs: vLLM 0.26's key for a cached compiled model leaves out
+whether the runner feeds it token ids or embeddings, so the text-only side would load the graph the
+port's side cached (built for embeddings) and fail (`'NoneType' object has no attribute 'size'`)."""
 
 
 def seed_plan(preset: str, frames: int, trials: int, seed_kwargs: dict, defaults_kwargs: dict, n_ctx: int = 3) -> Plan:
