@@ -221,7 +221,7 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
         assert 0 < prof["decode_step_ms"] < prof["wall_ms"] and prof["overhead_ms"] == pytest.approx(
             prof["wall_ms"] - 63 * prof["decode_step_ms"], abs=0.05)   # each figure rounded to 0.001 ms
     got = {c["name"]: c for c in res["analysis"]}
-    assert sorted(got) == sorted(f"{a}_vs_{b}_b1" for a, b, _ in plans.MM_PATH_PAIRS)
+    assert sorted(got) == sorted(f"{a}_vs_{b}_b1" for a, b, *_ in plans.MM_PATH_PAIRS)
     c = got["port_vs_stock_b1"]
     assert c["trials"] == 2 and c["under_test"] == ["multimodal_inputs"]
     assert c["speedup"] == pytest.approx(stats.speedup(block["trials_s"]["port"], block["trials_s"]["stock"]), abs=1e-4)
@@ -252,6 +252,34 @@ def test_committed_headline_files_recompute_and_are_like_for_like(path):
             assert c["trials"] >= 5, f"{c['name']}: a verdict from {c['trials']} trials a side"
     for key in ("device", "versions", "dtype", "command", "commit", "date", "env"):
         assert res[key], key
+
+
+PAIRS_FILES = sorted((RESULTS / "pairs").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", PAIRS_FILES, ids=lambda p: p.name)
+def test_every_committed_pairs_file_recomputes_and_is_like_for_like(path):
+    res = json.loads(path.read_text())
+    pairs.audit(res)
+    assert res["commit"] and res["device"] and res["versions"]["vllm"]
+
+
+def test_the_mm_path_tables_and_figure_come_from_the_file():
+    from terra_nb.bench import plots, profiling
+
+    path = sorted((RESULTS / "pairs").glob("*_mm_path.json"))[-1]
+    res = json.loads(path.read_text())
+    side_rows, pair_rows = profiling.mm_path_rows(res)
+    assert len(side_rows) == sum(len(b["trials_s"]) for b in res["blocks"])
+    for row in side_rows:
+        b = next(b for b in res["blocks"] if b["batch"] == row["rollouts"])
+        assert row["decode step (ms)"] == b["step_profiles"][row["side"]]["decode_step_ms"]
+    labels = {f"{a} over {c}": what for a, c, _, what in plans.MM_PATH_PAIRS}
+    for row, c in zip(pair_rows, res["analysis"]):
+        assert row["measures"] == labels[row["pair"]] and row["speed-up [95% interval]"] == stats.interval_text(
+            c["speedup"], c["interval"])
+    fig = plots.mm_path_plot(res)
+    assert len(fig.axes) == 2 * len(res["blocks"])
 
 
 def test_audit_refuses_a_ratio_that_does_not_recompute_and_a_pair_not_like_for_like():

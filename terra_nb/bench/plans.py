@@ -69,10 +69,11 @@ MM_PATH_SIDES = {"port": ("port", {}), "port_tokens": ("port_tokens", {}),
 engine on stock's token prompts (no action items); the same with vLLM told the model takes no
 actions (a text-only model to vLLM's runner); stock vLLM Llama."""
 
-MM_PATH_PAIRS = (("port", "port_tokens", ()),            # what the action items cost
-                 ("port_tokens", "port_text", MULTIMODAL),  # vLLM's multimodal path, the same for any model
-                 ("port_text", "stock", ()),               # the port's model: position table, placeholder mask
-                 ("port", "stock", MULTIMODAL))
+MM_PATH_PAIRS = (("port", "port_tokens", (), "the action items (front end, embed_multimodal)"),
+                 ("port_tokens", "port_text", MULTIMODAL, "vLLM's multimodal path (the same for any model)"),
+                 ("port_text", "stock", (), "the port's model (position table, placeholder mask)"),
+                 ("port", "stock", MULTIMODAL, "all of it: the port over stock"))
+"""The pairs of `mm_path_plan`: (first, second, what the pair changes on purpose, what it measures)."""
 
 
 def mm_path_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, share: float | None = None) -> Plan:
@@ -82,7 +83,7 @@ def mm_path_plan(preset: str, shared: dict, batches: dict[int, int], trials: int
     kw = dict(shared) if share is None else dict(shared, gpu_memory_utilization=share)
     sides = tuple(SideSpec(name, kind, dict(kw, **extra)) for name, (kind, extra) in MM_PATH_SIDES.items())
     blocks = tuple(Block(f"b{b}", tuple(MM_PATH_SIDES), b, f, trials, step_profile=True) for b, f in batches.items())
-    pairs = tuple(Pair(f"{a}_vs_{c}_b{b}", f"b{b}", a, c, tested) for b in batches for a, c, tested in MM_PATH_PAIRS)
+    pairs = tuple(Pair(f"{a}_vs_{c}_b{b}", f"b{b}", a, c, tested) for b in batches for a, c, tested, _ in MM_PATH_PAIRS)
     return Plan(preset, 3, sides, blocks, pairs, env=NO_COMPILE_CACHE)
 
 

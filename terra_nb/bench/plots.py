@@ -61,3 +61,30 @@ def front_end_plot(record: dict, title: str | None = None, save=None) -> Figure:
     fig.suptitle(title or f"{env.get('device', '')}, vLLM {env.get('vllm', '')}, commit {record.get('commit', '')}",
                  fontsize=9)
     return save_figure(fig, save)
+
+
+def mm_path_plot(res: dict, title: str | None = None, save=None) -> Figure:
+    """An `mm_path` result as bars: per block, each side's median seconds a frame over its trials
+    (their spread as a line), and its profiled rollout's median decode step (ms, right panel)."""
+    from terra_nb.workbook.viz import save_figure
+
+    blocks = res["blocks"]
+    fig = Figure(figsize=(8.4, 1.3 + 1.2 * len(blocks)), layout="constrained")
+    axes = fig.subplots(len(blocks), 2, squeeze=False)
+    for row, b in zip(axes, blocks):
+        names = list(b["trials_s"])
+        per_frame = [[t / b["frames"] for t in b["trials_s"][s]] for s in names]
+        med = [statistics.median(v) if v else 0 for v in per_frame]
+        row[0].barh(names, med, color="tab:blue")
+        for y, v in enumerate(per_frame):
+            if v:
+                row[0].plot([min(v), max(v)], [y, y], color="k", lw=1)
+        step = [(b.get("step_profiles") or {}).get(s, {}).get("decode_step_ms", 0) for s in names]
+        row[1].barh(names, step, color="tab:orange")
+        row[0].set_xlabel(f"{b['batch']} rollout(s): s a frame (median, range)", fontsize=8)
+        row[1].set_xlabel(f"{b['batch']} rollout(s): ms a decode step (profiled rollout)", fontsize=8)
+        for ax in row:
+            ax.invert_yaxis()
+            ax.tick_params(labelsize=8)
+    fig.suptitle(title or f"where the port's time over stock goes: {res.get('device', '')}", fontsize=9)
+    return save_figure(fig, save)
