@@ -264,11 +264,11 @@ def test_every_committed_pairs_file_recomputes_and_is_like_for_like(path):
 
 
 def test_the_mm_path_tables_and_figure_come_from_the_file():
-    from terra_nb.bench import plots, profiling
+    from terra_nb.bench import plots
 
     path = sorted((RESULTS / "pairs").glob("*_mm_path.json"))[-1]
     res = json.loads(path.read_text())
-    side_rows, pair_rows = profiling.mm_path_rows(res)
+    side_rows, pair_rows = headline.mm_path_rows(res)
     assert len(side_rows) == sum(len(b["trials_s"]) for b in res["blocks"])
     for row in side_rows:
         b = next(b for b in res["blocks"] if b["batch"] == row["rollouts"])

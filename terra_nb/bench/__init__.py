@@ -18,8 +18,8 @@ One job a module; imports flow down this list, never up (tests/test_imports.py c
   (non-interleaved) measurements read as they were frozen (`results/earlier/`).
 - `sides`, `pairs`, `plans`: the sides a comparison puts against each other, the interleaved runner
   (each side spawned, a hung side stopped by a timeout), the named plans (the headline's among them).
-- `headline`, `plots`: the headline's table, sentences and README block, and the trials' figure,
-  from the interleaved result files (`results/pairs/`).
+- `headline`, `plots`: the headline's table, sentences and README block, the split of the port's
+  time over stock (`mm_path`), and their figures, from the interleaved result files (`results/pairs/`).
 - `quality`: what a faster setting costs in quality on the toy model.
 - `faster`: notebook 12's speculation and FP8 figures: a verification step's cost and the
   break-even codes per step, the bytes FP8 would halve, the FP8 quality (`results/faster/`), and

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from terra_nb.bench.plans import SEED_SPEEDUP
+from terra_nb.bench.plans import MM_PATH_PAIRS, SEED_SPEEDUP
 from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line
 from terra_nb.bench.stats import MET, MISSED, interval_text
 from terra_nb.bench.workload import SEED_FIGURES
@@ -187,3 +187,24 @@ def headline_markdown(results_dir: Path | None = None) -> str:
     files = ", ".join(f"[{f.name}]({f.relative_to(REPO)})" for f in (fs, fd))
     return "\n\n".join([headline_table(stock, seed), stock_sentence(stock), *seed_sentences(seed),
                         provenance(stock, seed) + f" Files: {files}."])
+
+
+def mm_path_rows(res: dict) -> tuple[list[dict], list[dict]]:
+    """An `mm_path` result (`plans.mm_path_plan`) as two tables: per block and side, the median trial,
+    the median decode step and the overhead a frame of the side's profiled rollout; per block, each
+    pair's speed-up with its interval and what it measures (`plans.MM_PATH_PAIRS`)."""
+
+    sides, pairs = [], []
+    what = {(a, c): label for a, c, _, label in MM_PATH_PAIRS}
+    for b in res["blocks"]:
+        for side, trials in b["trials_s"].items():
+            prof = (b.get("step_profiles") or {}).get(side, {})
+            sides.append({"rollouts": b["batch"], "side": side, "trials": len(trials),
+                          "median trial (s)": round(statistics.median(trials), 2) if trials else "none",
+                          "decode step (ms)": prof.get("decode_step_ms", "not profiled"),
+                          "overhead a frame (ms)": prof.get("overhead_ms", "not profiled")})
+    for c in res["analysis"]:
+        pairs.append({"rollouts": c["batch"], "measures": what.get((c["first"], c["second"]), ""),
+                      "pair": f"{c['first']} over {c['second']}", "trials a side": c["trials"],
+                      "speed-up [95% interval]": interval_text(c["speedup"], c["interval"])})
+    return sides, pairs

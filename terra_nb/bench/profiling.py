@@ -539,27 +539,3 @@ def front_end_parts(record: dict, frames: int, batch: int) -> list[dict]:
             out.append({"side": label, "profiled ms": r["profiled_ms_per_request"], **r["parts_ms_per_request"]})
     return out
 
-
-def mm_path_rows(res: dict) -> tuple[list[dict], list[dict]]:
-    """An `mm_path` result (`plans.mm_path_plan`) as two tables: per block and side, the median trial,
-    the median decode step and the overhead a frame of the side's profiled rollout; per block, each
-    pair's speed-up with its interval and what it measures (`plans.MM_PATH_PAIRS`)."""
-    import statistics
-
-    from terra_nb.bench.plans import MM_PATH_PAIRS
-    from terra_nb.bench.stats import interval_text
-
-    sides, pairs = [], []
-    what = {(a, c): label for a, c, _, label in MM_PATH_PAIRS}
-    for b in res["blocks"]:
-        for side, trials in b["trials_s"].items():
-            prof = (b.get("step_profiles") or {}).get(side, {})
-            sides.append({"rollouts": b["batch"], "side": side, "trials": len(trials),
-                          "median trial (s)": round(statistics.median(trials), 2) if trials else "none",
-                          "decode step (ms)": prof.get("decode_step_ms", "not profiled"),
-                          "overhead a frame (ms)": prof.get("overhead_ms", "not profiled")})
-    for c in res["analysis"]:
-        pairs.append({"rollouts": c["batch"], "measures": what.get((c["first"], c["second"]), ""),
-                      "pair": f"{c['first']} over {c['second']}", "trials a side": c["trials"],
-                      "speed-up [95% interval]": interval_text(c["speedup"], c["interval"])})
-    return sides, pairs
