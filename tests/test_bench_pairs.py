@@ -263,10 +263,10 @@ def test_every_committed_pairs_file_recomputes_and_is_like_for_like(path):
     assert res["commit"] and res["device"] and res["versions"]["vllm"]
 
 
-def test_the_mm_path_tables_and_figure_come_from_the_file():
+@pytest.mark.parametrize("path", sorted((RESULTS / "pairs").glob("*_mm_path.json")), ids=lambda p: p.name)
+def test_the_mm_path_tables_and_figure_come_from_the_file(path):
     from terra_nb.bench import plots
 
-    path = sorted((RESULTS / "pairs").glob("*_mm_path.json"))[-1]
     res = json.loads(path.read_text())
     side_rows, pair_rows = headline.mm_path_rows(res)
     assert len(side_rows) == sum(len(b["trials_s"]) for b in res["blocks"])
