@@ -193,7 +193,6 @@ def mm_path_rows(res: dict) -> tuple[list[dict], list[dict]]:
     """An `mm_path` result (`plans.mm_path_plan`) as two tables: per block and side, the median trial,
     the median decode step and the overhead a frame of the side's profiled rollout; per block, each
     pair's speed-up with its interval and what it measures (`plans.MM_PATH_PAIRS`)."""
-
     sides, pairs = [], []
     what = {(a, c): label for a, c, _, label in MM_PATH_PAIRS}
     for b in res["blocks"]:

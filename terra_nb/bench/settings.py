@@ -63,8 +63,8 @@ def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
     prefix caching, memory share, model dtype and length, eager mode, CUDA-graph mode, compilation
     mode, attention backend asked for and chosen, model runner (V1/V2), speculative decoding,
     quantization, whether vLLM feeds the model multimodal inputs (its runner then embeds the tokens
-    eagerly, before the compiled graph), tensor parallelism, where the engine core runs, and every `VLLM_*` variable (`env`: as read before the
-    engine started, see `vllm_env`; default: now).
+    eagerly, before the compiled graph), tensor parallelism, where the engine core runs, and every
+    `VLLM_*` variable (`env`: as read before the engine started, see `vllm_env`; default: now).
     observed: KV-cache blocks and the engine class."""
     from vllm import envs
 
