@@ -279,6 +279,11 @@ def test_the_mm_path_tables_and_figure_come_from_the_file(path):
             c["speedup"], c["interval"])
     fig = plots.mm_path_plot(res)
     assert len(fig.axes) == 2 * len(res["blocks"])
+    sentences = headline.mm_path_sentences(res)
+    assert len(sentences) == len(res["blocks"])
+    for line, b in zip(sentences, res["blocks"]):
+        c = next(c for c in res["analysis"] if c["block"] == b["name"] and c["first"] == "port_text")
+        assert stats.rollouts_text(b["batch"]) in line and stats.interval_text(c["speedup"], c["interval"]) in line
 
 
 def test_audit_refuses_a_ratio_that_does_not_recompute_and_a_pair_not_like_for_like():

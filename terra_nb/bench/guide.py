@@ -20,7 +20,7 @@ import numpy as np
 
 from terra_nb.bench import roofline
 from terra_nb.bench.faster import faster_dir
-from terra_nb.bench.stats import interval_text
+from terra_nb.bench.stats import interval_text, rollouts_text
 from terra_nb.port.layout import FrameLayout
 
 GUIDE_LABELS = {"port_fp8kv": "FP8 KV cache", "port_fp8w": "FP8 weights", "port_fp8": "FP8 weights + FP8 KV cache",
@@ -177,7 +177,7 @@ def step_breakdown_plot(profile: Mapping, config, title: str = "", save=None):
             bottom += us / 1e3
         ax.axhline(floors[st["batch"]], color="k", ls="--", lw=1, label="memory floor")
         ax.set_xticks([0, 1], ["host (CPU)", "GPU kernels" if by_kind else "GPU: not recorded"])
-        ax.set_title(f"{st['batch']} rollout{'s' if st['batch'] > 1 else ''}: {st['wall_ms_per_step']:.2f} ms a step",
+        ax.set_title(f"{rollouts_text(st['batch'])}: {st['wall_ms_per_step']:.2f} ms a step",
                      fontsize=9)
         ax.set_ylabel("ms per decode step")
     axes[-1].legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0))

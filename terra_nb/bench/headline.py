@@ -19,7 +19,7 @@ from pathlib import Path
 
 from terra_nb.bench.plans import MM_PATH_PAIRS, SEED_SPEEDUP
 from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line
-from terra_nb.bench.stats import MET, MISSED, interval_text
+from terra_nb.bench.stats import MET, MISSED, interval_text, rollouts_text
 from terra_nb.bench.workload import SEED_FIGURES
 
 README_START, README_END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -52,10 +52,6 @@ def ms_per_code(res: dict, block_name: str, side: str) -> float:
     return 1000 * s_per_frame(res, block_name, side) / FrameLayout.from_config(preset_config(res["preset"])).image_tokens
 
 
-def _rollouts(n: int) -> str:
-    return "1 rollout" if n == 1 else f"{n} rollouts"
-
-
 def _verdict_text(c: dict) -> str:
     if c["target"] is None:
         return ""
@@ -74,7 +70,7 @@ def headline_rows(stock: dict, seed: dict) -> list[dict]:
             lo, hi = c["interval"]
             rows.append(dict(
                 comparison=f"{WHO[c['first']]} vs {WHO[c['second']]}", note=note,
-                work=f"{_rollouts(b['batch'])}, {res['n_ctx']} + {b['frames']} frames",
+                work=f"{rollouts_text(b['batch'])}, {res['n_ctx']} + {b['frames']} frames",
                 s_per_frame=f"{s_per_frame(res, c['block'], c['first']):.3f} vs {s_per_frame(res, c['block'], c['second']):.3f}",
                 trials=c["trials"], speedup=f"**{c['speedup']:.2f}x** [{lo:.2f}, {hi:.2f}]", verdict=_verdict_text(c)))
     return rows
@@ -151,17 +147,17 @@ def seed_sentences(seed: dict) -> list[str]:
 def stock_sentence(stock: dict) -> str:
     """The port against stock vLLM, batch by batch, in one sentence computed from the verdicts."""
     cs = stock["analysis"]
-    parts = [f"{interval_text(c['speedup'], c['interval'])} at {_rollouts(c['batch'])}" for c in cs]
+    parts = [f"{interval_text(c['speedup'], c['interval'])} at {rollouts_text(c['batch'])}" for c in cs]
     verdicts = {c["verdict"] for c in cs}
     if verdicts == {MET}:
         tail = "every target met"
     elif MISSED in verdicts:
-        tail = "missed at " + ", ".join(_rollouts(c["batch"]) for c in cs if c["verdict"] == MISSED)
+        tail = "missed at " + ", ".join(rollouts_text(c["batch"]) for c in cs if c["verdict"] == MISSED)
     else:
         tail = (f"{sum(c['verdict'] == MET for c in cs)} of {len(cs)} targets met; the others are not resolved by "
                 f"{min(c['trials'] for c in cs)} interleaved trials a side (their intervals straddle the target)")
-    slower = [_rollouts(c["batch"]) for c in cs if c["interval"][1] < 1]
-    faster = [_rollouts(c["batch"]) for c in cs if c["interval"][0] > 1]
+    slower = [rollouts_text(c["batch"]) for c in cs if c["interval"][1] < 1]
+    faster = [rollouts_text(c["batch"]) for c in cs if c["interval"][0] > 1]
     if slower:
         tail += f". The port is measurably slower than stock at {', '.join(slower)} (the whole interval below 1)"
     if faster:
@@ -207,3 +203,13 @@ def mm_path_rows(res: dict) -> tuple[list[dict], list[dict]]:
                       "pair": f"{c['first']} over {c['second']}", "trials a side": c["trials"],
                       "speed-up [95% interval]": interval_text(c["speedup"], c["interval"])})
     return sides, pairs
+
+
+def mm_path_sentences(res: dict) -> list[str]:
+    """An `mm_path` result in one sentence per block: each part of the port's time over stock
+    (`plans.MM_PATH_PAIRS`) with its speed-up and interval, on the file's device."""
+    by = {(c["batch"], c["first"], c["second"]): interval_text(c["speedup"], c["interval"]) for c in res["analysis"]}
+    return [f"- **{res['device']}, {rollouts_text(b)}:** the port's model against stock {by[(b, 'port_text', 'stock')]}; "
+            f"vLLM's multimodal path {by[(b, 'port_tokens', 'port_text')]}; the action items "
+            f"{by[(b, 'port', 'port_tokens')]}; all together {by[(b, 'port', 'stock')]}."
+            for b in sorted({c["batch"] for c in res["analysis"]})]

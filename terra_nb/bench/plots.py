@@ -6,7 +6,7 @@ import statistics
 
 from matplotlib.figure import Figure
 
-from terra_nb.bench.stats import interval_text
+from terra_nb.bench.stats import interval_text, rollouts_text
 
 
 def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
@@ -29,8 +29,7 @@ def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
                 ax.axhline(statistics.median(per_frame), color=line.get_color(), ls="--", lw=0.8)
         pairs = "; ".join(f"{c['first']}/{c['second']}: {interval_text(c['speedup'], c['interval'])}"
                           for c in by_block.get(b["name"], []))
-        rollouts = "1 rollout" if b["batch"] == 1 else f"{b['batch']} rollouts"
-        ax.set_title(f"{rollouts}, {b['frames']} frames\n{pairs}", fontsize=8)
+        ax.set_title(f"{rollouts_text(b['batch'])}, {b['frames']} frames\n{pairs}", fontsize=8)
         ax.set_xlabel("round")
         ax.set_ylabel("s per frame step")
         ax.legend(fontsize=7)
@@ -81,8 +80,8 @@ def mm_path_plot(res: dict, title: str | None = None, save=None) -> Figure:
                 row[0].plot([min(v), max(v)], [y, y], color="k", lw=1)
         step = [(b.get("step_profiles") or {}).get(s, {}).get("decode_step_ms", 0) for s in names]
         row[1].barh(names, step, color="tab:orange")
-        row[0].set_xlabel(f"{b['batch']} rollout(s): s a frame (median, range)", fontsize=8)
-        row[1].set_xlabel(f"{b['batch']} rollout(s): ms a decode step (profiled rollout)", fontsize=8)
+        row[0].set_xlabel(f"{rollouts_text(b['batch'])}: s a frame (median, range)", fontsize=8)
+        row[1].set_xlabel(f"{rollouts_text(b['batch'])}: ms a decode step (profiled rollout)", fontsize=8)
         for ax in row:
             ax.invert_yaxis()
             ax.tick_params(labelsize=8)

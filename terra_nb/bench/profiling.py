@@ -455,8 +455,7 @@ def front_end_side(engine: str, ckpt: Path, preset: str, frames: tuple[int, ...]
     from terra_nb.bench.engines import port_engine, shutdown, stock_engine
     from terra_nb.bench.workload import sample_for
     from terra_nb.port.config import LlamaActionConfig
-    from terra_nb.port.layout import FrameLayout, build_prompt
-    from terra_nb.port.vllm_rollout import frame_request
+    from terra_nb.port.layout import FrameLayout
     from terra_nb.workbook.show import environment_info
 
     if engine not in ("port", "stock"):
@@ -471,9 +470,7 @@ def front_end_side(engine: str, ckpt: Path, preset: str, frames: tuple[int, ...]
     actions = actions[torch.arange(most) % actions.shape[0]]
 
     def make_requests(n: int, batch: int) -> list[dict]:
-        if engine == "port":
-            return [frame_request(codes[b, :n], actions, layout) for b in range(batch)]
-        return [{"prompt_token_ids": build_prompt(codes[b, :n], layout)} for b in range(batch)]
+        return [_request(engine, codes[b, :n], actions, layout) for b in range(batch)]
 
     llm, start = (port_engine if engine == "port" else stock_engine)(ckpt, **(engine_kwargs or {}))
     try:
@@ -487,15 +484,21 @@ def front_end_side(engine: str, ckpt: Path, preset: str, frames: tuple[int, ...]
                 engine_kwargs=engine_kwargs or {}, repeats=repeats, front_end=rows, profiles=profiles)
 
 
-def _profile_request(engine: str, preset: str, layout, n_ctx: int = ProfileSpec.n_ctx) -> dict:
-    """The request `profile_side` profiles: the preset sample's context, with its actions for the port."""
-    from terra_nb.bench.workload import sample_for
+def _request(engine: str, frames, actions, layout) -> dict:
+    """One request of `frames` (codes `[n, image_tokens]`): with their actions for the port, as the
+    plain token prompt for stock."""
     from terra_nb.port.layout import build_prompt
     from terra_nb.port.vllm_rollout import frame_request
 
+    return frame_request(frames, actions, layout) if engine == "port" else {"prompt_token_ids": build_prompt(frames, layout)}
+
+
+def _profile_request(engine: str, preset: str, layout, n_ctx: int = ProfileSpec.n_ctx) -> dict:
+    """The request `profile_side` profiles: the preset sample's context, with its actions for the port."""
+    from terra_nb.bench.workload import sample_for
+
     sample = sample_for(preset, n_ctx)
-    ctx = sample.context[:n_ctx]
-    return frame_request(ctx, sample.actions, layout) if engine == "port" else {"prompt_token_ids": build_prompt(ctx, layout)}
+    return _request(engine, sample.context[:n_ctx], sample.actions, layout)
 
 
 def front_end_record(sides: dict[str, dict], commit: str, command: str) -> dict:

@@ -64,6 +64,11 @@ def interval_text(speedup: float, interval) -> str:
     return f"{speedup:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
+def rollouts_text(n: int) -> str:
+    """'1 rollout' / '128 rollouts': a block's batch, as tables, titles and sentences name it."""
+    return "1 rollout" if n == 1 else f"{n} rollouts"
+
+
 def verdict(interval: tuple[float, float], target: float) -> str:
     """`met` when the whole interval is at or above `target` (a speed-up the first side must reach),
     `missed` when it is wholly below, else `not resolved` (the trials cannot tell)."""
