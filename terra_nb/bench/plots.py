@@ -64,7 +64,9 @@ def front_end_plot(record: dict, title: str | None = None, save=None) -> Figure:
 
 def mm_path_plot(res: dict, title: str | None = None, save=None) -> Figure:
     """An `mm_path` result as bars: per block, each side's median seconds a frame over its trials
-    (their spread as a line), and its profiled rollout's median decode step (ms, right panel)."""
+    (their spread as a line), and its profiled rollout's median decode step (ms, right panel) with
+    the part of it spent in vLLM's multimodal calls (`headline.mm_calls_ms`), where clocked."""
+    from terra_nb.bench.headline import mm_calls_ms
     from terra_nb.workbook.viz import save_figure
 
     blocks = res["blocks"]
@@ -78,8 +80,12 @@ def mm_path_plot(res: dict, title: str | None = None, save=None) -> Figure:
         for y, v in enumerate(per_frame):
             if v:
                 row[0].plot([min(v), max(v)], [y, y], color="k", lw=1)
-        step = [(b.get("step_profiles") or {}).get(s, {}).get("decode_step_ms", 0) for s in names]
-        row[1].barh(names, step, color="tab:orange")
+        profiles = [(b.get("step_profiles") or {}).get(s, {}) for s in names]
+        row[1].barh(names, [p.get("decode_step_ms", 0) for p in profiles], color="tab:orange", label="decode step")
+        mm = [mm_calls_ms(p) or 0 for p in profiles]
+        if any(mm):
+            row[1].barh(names, mm, color="tab:red", label="vLLM's multimodal calls in it")
+            row[1].legend(fontsize=7, loc="lower right")
         row[0].set_xlabel(f"{rollouts_text(b['batch'])}: s a frame (median, range)", fontsize=8)
         row[1].set_xlabel(f"{rollouts_text(b['batch'])}: ms a decode step (profiled rollout)", fontsize=8)
         for ax in row:

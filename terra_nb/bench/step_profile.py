@@ -17,6 +17,11 @@ the time per code after the first for a session), and so the frame's **overhead*
 `P - 1` decode steps, what the step spends on anything but generating codes. Frames that open a
 round (their prompt is the whole window) are left out of both.
 
+The frame loop also clocks **vLLM's multimodal path** (`MM_PATH_CALLS`): the calls vLLM's
+scheduler and model runner make in every engine step for a model that takes multimodal inputs,
+whether or not a request carries an item. Their milliseconds per engine step (`mm_path_ms`) are
+what a text-only model does not spend; on a text-only engine they read 0.
+
 The clocks wrap methods of one engine instance for the duration of a `with` block (instance
 attributes shadowing the class's methods), so they cost one `perf_counter` per call and vanish
 afterwards. The benchmark measures its timed trials without them, on a separate short rollout.
@@ -28,7 +33,22 @@ import statistics
 import time
 from typing import Callable
 
-__all__ = ["clocked_calls", "clocked_stream", "frame_loop_step_profile", "session_step_profile"]
+__all__ = ["MM_PATH_CALLS", "clocked_calls", "clocked_stream", "frame_loop_step_profile", "session_step_profile"]
+
+_CORE = "llm_engine.engine_core.engine_core"
+_RUNNER = _CORE + ".model_executor.driver_worker.worker.model_runner"
+MM_PATH_CALLS = {
+    "encoder_inputs_search": (_CORE + ".scheduler", "_try_schedule_encoder_inputs"),
+    "embeddings_gather": (_RUNNER, "_gather_mm_embeddings"),
+    "model_inputs": (_RUNNER, "_preprocess"),
+}
+"""vLLM's multimodal path in an engine step: name -> (path of the object from the `vllm.LLM`, method).
+`encoder_inputs_search`: the scheduler's walk over a running request's multimodal items (called
+once per request and step); `embeddings_gather`: the runner's collection of the items' embeddings
+the step needs (a walk over every request's items); `model_inputs`: the runner's making of the
+model's input, which holds the gather, the encoder, and the embedding of every token, run eagerly
+before the compiled graph (a text-only model passes token ids into the graph instead, and this
+call is a slice). Objects or methods an engine lacks (the core in another process) are skipped."""
 
 
 @contextlib.contextmanager
@@ -48,6 +68,26 @@ def clocked_calls(obj, name: str):
         yield record
     finally:
         delattr(obj, name)  # the class's method shows through again
+
+
+@contextlib.contextmanager
+def clocked_methods(llm, targets: dict[str, tuple[str, str]]):
+    """`clocked_calls` on each of `targets` (name -> (path from `llm`, method)) that `llm` has:
+    yields name -> its list of `(start, end)`."""
+    with contextlib.ExitStack() as stack:
+        records = {}
+        for name, (path, method) in targets.items():
+            obj = llm
+            for attr in path.split("."):
+                obj = getattr(obj, attr, None)
+            if obj is not None and callable(getattr(obj, method, None)):
+                records[name] = stack.enter_context(clocked_calls(obj, method))
+        yield records
+
+
+def _inside(record: list[tuple[float, float]], start: float, end: float) -> float:
+    """The seconds of the calls in `record` that ran between `start` and `end`."""
+    return sum(b - a for a, b in record if start <= a and b <= end)
 
 
 @contextlib.contextmanager
@@ -102,17 +142,24 @@ def frame_loop_step_profile(llm, roll: Callable[[], object], codes: int, batch: 
 
     Per frame: `wall` (the `generate` call), `engine` (its engine steps summed), `front_end`
     (`wall - engine`: input processing and adding the requests), `steps` (how many engine steps),
-    `decode_step` (their median); medians over frames, and the overhead (module doc)."""
-    with clocked_calls(llm, "generate") as calls, clocked_calls(llm.llm_engine, "step") as steps:
+    `decode_step` (their median); medians over frames, and the overhead (module doc). With them,
+    `mm_path_ms`: per name of `MM_PATH_CALLS` the engine has, its milliseconds per engine step over
+    the same frames."""
+    with (clocked_calls(llm, "generate") as calls, clocked_calls(llm.llm_engine, "step") as steps,
+          clocked_methods(llm, MM_PATH_CALLS) as mm):
         roll()
-    frames = []
+    frames, n_steps, mm_s = [], 0, dict.fromkeys(mm, 0.0)
     for index, (start, end) in enumerate(calls[1:], start=1):
         inside = [b - a for a, b in steps if start <= a and b <= end]
         if not inside:
             raise RuntimeError("no engine step inside a generate call: is this a vllm.LLM?")
         frames.append(dict(index=index, wall=end - start, engine=sum(inside), front_end=end - start - sum(inside),
                            steps=len(inside), decode_step=statistics.median(inside)))
-    return dict(mode="frame loop", **_summary(frames, codes, batch))
+        n_steps += len(inside)
+        for name, record in mm.items():
+            mm_s[name] += _inside(record, start, end)
+    return dict(mode="frame loop", **_summary(frames, codes, batch),
+                mm_path_ms={name: round(1000 * v / n_steps, 4) for name, v in mm_s.items()})
 
 
 def session_frames(record: list[tuple], codes: int) -> list[dict]:
