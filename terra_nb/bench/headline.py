@@ -185,18 +185,23 @@ def headline_markdown(results_dir: Path | None = None) -> str:
                         provenance(stock, seed) + f" Files: {files}."])
 
 
+MM_CALL_COLUMNS = {"encoder_inputs_search": "scheduler's walk over items (ms a step)",
+                   "model_inputs": "runner's eager model input (ms a step)"}
+"""The two of vLLM's multimodal calls (`step_profile.MM_PATH_CALLS`) the side table shows (the
+runner's gather runs inside its model input)."""
+
+
 def mm_calls_ms(profile: dict) -> float | None:
-    """The milliseconds an engine step of a profiled rollout spent in vLLM's multimodal calls
-    (`step_profile.MM_PATH_CALLS`: the scheduler's walk over items, and the runner's model input,
-    which holds its gather); None where the profile did not clock them."""
-    mm = profile.get("mm_path_ms")
-    return None if mm is None else round(mm["encoder_inputs_search"] + mm["model_inputs"], 4)
+    """The milliseconds an engine step of a profiled rollout spent in the calls of `MM_CALL_COLUMNS`
+    that the profile clocked; None where it clocked none."""
+    mm = {k: v for k, v in (profile.get("mm_path_ms") or {}).items() if k in MM_CALL_COLUMNS}
+    return round(sum(mm.values()), 4) if mm else None
 
 
 def mm_path_rows(res: dict) -> tuple[list[dict], list[dict]]:
     """An `mm_path` result (`plans.mm_path_plan`) as two tables: per block and side, the median trial,
-    the median decode step, the milliseconds of vLLM's multimodal calls a step (`mm_calls_ms`) and the
-    overhead a frame of the side's profiled rollout; per block, each pair's speed-up with its interval
+    the median decode step, the milliseconds of vLLM's multimodal calls a step (`MM_CALL_COLUMNS`) and
+    the overhead a frame of the side's profiled rollout; per block, each pair's speed-up with its interval
     and what it measures (`plans.MM_PATH_PAIRS`)."""
     sides, pairs = [], []
     what = {(a, c): label for a, c, _, label in MM_PATH_PAIRS}
@@ -206,8 +211,8 @@ def mm_path_rows(res: dict) -> tuple[list[dict], list[dict]]:
             sides.append({"rollouts": b["batch"], "side": side, "trials": len(trials),
                           "median trial (s)": round(statistics.median(trials), 2) if trials else "none",
                           "decode step (ms)": prof.get("decode_step_ms", "not profiled"),
-                          "vLLM's multimodal calls (ms a step)": "not clocked" if mm_calls_ms(prof) is None
-                          else mm_calls_ms(prof),
+                          **{col: (prof.get("mm_path_ms") or {}).get(call, "not clocked")
+                             for call, col in MM_CALL_COLUMNS.items()},
                           "overhead a frame (ms)": prof.get("overhead_ms", "not profiled")})
     for c in res["analysis"]:
         pairs.append({"rollouts": c["batch"], "measures": what.get((c["first"], c["second"]), ""),

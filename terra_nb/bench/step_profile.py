@@ -38,17 +38,20 @@ __all__ = ["MM_PATH_CALLS", "clocked_calls", "clocked_stream", "frame_loop_step_
 _CORE = "llm_engine.engine_core.engine_core"
 _RUNNER = _CORE + ".model_executor.driver_worker.worker.model_runner"
 MM_PATH_CALLS = {
-    "encoder_inputs_search": (_CORE + ".scheduler", "_try_schedule_encoder_inputs"),
-    "embeddings_gather": (_RUNNER, "_gather_mm_embeddings"),
-    "model_inputs": (_RUNNER, "_preprocess"),
+    "encoder_inputs_search": [(_CORE + ".scheduler", "_try_schedule_encoder_inputs")],
+    "embeddings_gather": [(_RUNNER, "_gather_mm_embeddings"),                            # model runner V1
+                          (_RUNNER + ".model_state.encoder_runner", "gather_mm_embeddings")],  # V2
+    "model_inputs": [(_RUNNER, "_preprocess"), (_RUNNER + ".model_state", "get_mm_embeddings")],
 }
-"""vLLM's multimodal path in an engine step: name -> (path of the object from the `vllm.LLM`, method).
+"""vLLM's multimodal path in an engine step: name -> candidates (path of the object from the
+`vllm.LLM`, method), the first the engine has (model runner V1, then V2).
 `encoder_inputs_search`: the scheduler's walk over a running request's multimodal items (called
-once per request and step); `embeddings_gather`: the runner's collection of the items' embeddings
-the step needs (a walk over every request's items); `model_inputs`: the runner's making of the
-model's input, which holds the gather, the encoder, and the embedding of every token, run eagerly
-before the compiled graph (a text-only model passes token ids into the graph instead, and this
-call is a slice). Objects or methods an engine lacks (the core in another process) are skipped."""
+once per request and step); `embeddings_gather`: the runner's collection of the embeddings the
+step needs (a walk over every request's items; V2 skips it when every request is decoding);
+`model_inputs`: the runner's making of the model's input, which holds the gather, the encoder and
+the embedding of every token, run eagerly before the compiled graph. A text-only model passes
+token ids into the graph instead: V1's call is then a slice, V2 makes none. A name with no
+candidate on the engine (the core in another process) is left out."""
 
 
 @contextlib.contextmanager
@@ -71,17 +74,19 @@ def clocked_calls(obj, name: str):
 
 
 @contextlib.contextmanager
-def clocked_methods(llm, targets: dict[str, tuple[str, str]]):
-    """`clocked_calls` on each of `targets` (name -> (path from `llm`, method)) that `llm` has:
-    yields name -> its list of `(start, end)`."""
+def clocked_methods(llm, targets: dict[str, list[tuple[str, str]]]):
+    """`clocked_calls` on the first candidate of each of `targets` (name -> [(path from `llm`,
+    method), ...]) that `llm` has: yields name -> its list of `(start, end)`."""
     with contextlib.ExitStack() as stack:
         records = {}
-        for name, (path, method) in targets.items():
-            obj = llm
-            for attr in path.split("."):
-                obj = getattr(obj, attr, None)
-            if obj is not None and callable(getattr(obj, method, None)):
-                records[name] = stack.enter_context(clocked_calls(obj, method))
+        for name, candidates in targets.items():
+            for path, method in candidates:
+                obj = llm
+                for attr in path.split("."):
+                    obj = getattr(obj, attr, None)
+                if obj is not None and callable(getattr(obj, method, None)):
+                    records[name] = stack.enter_context(clocked_calls(obj, method))
+                    break
         yield records
 
 
