@@ -22,6 +22,7 @@ from typing import NamedTuple
 import vllm
 
 from .vllm_patch import PROCESS_INPUTS, STREAMING_SESSIONS
+from .vllm_scheduling import ENCODER_SCHEDULING
 
 __all__ = ["PRIVATE_HOOKS", "VLLM_VERSION", "Hook", "hook_problems", "version_tuple"]
 
@@ -62,6 +63,7 @@ PRIVATE_HOOKS: tuple[Hook, ...] = (
     # runtime patches (`vllm_patch`): wrapped, or skipped with a warning where gone
     Hook(PROCESS_INPUTS.target, "vllm_frontdoor.install (wraps it)", PROCESS_INPUTS.params),
     Hook(STREAMING_SESSIONS.target, "vllm_frontdoor.install (wraps it)", STREAMING_SESSIONS.params),
+    Hook(ENCODER_SCHEDULING.target, "vllm_scheduling.install (wraps it)", ENCODER_SCHEDULING.params),
     Hook("vllm.v1.engine:EngineCoreRequest", "vllm_frontdoor.check_request (reads these fields)",
          ("prompt_token_ids", "mm_features", "sampling_params", "prompt_embeds")),
     Hook("vllm.v1.sample.rejection_sampler:expand_batch_to_tokens", "frame_copy.fix_cpu_expand (replaces it on the CPU)",

@@ -20,6 +20,8 @@ is idempotent and cheap: it registers
   multimodal processor.
 * one engine-core utility, `terra_kv_blocks` (`install_engine_utilities`): the free and total
   KV-cache blocks, which a server reads from the front end (`terra_nb.serve.engine.kv_blocks`).
+* the scheduler's fast path for decoding Terra requests (`vllm_scheduling.install`): no search of
+  their action items at every step.
 
 vLLM does not catch what a general plugin raises, and an exception here would stop every engine
 of the environment, whatever its model. Nothing here raises for a vLLM that renamed a private
@@ -43,9 +45,11 @@ def register() -> None:
 
     from .hf_model import register as register_hf
     from .vllm_frontdoor import install
+    from .vllm_scheduling import install as install_scheduling
 
     register_hf()
     install()
+    install_scheduling()
     install_engine_utilities()  # the KV-block count a server reads (terra_nb.serve)
     supported = set(ModelRegistry.get_supported_archs())
     for arch in ARCHITECTURES:

@@ -1,0 +1,63 @@
+"""A fast path in vLLM's scheduler for Terra's decoding requests: no search of their action items.
+
+A rollout's request carries one action item per frame of its prompt. At every step, for every
+running request, vLLM's scheduler asks which of the request's multimodal items overlap the tokens
+it is about to compute (`Scheduler._try_schedule_encoder_inputs`: two bisections over the items
+with a key function, then a loop over the overlap). For a Terra request that is decoding, the
+answer is always "none": all its items lie in the prompt, behind the codes it generates. At 128
+rollouts the search runs 128 times per decode step on the host, and at that batch a step waits on
+the host, not on the GPU's kernels (notebook 12's step profile; notebook 07 clocks the search).
+
+`install()` wraps the method. Where the request's last item ends at or before the tokens already
+computed, the wrapper calls vLLM's own method with a stand-in request that has no items. That
+returns what the search would have found: nothing to schedule, with the token count and encoder
+budget untouched, in whatever tuple the release returns. Every other call goes to vLLM's method
+as it is. Only Terra's engines take the fast path, and never an encoder-decoder model.
+"""
+from __future__ import annotations
+
+import types
+
+from .vllm_frontdoor import terra_layout
+from .vllm_patch import Patch, wrap
+
+__all__ = ["ENCODER_SCHEDULING", "install"]
+
+ENCODER_SCHEDULING = Patch("vllm.v1.core.sched.scheduler", "Scheduler", "_try_schedule_encoder_inputs",
+                           ("self", "request", "num_computed_tokens", "num_new_tokens", "encoder_compute_budget"))
+"""Where vLLM's scheduler finds a request's multimodal items in this step's tokens (0.26 and 0.32;
+0.26 returns four values, 0.32 five)."""
+
+_MARK = "_terra_encoder_fast_path"
+_NO_ITEMS = types.SimpleNamespace(has_encoder_inputs=False)
+"""What vLLM's method sees as the request on the fast path: its first check returns at once."""
+
+
+def _takes_fast_path(scheduler) -> bool:
+    """Whether this scheduler serves a Terra model (and not an encoder-decoder one), computed once."""
+    cache = scheduler.__dict__
+    if _MARK not in cache:
+        model_config = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
+        cache[_MARK] = terra_layout(model_config) is not None and not getattr(scheduler, "is_encoder_decoder", True)
+    return cache[_MARK]
+
+
+def _fast_path(try_schedule):
+    def try_schedule_encoder_inputs(self, request, num_computed_tokens, num_new_tokens, encoder_compute_budget,
+                                    *args, **kwargs):
+        items = request.mm_features
+        if items and _takes_fast_path(self):
+            last = items[-1].mm_position  # vLLM keeps a request's items sorted by position
+            if last.offset + last.length <= num_computed_tokens:
+                request = _NO_ITEMS
+        return try_schedule(self, request, num_computed_tokens, num_new_tokens, encoder_compute_budget,
+                            *args, **kwargs)
+
+    return try_schedule_encoder_inputs
+
+
+def install() -> None:
+    """Wrap `ENCODER_SCHEDULING` (idempotent; where this vLLM lacks it, nothing changes and one
+    warning says so: the scheduler then searches every step, as it does for other models)."""
+    wrap(ENCODER_SCHEDULING, _MARK, _fast_path,
+         "the scheduler's fast path for decoding Terra requests: it searches their action items every step")
