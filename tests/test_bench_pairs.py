@@ -297,11 +297,23 @@ def test_the_mm_path_tables_and_figure_come_from_the_file(path):
     fig = plots.mm_path_plot(res)
     assert len(fig.axes) == 2 * len(res["blocks"])
     sentences = headline.mm_path_sentences(res)
-    timed = [b for b in res["blocks"] if any(b["trials_s"].values())]   # a block its deadline skipped has no sentence
+    # a block its deadline skipped, or one of too few trials for an interval, has no sentence
+    timed = [b for b in res["blocks"] if min(map(len, b["trials_s"].values())) >= headline.MIN_SENTENCE_TRIALS]
     assert len(sentences) == len(timed)
     for line, b in zip(sentences, timed):
         c = next(c for c in res["analysis"] if c["block"] == b["name"] and c["first"] == "port_text")
         assert stats.rollouts_text(b["batch"]) in line and stats.interval_text(c["speedup"], c["interval"]) in line
+
+
+def test_the_mm_calls_sentence_quotes_the_clocked_share_of_the_ports_step():
+    port = dict(decode_step_ms=4.0, mm_path_ms=dict(encoder_inputs_search=0.3, model_inputs=0.2))
+    res = dict(device="GPU", blocks=[dict(batch=128, step_profiles=dict(port=port, stock=dict(decode_step_ms=3.9))),
+                                     dict(batch=1, step_profiles=dict(port=dict(decode_step_ms=1.0), stock={}))])
+    (line,) = headline.mm_calls_sentences(res)   # the block without clocks says nothing
+    assert "128 rollouts" in line and "4.00 ms decode step" in line and "stock's: 3.90 ms" in line
+    assert "search of the action items 0.300 ms (7.5%)" in line and "eager model input 0.200 ms (5.0%)" in line
+    port["mm_path_ms"] = dict(encoder_inputs_search=0.3)   # a V2 runner the clocks did not reach: the search alone
+    assert "model input" not in headline.mm_calls_sentences(res)[0]
 
 
 def test_audit_refuses_a_ratio_that_does_not_recompute_and_a_pair_not_like_for_like():

@@ -62,13 +62,19 @@ def test_the_fast_path_returns_what_vllm_returns_on_vllm_026(tiny_ckpt, run_prob
     _check(out)
 
 
-def _route(model_type: str = "llama_action", encoder_decoder: bool = False):
-    """The wrapper around a stand-in for vLLM's method that records the request it was given."""
+def _route(model_type: str = "llama_action", encoder_decoder: bool = False, extra: tuple = ([], [])):
+    """The wrapper around a stand-in for vLLM's method that records each request it was given and
+    answers "nothing to schedule" as a release does: (inputs, tokens, budget, *extra)."""
     from terra_nb.port import vllm_scheduling
     from terra_nb.port.checkpoints import preset_config
 
     seen = []
-    wrapper = vllm_scheduling._fast_path(lambda self, request, *args: seen.append(request) or "vllm's answer")
+
+    def vllm(self, request, computed, new, budget, *args):
+        seen.append(request)
+        return ([], new, budget, *extra)
+
+    wrapper = vllm_scheduling._fast_path(vllm)
     cfg = preset_config("tiny")
     if model_type != cfg.model_type:
         cfg = types.SimpleNamespace(model_type=model_type)
@@ -77,22 +83,36 @@ def _route(model_type: str = "llama_action", encoder_decoder: bool = False):
     return wrapper, sched, seen
 
 
+def _request():
+    item = types.SimpleNamespace(mm_position=types.SimpleNamespace(offset=64, length=6))
+    return types.SimpleNamespace(mm_features=[item])
+
+
 @pytest.mark.parametrize("computed, fast", [(0, False), (69, False), (70, True), (500, True)])
-def test_only_a_window_past_every_item_takes_the_fast_path(computed, fast):
+@pytest.mark.parametrize("extra", [([],), ([], [])], ids=["0.26's shape", "0.32's shape"])
+def test_only_a_window_past_every_item_takes_the_fast_path(computed, fast, extra):
     from terra_nb.port import vllm_scheduling
 
-    wrapper, sched, seen = _route()
-    item = types.SimpleNamespace(mm_position=types.SimpleNamespace(offset=64, length=6))
-    request = types.SimpleNamespace(mm_features=[item])
-    assert wrapper(sched, request, computed, 1, 100) == "vllm's answer"
-    assert seen == [vllm_scheduling._NO_ITEMS if fast else request]
+    wrapper, sched, seen = _route(extra=extra)
+    request = _request()
+    for _ in range(3):
+        assert wrapper(sched, request, computed, 1, 100) == ([], 1, 100, *extra)
+    # the fast path asks vLLM once per scheduler, with the stand-in, for its answer's shape
+    assert seen == ([vllm_scheduling._NO_ITEMS] if fast else [request] * 3)
+
+
+def test_an_answer_of_another_shape_sends_the_stand_in_to_vllm():
+    from terra_nb.port import vllm_scheduling
+
+    wrapper, sched, seen = _route(extra=([], [], []))
+    assert wrapper(sched, _request(), 500, 1, 100) == ([], 1, 100, [], [], [])
+    assert seen == [vllm_scheduling._NO_ITEMS] * 2   # the shape asked once, then the call itself
 
 
 @pytest.mark.parametrize("model_type, encoder_decoder", [("llama", False), ("llama_action", True)])
 def test_other_models_and_encoder_decoders_keep_vllms_search(model_type, encoder_decoder):
     wrapper, sched, seen = _route(model_type, encoder_decoder)
-    item = types.SimpleNamespace(mm_position=types.SimpleNamespace(offset=64, length=6))
-    request = types.SimpleNamespace(mm_features=[item])
+    request = _request()
     wrapper(sched, request, 500, 1, 100)
     assert seen == [request]
 

@@ -221,11 +221,37 @@ def mm_path_rows(res: dict) -> tuple[list[dict], list[dict]]:
     return sides, pairs
 
 
+MIN_SENTENCE_TRIALS = 3
+"""The fewest trials a side for a pair's interval to be put in a sentence (the tables show every pair)."""
+
+
 def mm_path_sentences(res: dict) -> list[str]:
-    """An `mm_path` result in one sentence per block: each part of the port's time over stock
-    (`plans.MM_PATH_PAIRS`) with its speed-up and interval, on the file's device."""
+    """An `mm_path` result in one sentence per block of at least `MIN_SENTENCE_TRIALS` trials a side:
+    each part of the port's time over stock (`plans.MM_PATH_PAIRS`) with its speed-up and interval,
+    on the file's device."""
     by = {(c["batch"], c["first"], c["second"]): interval_text(c["speedup"], c["interval"]) for c in res["analysis"]}
     return [f"- **{res['device']}, {rollouts_text(b)}:** the port's model against stock {by[(b, 'port_text', 'stock')]}; "
             f"vLLM's multimodal path {by[(b, 'port_tokens', 'port_text')]}; the action items "
             f"{by[(b, 'port', 'port_tokens')]}; all together {by[(b, 'port', 'stock')]}."
-            for b in sorted({c["batch"] for c in res["analysis"]})]
+            for b in sorted({c["batch"] for c in res["analysis"] if c["trials"] >= MIN_SENTENCE_TRIALS})]
+
+
+def mm_calls_sentences(res: dict) -> list[str]:
+    """One sentence per profiled block of an `mm_path` result whose port side clocked vLLM's
+    multimodal calls: what the scheduler's search of the action items and the runner's eager model
+    input took of the port's decode step, beside the step of stock."""
+    out = []
+    for b in res["blocks"]:
+        prof = b.get("step_profiles") or {}
+        port, stock = prof.get("port", {}), prof.get("stock", {})
+        mm = port.get("mm_path_ms") or {}
+        if "encoder_inputs_search" not in mm or not stock:
+            continue
+        step = port["decode_step_ms"]
+        parts = [f"the scheduler's search of the action items {mm['encoder_inputs_search']:.3f} ms "
+                 f"({mm['encoder_inputs_search'] / step:.1%})"]
+        if "model_inputs" in mm:
+            parts.append(f"the runner's eager model input {mm['model_inputs']:.3f} ms ({mm['model_inputs'] / step:.1%})")
+        out.append(f"- **{res['device']}, {rollouts_text(b['batch'])}:** of the port's {step:.2f} ms decode step "
+                   f"(stock's: {stock['decode_step_ms']:.2f} ms), {' and '.join(parts)}.")
+    return out

@@ -9,10 +9,13 @@ rollouts the search runs 128 times per decode step on the host, and at that batc
 the host, not on the GPU's kernels (notebook 12's step profile; notebook 07 clocks the search).
 
 `install()` wraps the method. Where the request's last item ends at or before the tokens already
-computed, the wrapper calls vLLM's own method with a stand-in request that has no items. That
-returns what the search would have found: nothing to schedule, with the token count and encoder
-budget untouched, in whatever tuple the release returns. Every other call goes to vLLM's method
-as it is. Only Terra's engines take the fast path, and never an encoder-decoder model.
+computed, the wrapper returns what vLLM's search would have found: nothing to schedule, the token
+count and encoder budget untouched. The shape of that answer differs by release (0.26 returns four
+values, 0.32 five), so each scheduler learns it once, from vLLM's own method given a stand-in
+request with no items; a shape other than the two known sends every call to vLLM's method with that
+stand-in instead. Every other call goes to vLLM's method as it is. Only Terra's engines take the
+fast path, and never an encoder-decoder model. The wrapper is a handful of attribute reads: it runs
+once per request and step, so it must cost less than the search it saves.
 """
 from __future__ import annotations
 
@@ -31,25 +34,39 @@ ENCODER_SCHEDULING = Patch("vllm.v1.core.sched.scheduler", "Scheduler", "_try_sc
 _MARK = "_terra_encoder_fast_path"
 _NO_ITEMS = types.SimpleNamespace(has_encoder_inputs=False)
 """What vLLM's method sees as the request on the fast path: its first check returns at once."""
+_OFF, _OTHER_SHAPE = -1, -2
+"""A scheduler's entry under `_MARK`: how many empty lists close vLLM's answer (1 or 2), or one of
+these: not a Terra scheduler (no fast path), or an answer of another shape (the stand-in request)."""
 
 
-def _takes_fast_path(scheduler) -> bool:
-    """Whether this scheduler serves a Terra model (and not an encoder-decoder one), computed once."""
-    cache = scheduler.__dict__
-    if _MARK not in cache:
-        model_config = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
-        cache[_MARK] = terra_layout(model_config) is not None and not getattr(scheduler, "is_encoder_decoder", True)
-    return cache[_MARK]
+def _empty_answer_lists(scheduler, try_schedule) -> int:
+    """For `scheduler`, computed once: how many empty lists follow (scheduled inputs, token count,
+    budget) in vLLM's answer "nothing to schedule", or `_OFF` / `_OTHER_SHAPE`."""
+    model_config = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
+    if terra_layout(model_config) is None or getattr(scheduler, "is_encoder_decoder", True):
+        return _OFF
+    answer = tuple(try_schedule(scheduler, _NO_ITEMS, 0, 1, 0))
+    if answer[:3] == ([], 1, 0) and len(answer) in (4, 5) and all(x == [] for x in answer[3:]):
+        return len(answer) - 3
+    return _OTHER_SHAPE
 
 
 def _fast_path(try_schedule):
     def try_schedule_encoder_inputs(self, request, num_computed_tokens, num_new_tokens, encoder_compute_budget,
                                     *args, **kwargs):
         items = request.mm_features
-        if items and _takes_fast_path(self):
+        if items:
             last = items[-1].mm_position  # vLLM keeps a request's items sorted by position
             if last.offset + last.length <= num_computed_tokens:
-                request = _NO_ITEMS
+                empties = self.__dict__.get(_MARK)
+                if empties is None:
+                    empties = self.__dict__[_MARK] = _empty_answer_lists(self, try_schedule)
+                if empties == 2:
+                    return [], num_new_tokens, encoder_compute_budget, [], []
+                if empties == 1:
+                    return [], num_new_tokens, encoder_compute_budget, []
+                if empties == _OTHER_SHAPE:
+                    request = _NO_ITEMS
         return try_schedule(self, request, num_computed_tokens, num_new_tokens, encoder_compute_budget,
                             *args, **kwargs)
 
