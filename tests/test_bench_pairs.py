@@ -208,6 +208,7 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
     for name, var in plan.env:  # the plan's own environment reaches every side, and leaves with the run
         assert all(s["vllm_env"][name] == var for s in sides.values()) and name not in os.environ
     assert port["log_stats"] is True and port["speculative"] is None
+    assert all(s["scheduler_fast_path"] for s in sides.values())   # the port's plugin wraps every engine's scheduler
     assert res["sides"]["port"]["observed"]["num_kv_blocks"] > 0
     (block,) = res["blocks"]
     assert block["order"] == ["port", "port_tokens", "port_text", "stock", "port_tokens", "port_text", "stock", "port"]
