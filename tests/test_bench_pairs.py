@@ -225,11 +225,12 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
     # for requests that carry items, so on the port alone
     mm = {side: block["step_profiles"][side]["mm_path_ms"] for side in plans.MM_PATH_SIDES}
     assert all(sorted(m) == sorted(step_profile.MM_PATH_CALLS) for m in mm.values())
-    assert mm["port"]["encoder_inputs_search"] > 0 and mm["port_tokens"]["encoder_inputs_search"] == 0
+    for call in ("encoder_inputs_search", "encoder_inputs_release"):
+        assert mm["port"][call] > 0 and mm["port_tokens"][call] == 0, call
     for side in ("port", "port_tokens"):
         assert 0 < mm[side]["embeddings_gather"] < mm[side]["model_inputs"] < block["step_profiles"][side]["decode_step_ms"]
     for side in ("port_text", "stock"):
-        assert mm[side]["embeddings_gather"] == mm[side]["encoder_inputs_search"] == 0, side
+        assert mm[side]["embeddings_gather"] == mm[side]["encoder_inputs_search"] == mm[side]["encoder_inputs_release"] == 0
         assert mm[side]["model_inputs"] < mm["port_tokens"]["model_inputs"], side
     got = {c["name"]: c for c in res["analysis"]}
     assert sorted(got) == sorted(f"{a}_vs_{b}_b1" for a, b, *_ in plans.MM_PATH_PAIRS)
@@ -312,7 +313,7 @@ def test_the_mm_calls_sentence_quotes_the_clocked_share_of_the_ports_step():
                                      dict(batch=1, step_profiles=dict(port=dict(decode_step_ms=1.0), stock={}))])
     (line,) = headline.mm_calls_sentences(res)   # the block without clocks says nothing
     assert "128 rollouts" in line and "4.00 ms decode step" in line and "stock's: 3.90 ms" in line
-    assert "search of the action items 0.300 ms (7.5%)" in line and "eager model input 0.200 ms (5.0%)" in line
+    assert "search of the action items 0.300 ms (7.5%), the runner's eager model input 0.200 ms (5.0%)." in line
     port["mm_path_ms"] = dict(encoder_inputs_search=0.3)   # a V2 runner the clocks did not reach: the search alone
     assert "model input" not in headline.mm_calls_sentences(res)[0]
 

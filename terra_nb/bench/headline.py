@@ -185,10 +185,14 @@ def headline_markdown(results_dir: Path | None = None) -> str:
                         provenance(stock, seed) + f" Files: {files}."])
 
 
-MM_CALL_COLUMNS = {"encoder_inputs_search": "scheduler's walk over items (ms a step)",
-                   "model_inputs": "runner's eager model input (ms a step)"}
-"""The two of vLLM's multimodal calls (`step_profile.MM_PATH_CALLS`) the side table shows (the
-runner's gather runs inside its model input)."""
+MM_CALL_COLUMNS = {"encoder_inputs_search": "scheduler: item search (ms a step)",
+                   "encoder_inputs_release": "scheduler: item release (ms a step)",
+                   "model_inputs": "runner: eager model input (ms a step)"}
+"""The calls of vLLM's multimodal path (`step_profile.MM_PATH_CALLS`) the side table shows (the
+runner's gather runs inside its model input, so it is not added again)."""
+MM_CALL_WORDS = {"encoder_inputs_search": "the scheduler's search of the action items",
+                 "encoder_inputs_release": "its release of them",
+                 "model_inputs": "the runner's eager model input"}
 
 
 def mm_calls_ms(profile: dict) -> float | None:
@@ -238,8 +242,8 @@ def mm_path_sentences(res: dict) -> list[str]:
 
 def mm_calls_sentences(res: dict) -> list[str]:
     """One sentence per profiled block of an `mm_path` result whose port side clocked vLLM's
-    multimodal calls: what the scheduler's search of the action items and the runner's eager model
-    input took of the port's decode step, beside the step of stock."""
+    multimodal calls: what each clocked call of `MM_CALL_WORDS` took of the port's decode step,
+    beside the step of stock."""
     out = []
     for b in res["blocks"]:
         prof = b.get("step_profiles") or {}
@@ -248,10 +252,8 @@ def mm_calls_sentences(res: dict) -> list[str]:
         if "encoder_inputs_search" not in mm or not stock:
             continue
         step = port["decode_step_ms"]
-        parts = [f"the scheduler's search of the action items {mm['encoder_inputs_search']:.3f} ms "
-                 f"({mm['encoder_inputs_search'] / step:.1%})"]
-        if "model_inputs" in mm:
-            parts.append(f"the runner's eager model input {mm['model_inputs']:.3f} ms ({mm['model_inputs'] / step:.1%})")
+        parts = [f"{words} {mm[call]:.3f} ms ({mm[call] / step:.1%})" for call, words in MM_CALL_WORDS.items()
+                 if call in mm]
         out.append(f"- **{res['device']}, {rollouts_text(b['batch'])}:** of the port's {step:.2f} ms decode step "
-                   f"(stock's: {stock['decode_step_ms']:.2f} ms), {' and '.join(parts)}.")
+                   f"(stock's: {stock['decode_step_ms']:.2f} ms), {', '.join(parts)}.")
     return out

@@ -39,6 +39,7 @@ _CORE = "llm_engine.engine_core.engine_core"
 _RUNNER = _CORE + ".model_executor.driver_worker.worker.model_runner"
 MM_PATH_CALLS = {
     "encoder_inputs_search": [(_CORE + ".scheduler", "_try_schedule_encoder_inputs")],
+    "encoder_inputs_release": [(_CORE + ".scheduler", "_free_encoder_inputs")],
     "embeddings_gather": [(_RUNNER, "_gather_mm_embeddings"),                            # model runner V1
                           (_RUNNER + ".model_state.encoder_runner", "gather_mm_embeddings")],  # V2
     "model_inputs": [(_RUNNER, "_preprocess"), (_RUNNER + ".model_state", "get_mm_embeddings")],
@@ -46,7 +47,8 @@ MM_PATH_CALLS = {
 """vLLM's multimodal path in an engine step: name -> candidates (path of the object from the
 `vllm.LLM`, method), the first the engine has (model runner V1, then V2).
 `encoder_inputs_search`: the scheduler's walk over a running request's multimodal items (called
-once per request and step); `embeddings_gather`: the runner's collection of the embeddings the
+once per request and step); `encoder_inputs_release`: its check, after each step, of which of a
+request's items the encoder cache may let go (once per request and step); `embeddings_gather`: the runner's collection of the embeddings the
 step needs (a walk over every request's items; V2 skips it when every request is decoding);
 `model_inputs`: the runner's making of the model's input, which holds the gather, the encoder and
 the embedding of every token, run eagerly before the compiled graph. A text-only model passes
