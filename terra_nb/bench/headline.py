@@ -152,23 +152,30 @@ def stock_sentence(stock: dict) -> str:
     if verdicts == {MET}:
         tail = "every target met"
     elif MISSED in verdicts:
-        tail = "missed at " + ", ".join(rollouts_text(c["batch"]) for c in cs if c["verdict"] == MISSED)
+        tail = "missed at " + _and([rollouts_text(c["batch"]) for c in cs if c["verdict"] == MISSED])
     else:
         tail = (f"{sum(c['verdict'] == MET for c in cs)} of {len(cs)} targets met; the others are not resolved by "
                 f"{min(c['trials'] for c in cs)} interleaved trials a side (their intervals straddle the target)")
     slower = [rollouts_text(c["batch"]) for c in cs if c["interval"][1] < 1]
     faster = [rollouts_text(c["batch"]) for c in cs if c["interval"][0] > 1]
     if slower:
-        tail += f". The port is measurably slower than stock at {', '.join(slower)} (the whole interval below 1)"
+        tail += f". The port is measurably slower than stock at {_and(slower)} (the whole interval below 1)"
     if faster:
-        tail += f". The port is measurably faster than stock at {', '.join(faster)}"
+        tail += f". The port is measurably faster than stock at {_and(faster)}"
     return f"**The port against stock vLLM** (speed-up of the port; 1.00x = stock's speed): {', '.join(parts)}: {tail}."
 
 
+def _and(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return " and ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def provenance(stock: dict, seed: dict) -> str:
-    """The measurement's provenance: both files' device, versions and commit, and the method."""
-    lines = {provenance_line(stock), provenance_line(seed)}
-    return (f"Measured on {' and '.join(sorted(lines))}, transformers {stock['versions']['transformers']}. Each side "
+    """The measurement's provenance: both files' device, versions and commit (by the table's note
+    where they differ), and the method."""
+    a, b = provenance_line(stock), provenance_line(seed)
+    where = a if a == b else f"{a} (1) and {b} (2)"
+    return (f"Measured on {where}, transformers {stock['versions']['transformers']}. Each side "
             f"in its own process, all alive, trials alternated (A B, B A, ...); settings read back from each engine "
             f"and checked equal except what a pair tests (`python -m terra_nb.bench pairs --plan headline_stock` and "
             f"`--plan headline_seed`).")

@@ -139,9 +139,10 @@ def answer_markdown(results_dir: Path | None = None) -> str:
         f"({launch_share:.0%} of the eager port's time is what CUDA graphs remove), so the ratio moves with the host: "
         f"HF here {frame['hf']:.2f} s a frame (the seed's {seed_hf:.2f}), the eager port {frame['port_seed']:.2f} "
         f"(the seed's vLLM {seed_vllm:.2f}).",
-        f"- Speed-ups of the port (above 1: the port is faster) with 95% intervals, {eager['trials']} interleaved "
-        f"trials a side, on {stock['device']}, vLLM {stock['versions']['vllm']}, commit {stock['commit']}: "
-        "[the headline](#the-headline).",
+        f"- Speed-ups of the port (above 1: the port is faster) with 95% intervals, interleaved trials "
+        f"({_and(sorted({str(c['trials']) for c in stock['analysis']}))} a side against stock on {stock['device']}, "
+        f"commit {stock['commit']}; {eager['trials']} a side against HF on {seed['device']}, commit {seed['commit']}; "
+        f"vLLM {stock['versions']['vllm']}): [the headline](#the-headline).",
     ])
 
 
