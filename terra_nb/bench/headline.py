@@ -192,11 +192,12 @@ def headline_markdown(results_dir: Path | None = None) -> str:
                         provenance(stock, seed) + f" Files: {files}."])
 
 
-MM_CALL_COLUMNS = {"encoder_inputs_search": "scheduler: item search (ms a step)",
-                   "encoder_inputs_release": "scheduler: item release (ms a step)",
-                   "model_inputs": "runner: eager model input (ms a step)"}
-"""The calls of vLLM's multimodal path (`step_profile.MM_PATH_CALLS`) the side table shows (the
-runner's gather runs inside its model input, so it is not added again)."""
+MM_CALL_COLUMNS = {"encoder_inputs_search": "item search (ms)",
+                   "encoder_inputs_release": "item release (ms)",
+                   "model_inputs": "model input (ms)"}
+"""The calls of vLLM's multimodal path (`step_profile.MM_PATH_CALLS`) the side table shows, in ms a
+decode step: the scheduler's search and release of items, the runner's eager model input (its
+gather runs inside, so it is not shown again)."""
 MM_CALL_WORDS = {"encoder_inputs_search": "the scheduler's search of the action items",
                  "encoder_inputs_release": "its release of them",
                  "model_inputs": "the runner's eager model input"}
@@ -234,6 +235,17 @@ def mm_path_rows(res: dict) -> tuple[list[dict], list[dict]]:
 
 MIN_SENTENCE_TRIALS = 3
 """The fewest trials a side for a pair's interval to be put in a sentence (the tables show every pair)."""
+
+
+def mm_path_text(name: str, res: dict) -> str:
+    """An `mm_path` result file as text: its provenance (with whether its engines had the port's
+    scheduler fast path, `scheduler_fast_path`), then both tables of `mm_path_rows`."""
+    from terra_nb.workbook.show import text_table
+
+    fast = {s["settings"].get("scheduler_fast_path", False) for s in res["sides"].values()}
+    sides, pairs = mm_path_rows(res)
+    return (f"{name}: {provenance_line(res)}; {res['preset']} shape; {res['run']}; "
+            f"scheduler fast path: {'on' if fast == {True} else 'off'}\n{text_table(sides)}\n{text_table(pairs)}\n")
 
 
 def mm_path_sentences(res: dict) -> list[str]:
