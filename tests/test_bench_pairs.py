@@ -228,9 +228,11 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
     for call in ("encoder_inputs_search", "encoder_inputs_release"):
         assert mm["port"][call] > 0 and mm["port_tokens"][call] == 0, call
     for side in ("port", "port_tokens"):
-        assert 0 < mm[side]["embeddings_gather"] < mm[side]["model_inputs"] < block["step_profiles"][side]["decode_step_ms"]
+        step = block["step_profiles"][side]["decode_step_ms"]
+        assert 0 < mm[side]["embeddings_gather"] < mm[side]["model_inputs"] < step, side
     for side in ("port_text", "stock"):
-        assert mm[side]["embeddings_gather"] == mm[side]["encoder_inputs_search"] == mm[side]["encoder_inputs_release"] == 0
+        for call in ("embeddings_gather", "encoder_inputs_search", "encoder_inputs_release"):
+            assert mm[side][call] == 0, (side, call)
         assert mm[side]["model_inputs"] < mm["port_tokens"]["model_inputs"], side
     got = {c["name"]: c for c in res["analysis"]}
     assert sorted(got) == sorted(f"{a}_vs_{b}_b1" for a, b, *_ in plans.MM_PATH_PAIRS)

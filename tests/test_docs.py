@@ -80,4 +80,5 @@ def test_the_answer_says_what_the_intervals_allow(tmp_path):
     assert "2.00x [1.80, 2.20], not reproduced" in lines[2]
     assert "(75% of the eager port's time is what CUDA graphs remove)" in lines[2]   # 1 - 1.5 / 6
     assert "HF here 12.00 s a frame (the seed's 11.03), the eager port 6.00 (the seed's vLLM 4.25)" in lines[2]
-    assert "(5 a side against stock on Some GPU, commit abc1234; 5 a side against HF on Some GPU, commit abc1234; vLLM 9.9)" in lines[3]
+    assert ("(5 a side against stock on Some GPU, commit abc1234; 5 a side against HF on Some GPU, "
+            "commit abc1234; vLLM 9.9)") in lines[3]

@@ -133,9 +133,9 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "smoke_stock", "smoke_seed", "smoke_mm_path",
-              "faster_spec_terra", "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync",
-              "guide_long", "guide_mid", "smoke_guide")
+PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "smoke_stock",
+              "smoke_seed", "smoke_mm_path", "faster_spec_terra", "faster_spec_toy", "smoke_faster",
+              "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long", "guide_mid", "smoke_guide")
 
 
 def notebook_plan(device_type: str, preset: str) -> Plan:

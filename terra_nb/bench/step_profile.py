@@ -18,9 +18,9 @@ the time per code after the first for a session), and so the frame's **overhead*
 round (their prompt is the whole window) are left out of both.
 
 The frame loop also clocks **vLLM's multimodal path** (`MM_PATH_CALLS`): the calls vLLM's
-scheduler and model runner make in every engine step for a model that takes multimodal inputs,
-whether or not a request carries an item. Their milliseconds per engine step (`mm_path_ms`) are
-what a text-only model does not spend; on a text-only engine they read 0.
+scheduler and model runner make in every engine step for a model that takes multimodal inputs
+(the scheduler's only for requests that carry items). Their milliseconds per engine step
+(`mm_path_ms`) are what a text-only model does not spend; on a text-only engine they read 0.
 
 The clocks wrap methods of one engine instance for the duration of a `with` block (instance
 attributes shadowing the class's methods), so they cost one `perf_counter` per call and vanish
@@ -48,8 +48,9 @@ MM_PATH_CALLS = {
 `vllm.LLM`, method), the first the engine has (model runner V1, then V2).
 `encoder_inputs_search`: the scheduler's walk over a running request's multimodal items (called
 once per request and step); `encoder_inputs_release`: its check, after each step, of which of a
-request's items the encoder cache may let go (once per request and step); `embeddings_gather`: the runner's collection of the embeddings the
-step needs (a walk over every request's items; V2 skips it when every request is decoding);
+request's items the encoder cache may let go (once per request and step); `embeddings_gather`:
+the runner's collection of the embeddings the step needs (a walk over every request's items; V2
+skips it when every request is decoding);
 `model_inputs`: the runner's making of the model's input, which holds the gather, the encoder and
 the embedding of every token, run eagerly before the compiled graph. A text-only model passes
 token ids into the graph instead: V1's call is then a slice, V2 makes none. A name with no
