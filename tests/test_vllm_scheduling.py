@@ -117,6 +117,18 @@ def test_other_models_and_encoder_decoders_keep_vllms_search(model_type, encoder
     assert seen == [request]
 
 
+def test_an_engine_built_with_the_fast_path_off_keeps_vllms_search():
+    from terra_nb.port import vllm_scheduling
+
+    wrapper, sched, seen = _route()
+    sched.vllm_config.additional_config = {vllm_scheduling.CONFIG_KEY: False}
+    request = _request()
+    wrapper(sched, request, 500, 1, 100)
+    assert seen == [request] and not vllm_scheduling._asked(sched.vllm_config)
+    sched.vllm_config.additional_config = {}   # vLLM's default: the fast path
+    assert vllm_scheduling._asked(sched.vllm_config)
+
+
 def test_the_plugin_wraps_the_scheduler_once():
     from terra_nb.port.vllm_patch import wrapped_by
     from terra_nb.port.vllm_plugin import register

@@ -113,7 +113,6 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | 
         os.dup2(fd, 1)
         os.dup2(fd, 2)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.update(spec.env)  # before vLLM loads the port's plugin in this process
     try:
         from terra_nb.bench.sides import build_side
 

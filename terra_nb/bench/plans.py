@@ -96,11 +96,11 @@ port's side cached (built for embeddings) and fail (`'NoneType' object has no at
 
 def fast_path_plan(preset: str, shared: dict, batches: dict[int, int], trials: int) -> Plan:
     """The port against itself without its scheduler fast path (`port.vllm_scheduling`, turned off
-    by its `OFF_SWITCH` in that side's process), at each batch of `batches` (batch -> frames)."""
-    from terra_nb.port.vllm_scheduling import OFF_SWITCH
+    by the engine argument `additional_config`), at each batch of `batches` (batch -> frames)."""
+    from terra_nb.port.vllm_scheduling import CONFIG_KEY
 
     sides = (SideSpec("port", "port", dict(shared)),
-             SideSpec("port_no_fast_path", "port", dict(shared), env={OFF_SWITCH: "0"}))
+             SideSpec("port_no_fast_path", "port", dict(shared, additional_config={CONFIG_KEY: False})))
     blocks = tuple(Block(f"b{b}", ("port", "port_no_fast_path"), b, f, trials) for b, f in batches.items())
     pairs = tuple(Pair(f"fast_path_b{b}", f"b{b}", "port", "port_no_fast_path", ("scheduler_fast_path",))
                   for b in batches)

@@ -63,15 +63,15 @@ def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
     prefix caching, memory share, model dtype and length, eager mode, CUDA-graph mode, compilation
     mode, attention backend asked for and chosen, model runner (V1/V2), speculative decoding,
     quantization, whether vLLM feeds the model multimodal inputs (its runner then embeds the tokens
-    eagerly, before the compiled graph), whether vLLM's scheduler carries the port's fast path for
-    decoding Terra requests (`port.vllm_scheduling`, installed by the port's plugin in every vLLM
-    process; read in this one), tensor parallelism, where the engine core runs, and every
-    `VLLM_*` variable (`env`: as read before the engine started, see `vllm_env`; default: now).
+    eagerly, before the compiled graph), whether the engine takes the port's scheduler fast path for
+    decoding Terra requests (`port.vllm_scheduling.enabled`: installed by the port's plugin in this
+    process, and not turned off in the engine's `additional_config`), tensor parallelism, where the
+    engine core runs, and every `VLLM_*` variable (`env`: as read before the engine started, see
+    `vllm_env`; default: now).
     observed: KV-cache blocks and the engine class."""
     from vllm import envs
 
     from terra_nb.port import vllm_scheduling
-    from terra_nb.port.vllm_patch import wrapped_by
     from terra_nb.port.vllm_release import supports_multimodal_inputs
 
     c = vllm_config_of(engine)
@@ -104,7 +104,7 @@ def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
         speculative=None if c.speculative_config is None else str(c.speculative_config),
         quantization=getattr(model, "quantization", None),
         multimodal_inputs=supports_multimodal_inputs(model),
-        scheduler_fast_path=wrapped_by(vllm_scheduling._MARK, vllm_scheduling.ENCODER_SCHEDULING) > 0,
+        scheduler_fast_path=vllm_scheduling.enabled(c),
         tensor_parallel_size=c.parallel_config.tensor_parallel_size,
         log_stats=getattr(getattr(engine, "llm_engine", engine), "log_stats", None),
         engine_core=("child process" if engine_kind(engine) == "AsyncLLM" or envs.VLLM_ENABLE_V1_MULTIPROCESSING

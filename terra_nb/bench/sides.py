@@ -26,14 +26,11 @@ KINDS = ("port", "stock", "port_tokens", "session", "hf")
 @dataclasses.dataclass(frozen=True)
 class SideSpec:
     """A side's name in results (e.g. `port`, `port_seed`), its kind (`KINDS`) and its settings:
-    vLLM engine arguments, or for `hf` the SDPA kernels it may use (`sdpa`, None: torch's choice);
-    `env`, environment variables set in the side's process before its engine starts (what they
-    change must show in its read-back settings, where `check_pair` sees it)."""
+    vLLM engine arguments, or for `hf` the SDPA kernels it may use (`sdpa`, None: torch's choice)."""
     name: str
     kind: str
     engine_kwargs: dict = dataclasses.field(default_factory=dict)
     sdpa: tuple[str, ...] | None = None
-    env: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in KINDS:

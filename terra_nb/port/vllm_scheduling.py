@@ -14,23 +14,28 @@ count and encoder budget untouched. The shape of that answer differs by release 
 values, 0.32 five), so each scheduler learns it once, from vLLM's own method given a stand-in
 request with no items; a shape other than the two known sends every call to vLLM's method with that
 stand-in instead. Every other call goes to vLLM's method as it is. Only Terra's engines take the
-fast path, and never an encoder-decoder model. The wrapper is a handful of attribute reads: it runs
-once per request and step, so it must cost less than the search it saves.
+fast path, never an encoder-decoder model, and not an engine built with `CONFIG_KEY` off. The
+wrapper is a handful of attribute reads: it runs once per request and step, so it must cost less
+than the search it saves.
 """
 from __future__ import annotations
 
-import os
 import types
 
 from .vllm_frontdoor import terra_layout
-from .vllm_patch import Patch, wrap
+from .vllm_patch import Patch, wrap, wrapped_by
 
-__all__ = ["ENCODER_SCHEDULING", "OFF_SWITCH", "install"]
+__all__ = ["CONFIG_KEY", "ENCODER_SCHEDULING", "enabled", "install"]
 
 ENCODER_SCHEDULING = Patch("vllm.v1.core.sched.scheduler", "Scheduler", "_try_schedule_encoder_inputs",
                            ("self", "request", "num_computed_tokens", "num_new_tokens", "encoder_compute_budget"))
 """Where vLLM's scheduler finds a request's multimodal items in this step's tokens (0.26 and 0.32;
 0.26 returns four values, 0.32 five)."""
+
+CONFIG_KEY = "terra_scheduler_fast_path"
+"""An engine built with `additional_config={CONFIG_KEY: False}` (a vLLM engine argument) keeps vLLM's
+search for every request: to measure what the fast path saves (`python -m terra_nb.bench pairs
+--plan fast_path`), or to rule it out."""
 
 _MARK = "_terra_encoder_fast_path"
 _NO_ITEMS = types.SimpleNamespace(has_encoder_inputs=False)
@@ -43,8 +48,9 @@ these: not a Terra scheduler (no fast path), or an answer of another shape (the 
 def _empty_answer_lists(scheduler, try_schedule) -> int:
     """For `scheduler`, computed once: how many empty lists follow (scheduled inputs, token count,
     budget) in vLLM's answer "nothing to schedule", or `_OFF` / `_OTHER_SHAPE`."""
-    model_config = getattr(getattr(scheduler, "vllm_config", None), "model_config", None)
-    if terra_layout(model_config) is None or getattr(scheduler, "is_encoder_decoder", True):
+    vllm_config = getattr(scheduler, "vllm_config", None)
+    model_config = getattr(vllm_config, "model_config", None)
+    if terra_layout(model_config) is None or getattr(scheduler, "is_encoder_decoder", True) or not _asked(vllm_config):
         return _OFF
     answer = tuple(try_schedule(scheduler, _NO_ITEMS, 0, 1, 0))
     if answer[:3] == ([], 1, 0) and len(answer) in (4, 5) and all(x == [] for x in answer[3:]):
@@ -74,17 +80,20 @@ def _fast_path(try_schedule):
     return try_schedule_encoder_inputs
 
 
-OFF_SWITCH = "TERRA_NB_SCHEDULER_FAST_PATH"
-"""Set to 0 in a process's environment, and `install` leaves vLLM's scheduler as it is there (to
-measure what the fast path saves, `python -m terra_nb.bench pairs --plan fast_path`, or to rule it
-out)."""
-
-
 def install() -> bool:
     """Wrap `ENCODER_SCHEDULING` (idempotent; where this vLLM lacks it, nothing changes and one
-    warning says so: the scheduler then searches every step, as it does for other models). Nothing
-    is wrapped where `OFF_SWITCH` is 0. True when the wrapper is in place."""
-    if os.environ.get(OFF_SWITCH, "1") == "0":
-        return False
+    warning says so: the scheduler then searches every step, as it does for other models). True
+    when the wrapper is in place."""
     return wrap(ENCODER_SCHEDULING, _MARK, _fast_path,
                 "the scheduler's fast path for decoding Terra requests: it searches their action items every step")
+
+
+def enabled(vllm_config) -> bool:
+    """Whether an engine of `vllm_config` takes the fast path for its Terra requests: the wrapper is
+    in place in this process and the engine was not built with `CONFIG_KEY` off."""
+    return wrapped_by(_MARK, ENCODER_SCHEDULING) > 0 and _asked(vllm_config)
+
+
+def _asked(vllm_config) -> bool:
+    extra = getattr(vllm_config, "additional_config", None)
+    return not (isinstance(extra, dict) and extra.get(CONFIG_KEY) is False)
