@@ -61,6 +61,10 @@ def _quantile(n: int, q: float) -> int:
     return next(j for j in range(1, n + 1) if _median_cdf(n, j) >= q)
 
 
+def test_a_list_reads_as_a_sentence_names_it():
+    assert [stats.and_text(xs) for xs in (["1"], ["1", "32"], ["1", "32", "128"])] == ["1", "1 and 32", "1, 32 and 128"]
+
+
 def test_the_interval_is_the_95_percent_one_at_both_ends():
     """A known answer: one side a single trial of 1 s, the other nine trials of 1..9 s, resampled
     on their own. Each bootstrap draw's speed-up is then the median of nine values drawn from 1..9,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from terra_nb.bench.plans import MM_PATH_PAIRS, SEED_SPEEDUP
 from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line
-from terra_nb.bench.stats import MET, MISSED, interval_text, rollouts_text
+from terra_nb.bench.stats import MET, MISSED, and_text, interval_text, rollouts_text
 from terra_nb.bench.workload import SEED_FIGURES
 
 README_START, README_END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -152,22 +152,17 @@ def stock_sentence(stock: dict) -> str:
     if verdicts == {MET}:
         tail = "every target met"
     elif MISSED in verdicts:
-        tail = "missed at " + _and([rollouts_text(c["batch"]) for c in cs if c["verdict"] == MISSED])
+        tail = "missed at " + and_text([rollouts_text(c["batch"]) for c in cs if c["verdict"] == MISSED])
     else:
         tail = (f"{sum(c['verdict'] == MET for c in cs)} of {len(cs)} targets met; the others are not resolved by "
                 f"{min(c['trials'] for c in cs)} interleaved trials a side (their intervals straddle the target)")
     slower = [rollouts_text(c["batch"]) for c in cs if c["interval"][1] < 1]
     faster = [rollouts_text(c["batch"]) for c in cs if c["interval"][0] > 1]
     if slower:
-        tail += f". The port is measurably slower than stock at {_and(slower)} (the whole interval below 1)"
+        tail += f". The port is measurably slower than stock at {and_text(slower)} (the whole interval below 1)"
     if faster:
-        tail += f". The port is measurably faster than stock at {_and(faster)}"
+        tail += f". The port is measurably faster than stock at {and_text(faster)}"
     return f"**The port against stock vLLM** (speed-up of the port; 1.00x = stock's speed): {', '.join(parts)}: {tail}."
-
-
-def _and(items: list[str]) -> str:
-    """"a", "a and b", "a, b and c"."""
-    return " and ".join(items) if len(items) < 3 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def provenance(stock: dict, seed: dict) -> str:

@@ -71,16 +71,17 @@ TIMED_PHASES = {
     "model_runner": ("llm_engine.engine_core.engine_core.model_executor", "execute_model"),
 }
 
-_CORE = "llm_engine.engine_core.engine_core"
-_RUNNER = _CORE + ".model_executor.driver_worker.worker.model_runner"
+ENGINE_CORE = "llm_engine.engine_core.engine_core"
+MODEL_RUNNER = ENGINE_CORE + ".model_executor.driver_worker.worker.model_runner"
+"""Paths from a `vllm.LLM` to its engine core and its model runner (the core in this process)."""
 STEP_PHASES = {
     "engine_core": [("llm_engine.engine_core", "get_output")],
-    "schedule": [(_CORE + ".scheduler", "schedule")],
-    "execute_model": [(_CORE + ".model_executor", "execute_model")],
-    "prepare_inputs": [(_RUNNER, "prepare_inputs"), (_RUNNER, "_prepare_inputs")],   # model runner V2, V1
-    "sample_tokens": [(_CORE + ".model_executor", "sample_tokens")],
-    "sampler": [(_RUNNER, "sample"), (_RUNNER, "_sample")],
-    "update_from_output": [(_CORE + ".scheduler", "update_from_output")],
+    "schedule": [(ENGINE_CORE + ".scheduler", "schedule")],
+    "execute_model": [(ENGINE_CORE + ".model_executor", "execute_model")],
+    "prepare_inputs": [(MODEL_RUNNER, "prepare_inputs"), (MODEL_RUNNER, "_prepare_inputs")],   # model runner V2, V1
+    "sample_tokens": [(ENGINE_CORE + ".model_executor", "sample_tokens")],
+    "sampler": [(MODEL_RUNNER, "sample"), (MODEL_RUNNER, "_sample")],
+    "update_from_output": [(ENGINE_CORE + ".scheduler", "update_from_output")],
     "output_processing": [("llm_engine.output_processor", "process_outputs")],
 }
 """The calls a decode step is made of, clocked by `step_breakdown` (phase -> candidate (path from
@@ -151,11 +152,11 @@ def engine_targets(llm) -> dict[str, tuple[object, str]]:
     return {phase: (_attr_path(llm, path), name) for phase, (path, name) in TIMED_PHASES.items()}
 
 
-def step_targets(llm) -> dict[str, tuple[object, str]]:
-    """`STEP_PHASES` resolved on a `vllm.LLM`: each phase's first candidate whose object has the method
-    (phases with none are left out)."""
+def step_targets(llm, phases: dict[str, list[tuple[str, str]]] | None = None) -> dict[str, tuple[object, str]]:
+    """`phases` (default `STEP_PHASES`) resolved on a `vllm.LLM`: each phase's first candidate whose
+    object has the method (phases with none are left out)."""
     out = {}
-    for phase, candidates in STEP_PHASES.items():
+    for phase, candidates in (STEP_PHASES if phases is None else phases).items():
         for path, name in candidates:
             obj = _attr_path(llm, path)
             if obj is not None and callable(getattr(obj, name, None)):

@@ -64,6 +64,11 @@ def interval_text(speedup: float, interval) -> str:
     return f"{speedup:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
+def and_text(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c': a list as a sentence names it."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def rollouts_text(n: int) -> str:
     """'1 rollout' / '128 rollouts': a block's batch, as tables, titles and sentences name it."""
     return "1 rollout" if n == 1 else f"{n} rollouts"

@@ -33,16 +33,16 @@ import statistics
 import time
 from typing import Callable
 
+from terra_nb.bench.profiling import ENGINE_CORE, MODEL_RUNNER, step_targets
+
 __all__ = ["MM_PATH_CALLS", "clocked_calls", "clocked_stream", "frame_loop_step_profile", "session_step_profile"]
 
-_CORE = "llm_engine.engine_core.engine_core"
-_RUNNER = _CORE + ".model_executor.driver_worker.worker.model_runner"
 MM_PATH_CALLS = {
-    "encoder_inputs_search": [(_CORE + ".scheduler", "_try_schedule_encoder_inputs")],
-    "encoder_inputs_release": [(_CORE + ".scheduler", "_free_encoder_inputs")],
-    "embeddings_gather": [(_RUNNER, "_gather_mm_embeddings"),                            # model runner V1
-                          (_RUNNER + ".model_state.encoder_runner", "gather_mm_embeddings")],  # V2
-    "model_inputs": [(_RUNNER, "_preprocess"), (_RUNNER + ".model_state", "get_mm_embeddings")],
+    "encoder_inputs_search": [(ENGINE_CORE + ".scheduler", "_try_schedule_encoder_inputs")],
+    "encoder_inputs_release": [(ENGINE_CORE + ".scheduler", "_free_encoder_inputs")],
+    "embeddings_gather": [(MODEL_RUNNER, "_gather_mm_embeddings"),                            # model runner V1
+                          (MODEL_RUNNER + ".model_state.encoder_runner", "gather_mm_embeddings")],  # V2
+    "model_inputs": [(MODEL_RUNNER, "_preprocess"), (MODEL_RUNNER + ".model_state", "get_mm_embeddings")],
 }
 """vLLM's multimodal path in an engine step: name -> candidates (path of the object from the
 `vllm.LLM`, method), the first the engine has (model runner V1, then V2).
@@ -79,18 +79,10 @@ def clocked_calls(obj, name: str):
 @contextlib.contextmanager
 def clocked_methods(llm, targets: dict[str, list[tuple[str, str]]]):
     """`clocked_calls` on the first candidate of each of `targets` (name -> [(path from `llm`,
-    method), ...]) that `llm` has: yields name -> its list of `(start, end)`."""
+    method), ...]) that `llm` has (`profiling.step_targets`): yields name -> its list of `(start, end)`."""
     with contextlib.ExitStack() as stack:
-        records = {}
-        for name, candidates in targets.items():
-            for path, method in candidates:
-                obj = llm
-                for attr in path.split("."):
-                    obj = getattr(obj, attr, None)
-                if obj is not None and callable(getattr(obj, method, None)):
-                    records[name] = stack.enter_context(clocked_calls(obj, method))
-                    break
-        yield records
+        yield {name: stack.enter_context(clocked_calls(obj, method))
+               for name, (obj, method) in step_targets(llm, targets).items()}
 
 
 def _inside(record: list[tuple[float, float]], start: float, end: float) -> float:

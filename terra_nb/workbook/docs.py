@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from terra_nb.bench.stats import and_text, interval_text
 from terra_nb.workbook.paths import REPO, RESULTS
 
 
@@ -94,25 +95,20 @@ def refresh(root: Path = REPO, sections=SECTIONS, check: bool = False) -> list[s
 
 # ------------------------------------------------------------------ the two producers of this module
 
-def _and(items: list[str]) -> str:
-    """["a", "b", "c"] -> "a, b and c"."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def _interval(c: dict) -> str:
-    return f"{c['speedup']:.2f}x [{c['interval'][0]:.2f}, {c['interval'][1]:.2f}]"
+    return interval_text(c["speedup"], c["interval"])
 
 
 def _against_stock(cs: list[dict]) -> str:
     """The port against stock, batch by batch, and what the intervals allow saying."""
-    figures = _and([_interval(c) for c in cs])
-    batches = _and([str(c["batch"]) for c in cs])
+    figures = and_text([_interval(c) for c in cs])
+    batches = and_text([str(c["batch"]) for c in cs])
     slower = [str(c["batch"]) for c in cs if c["interval"][1] < 1]
     faster = [str(c["batch"]) for c in cs if c["interval"][0] > 1]
     verdict = "within the trials' noise of stock's speed" + (
-        f" except at {_and(slower)} rollouts, where it is measurably slower" if slower else "")
+        f" except at {and_text(slower)} rollouts, where it is measurably slower" if slower else "")
     if faster:
-        verdict += f"; measurably faster at {_and(faster)} rollouts"
+        verdict += f"; measurably faster at {and_text(faster)} rollouts"
     return (f"- **Against stock vLLM** (vLLM's own Llama of the same shape): the port runs at {figures} of "
             f"stock's speed at {batches} rollouts: {verdict}.")
 
@@ -140,7 +136,7 @@ def answer_markdown(results_dir: Path | None = None) -> str:
         f"HF here {frame['hf']:.2f} s a frame (the seed's {seed_hf:.2f}), the eager port {frame['port_seed']:.2f} "
         f"(the seed's vLLM {seed_vllm:.2f}).",
         f"- Speed-ups of the port (above 1: the port is faster) with 95% intervals, interleaved trials "
-        f"({_and(sorted({str(c['trials']) for c in stock['analysis']}))} a side against stock on {stock['device']}, "
+        f"({and_text(sorted({str(c['trials']) for c in stock['analysis']}))} a side against stock on {stock['device']}, "
         f"commit {stock['commit']}; {eager['trials']} a side against HF on {seed['device']}, commit {seed['commit']}; "
         f"vLLM {stock['versions']['vllm']}): [the headline](#the-headline).",
     ])
