@@ -63,6 +63,7 @@ def _quantile(n: int, q: float) -> int:
 
 def test_a_list_reads_as_a_sentence_names_it():
     assert [stats.and_text(xs) for xs in (["1"], ["1", "32"], ["1", "32", "128"])] == ["1", "1 and 32", "1, 32 and 128"]
+    assert [stats.rollouts_list_text(bs) for bs in ([1], [128], [1, 32])] == ["1 rollout", "128 rollouts", "1 and 32 rollouts"]
 
 
 def test_the_interval_is_the_95_percent_one_at_both_ends():
@@ -360,4 +361,20 @@ def test_the_headline_names_no_undefined_abbreviation_and_gives_each_rows_setup(
     assert "(1)" in table and "(2)" in table and "\n\n(1) " in text and "\n\n(2) " in text
     assert "lease" not in text and "issue" not in text and "-dirty" not in text
     stock = json.loads(headline.latest("stock")[0].read_text())
-    assert f"commit {stock['commit']}" in text and stock["device"] in text
+    assert f"commit {stock['commit'][:7]}" in text and stock["device"] in text
+
+
+def test_pair_rows_give_each_committed_pair_with_its_own_trials_and_interval():
+    """`records.pair_rows` (notebook 07's tables of a pairs file): one row per analysed pair, naming
+    both sides, with the trial count and interval the analysis holds."""
+    from terra_nb.bench import records
+
+    for path in sorted((RESULTS / "pairs").glob("*_fast_path.json")) + sorted((RESULTS / "pairs").glob("*_headline_stock.json")):
+        res = json.loads(path.read_text())
+        rows = records.pair_rows(res)
+        assert len(rows) == len(res["analysis"]), path.name
+        for row, c in zip(rows, res["analysis"]):
+            assert row["speed-up of"] == f"{c['first']} over {c['second']}"
+            assert row["trials a side"] == c["trials"] == min(len(v) for v in records.block(res, c["block"])["trials_s"].values())
+            lo, hi = (float(x) for x in row["95% interval"].strip("[]").split(", "))
+            assert lo <= round(c["speedup"], 2) <= hi and row["frames"] == f"{res['n_ctx']} + {c['frames']}"

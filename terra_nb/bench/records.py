@@ -42,13 +42,21 @@ def provenance(res: dict) -> str:
     parts = [res.get("device") or (res.get("env") or {}).get("device") or "device not recorded"]
     parts += [f"{name} {v[key]}" for key, name in (("vllm", "vLLM"), ("torch", "torch")) if v.get(key)]
     commit = res.get("commit") or (res.get("env") or {}).get("git_commit")
-    parts.append(f"commit {commit}" if commit and not commit.endswith("-dirty") else "commit not recorded")
+    parts.append(f"commit {commit[:7]}" if commit and not commit.endswith("-dirty") else "commit not recorded")
     return ", ".join(parts)
 
 
 def block(res: dict, name: str) -> dict:
     """An interleaved result file's block by its name."""
     return next(b for b in res["blocks"] if b["name"] == name)
+
+
+def pair_rows(res: dict) -> list[dict]:
+    """An interleaved result's pairs as table rows: the work, the trials a side, and the speed-up of
+    the first side over the second with its 95% interval."""
+    return [{"rollouts": c["batch"], "frames": f"{res['n_ctx']} + {c['frames']}", "trials a side": c["trials"],
+             "speed-up of": f"{c['first']} over {c['second']}", "speed-up": c["speedup"],
+             "95% interval": "[{:.2f}, {:.2f}]".format(*c["interval"])} for c in res["analysis"]]
 
 
 # ---------------------------------------------------------------- earlier measurements

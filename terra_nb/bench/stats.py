@@ -74,6 +74,11 @@ def rollouts_text(n: int) -> str:
     return "1 rollout" if n == 1 else f"{n} rollouts"
 
 
+def rollouts_list_text(batches: list[int]) -> str:
+    """'1 rollout' / '32 and 128 rollouts': several blocks' batches in one phrase."""
+    return and_text([str(b) for b in batches]) + (" rollout" if list(batches) == [1] else " rollouts")
+
+
 def verdict(interval: tuple[float, float], target: float) -> str:
     """`met` when the whole interval is at or above `target` (a speed-up the first side must reach),
     `missed` when it is wholly below, else `not resolved` (the trials cannot tell)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from terra_nb.bench.stats import and_text, interval_text
+from terra_nb.bench.stats import and_text, interval_text, rollouts_list_text
 from terra_nb.workbook.paths import REPO, RESULTS
 
 
@@ -102,15 +102,14 @@ def _interval(c: dict) -> str:
 def _against_stock(cs: list[dict]) -> str:
     """The port against stock, batch by batch, and what the intervals allow saying."""
     figures = and_text([_interval(c) for c in cs])
-    batches = and_text([str(c["batch"]) for c in cs])
-    slower = [str(c["batch"]) for c in cs if c["interval"][1] < 1]
-    faster = [str(c["batch"]) for c in cs if c["interval"][0] > 1]
+    slower = [c["batch"] for c in cs if c["interval"][1] < 1]
+    faster = [c["batch"] for c in cs if c["interval"][0] > 1]
     verdict = "within the trials' noise of stock's speed" + (
-        f" except at {and_text(slower)} rollouts, where it is measurably slower" if slower else "")
+        f" except at {rollouts_list_text(slower)}, where it is measurably slower" if slower else "")
     if faster:
-        verdict += f"; measurably faster at {and_text(faster)} rollouts"
+        verdict += f"; measurably faster at {rollouts_list_text(faster)}"
     return (f"- **Against stock vLLM** (vLLM's own Llama of the same shape): the port runs at {figures} of "
-            f"stock's speed at {batches} rollouts: {verdict}.")
+            f"stock's speed at {rollouts_list_text([c['batch'] for c in cs])}: {verdict}.")
 
 
 def answer_markdown(results_dir: Path | None = None) -> str:
@@ -137,7 +136,7 @@ def answer_markdown(results_dir: Path | None = None) -> str:
         f"(the seed's vLLM {seed_vllm:.2f}).",
         f"- Speed-ups of the port (above 1: the port is faster) with 95% intervals, interleaved trials "
         f"({and_text(sorted({str(c['trials']) for c in stock['analysis']}))} a side against stock on {stock['device']}, "
-        f"commit {stock['commit']}; {eager['trials']} a side against HF on {seed['device']}, commit {seed['commit']}; "
+        f"commit {stock['commit'][:7]}; {eager['trials']} a side against HF on {seed['device']}, commit {seed['commit'][:7]}; "
         f"vLLM {stock['versions']['vllm']}): [the headline](#the-headline).",
     ])
 
