@@ -50,11 +50,13 @@ SEED_SETTINGS = ("enforce_eager", "enable_prefix_caching", "max_num_seqs", "max_
 
 
 def stock_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, n_ctx: int = 3,
-               targets: bool = True) -> Plan:
+               targets: bool = True, step_profile: bool = False) -> Plan:
     """The port vs stock at each batch of `batches` (batch -> frames after the context); with
-    `targets`, the batches of `STOCK_TARGETS` get their verdicts (a plan of few trials gets none)."""
+    `targets`, the batches of `STOCK_TARGETS` get their verdicts (a plan of few trials gets none);
+    with `step_profile`, each side's frame steps profiled on one more rollout after the trials."""
     sides = (SideSpec("port", "port", dict(shared)), SideSpec("stock", "stock", dict(shared)))
-    blocks = tuple(Block(f"b{b}", ("port", "stock"), b, f, trials) for b, f in batches.items())
+    blocks = tuple(Block(f"b{b}", ("port", "stock"), b, f, trials, step_profile=step_profile)
+                   for b, f in batches.items())
     pairs = tuple(Pair(f"port_vs_stock_b{b}", f"b{b}", "port", "stock", MULTIMODAL,
                        STOCK_TARGETS.get(b) if targets else None) for b in batches)
     return Plan(preset, n_ctx, sides, blocks, pairs)
@@ -121,6 +123,8 @@ def seed_plan(preset: str, frames: int, trials: int, seed_kwargs: dict, defaults
 def named_plan(name: str) -> Plan:
     if name == "headline_stock":
         return stock_plan("terra", GPU_SHARED, {1: 11, 32: 6, 128: 6}, trials=5)
+    if name == "headline_steps":   # the headline's 1-rollout work, each side's frame steps profiled
+        return stock_plan("terra", GPU_SHARED, {1: 11}, trials=1, targets=False, step_profile=True)
     if name == "headline_seed":
         # 3 + 4 frames, not the seed's 22: a 22-frame video takes HF ~190 s and the eager port ~157 s
         # on an H200, so five interleaved rounds would take half an hour
@@ -150,7 +154,7 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
+PLAN_NAMES = ("headline_stock", "headline_steps", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
               "smoke_fast_path", "smoke_stock", "smoke_seed", "smoke_mm_path", "faster_spec_terra",
               "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long",
               "guide_mid", "smoke_guide")
