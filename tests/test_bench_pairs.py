@@ -378,3 +378,24 @@ def test_pair_rows_give_each_committed_pair_with_its_own_trials_and_interval():
             assert row["trials a side"] == c["trials"] == min(len(v) for v in records.block(res, c["block"])["trials_s"].values())
             lo, hi = (float(x) for x in row["95% interval"].strip("[]").split(", "))
             assert lo <= round(c["speedup"], 2) <= hi and row["frames"] == f"{res['n_ctx']} + {c['frames']}"
+
+
+@pytest.mark.parametrize("path", sorted((RESULTS / "pairs").glob("*_headline_steps.json")), ids=lambda p: p.name)
+def test_the_profiled_frames_sentence_and_figure_read_each_sides_own_frames(path):
+    """`profiled_frames_sentences` quotes each side's median frame, its range and its trials' median
+    from the file; a block without a stock profile gets none; the figure draws one line a side."""
+    import statistics
+
+    from terra_nb.bench import plots
+
+    res = json.loads(path.read_text())
+    b = res["blocks"][0]
+    (line,) = headline.profiled_frames_sentences(res)
+    for side in ("port", "stock"):
+        walls = [f["wall_ms"] for f in b["step_profiles"][side]["by_frame"]]
+        trial = statistics.median(b["trials_s"][side]) / b["frames"] * 1000
+        assert f"{statistics.median(walls):.0f} ms ({min(walls):.0f} to {max(walls):.0f}; {trial:.0f} ms" in line
+    alone = dict(b, step_profiles={"port": b["step_profiles"]["port"]})
+    assert headline.profiled_frames_sentences(dict(res, blocks=[alone])) == []
+    fig = plots.frame_walls_plot(res)
+    assert [ln.get_label() for ln in fig.axes[0].lines if not ln.get_label().startswith("_")] == ["port", "stock"]

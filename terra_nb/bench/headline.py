@@ -271,3 +271,23 @@ def mm_calls_sentences(res: dict) -> list[str]:
         out.append(f"- **{res['device']}, {rollouts_text(b['batch'])}:** of the port's {step:.2f} ms decode step "
                    f"(stock's: {stock['decode_step_ms']:.2f} ms), {', '.join(parts)}.")
     return out
+
+
+def profiled_frames_sentences(res: dict) -> list[str]:
+    """One sentence per profiled block with a port and a stock side: each side's median frame in the
+    profiled rollout with the range of its frames, beside its timed trials' median seconds a frame,
+    so a reader sees whether the trials' gap shows frame by frame."""
+    out = []
+    for b in res["blocks"]:
+        prof = b.get("step_profiles") or {}
+        if not {"port", "stock"} <= prof.keys():
+            continue
+        parts = []
+        for side in ("port", "stock"):
+            walls = [f["wall_ms"] for f in prof[side]["by_frame"]]
+            trial = statistics.median(b["trials_s"][side]) / b["frames"] * 1000
+            parts.append(f"{WHO[side]}'s {statistics.median(walls):.0f} ms ({min(walls):.0f} to {max(walls):.0f}; "
+                         f"{trial:.0f} ms a frame in its timed trials)")
+        out.append(f"- **{res['device']}, {rollouts_text(b['batch'])}, {res['n_ctx']} + {b['frames']} frames:** "
+                   f"median frame of the profiled rollout: {parts[0]} against {parts[1]}.")
+    return out

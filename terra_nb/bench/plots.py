@@ -37,6 +37,28 @@ def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
     return save_figure(fig, save)
 
 
+def frame_walls_plot(res: dict, title: str | None = None, save=None) -> Figure:
+    """One panel per step-profiled block: each side's milliseconds per frame step of its profiled
+    rollout, frame by frame (`by_frame`), with the medians dashed. A steady side draws a flat line;
+    frames that jump show how far one frame's time moves with nothing in the work changed."""
+    from terra_nb.workbook.viz import save_figure
+
+    blocks = [b for b in res["blocks"] if b.get("step_profiles")]
+    fig = Figure(figsize=(4.2 * max(1, len(blocks)), 3.2), layout="constrained")
+    axes = fig.subplots(1, max(1, len(blocks)), squeeze=False)[0]
+    for ax, b in zip(axes, blocks):
+        for side, prof in b["step_profiles"].items():
+            walls = [f["wall_ms"] for f in prof["by_frame"]]
+            line, = ax.plot([f["index"] for f in prof["by_frame"]], walls, "o-", label=side)
+            ax.axhline(statistics.median(walls), color=line.get_color(), ls="--", lw=0.8)
+        ax.set_title(f"{rollouts_text(b['batch'])}, {res['n_ctx']} + {b['frames']} frames (profiled rollout)", fontsize=8)
+        ax.set_xlabel("frame step")
+        ax.set_ylabel("ms per frame step")
+        ax.legend(fontsize=7)
+    fig.suptitle(title or f"frame by frame: {res['device']}, vLLM {res['versions']['vllm']}", fontsize=9)
+    return save_figure(fig, save)
+
+
 def front_end_plot(record: dict, title: str | None = None, save=None) -> Figure:
     """The front end's milliseconds per request against the frames in a prompt, one panel per batch,
     one line per side of a front-end record (`profiling.front_end_record`: e.g. stock, the port as
