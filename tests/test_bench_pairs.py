@@ -220,6 +220,11 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
     for side in plans.MM_PATH_SIDES:  # two trials of 2 frames x 64 codes, the warm-up before the first reading
         assert block["counters"][side]["generation_tokens"] == 2 * 2 * 64, side
         assert block["counters"][side]["spec_decode_num_draft_tokens"] == 0 and block["counters"][side]["codes_per_step"] == 1
+    for side in plans.MM_PATH_SIDES:  # every timed trial clocked frame by frame (its one frame after the window)
+        assert len(block["trial_steps"][side]) == len(block["trials_s"][side]) == 2, side
+        for t, seconds in zip(block["trial_steps"][side], block["trials_s"][side]):
+            assert 0 < t["decode_step_ms"] < t["wall_ms"] < 1000 * seconds, side
+            assert t["overhead_ms"] == pytest.approx(t["wall_ms"] - 63 * t["decode_step_ms"], abs=0.05)
     for side in plans.MM_PATH_SIDES:  # one more rollout, profiled after the counters: the frame step's split
         prof = block["step_profiles"][side]
         assert prof["mode"] == "frame loop" and prof["frames"] == 1 and prof["codes_per_frame"] == 64

@@ -131,6 +131,9 @@ def _serve(conn, spec: SideSpec, ckpt: str, preset: str, n_ctx: int, log: str | 
             if msg[0] == "counters":
                 conn.send(("counters", side.counters()))
                 continue
+            if msg[0] == "last_steps":
+                conn.send(("steps", side.last_steps))
+                continue
             if msg[0] == "step_profile":
                 conn.send(("profile", side.step_profile(*msg[1:])))
                 continue
@@ -191,6 +194,12 @@ class Worker:
     def trial(self, batch: int, frames: int, temperature: float, seed: int) -> float:
         self.conn.send(("trial", batch, frames, temperature, seed))
         return self._answer("seconds")
+
+    def last_steps(self) -> dict | None:
+        """The side's last trial, frame by frame in three figures (`sides.Side.last_steps`); None
+        for a side whose trials are not a frame loop (HF, sessions)."""
+        self.conn.send(("last_steps",))
+        return self._answer("steps")
 
     def counters(self) -> dict[str, float]:
         """The side's engine counters now (`settings.engine_counters`)."""
@@ -264,7 +273,7 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, run: str | None = 
         flush()
         for b in plan.blocks:
             rec = dict(dataclasses.asdict(b), sides=list(b.sides), order=[], trials_s={s: [] for s in b.sides},
-                       warmup_s={}, counters={})
+                       trial_steps={s: [] for s in b.sides}, warmup_s={}, counters={})
             res["blocks"].append(rec)
             for s in b.sides:  # untimed: the first call at a new batch pays one-off costs
                 rec["warmup_s"][s] = round(workers[s].trial(b.batch, 1, b.temperature, plan.seed), 3)
@@ -279,6 +288,7 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, run: str | None = 
                     sec = workers[s].trial(b.batch, b.frames, b.temperature, plan.seed + 1 + r)
                     rec["order"].append(s)
                     rec["trials_s"][s].append(round(sec, 4))
+                    rec["trial_steps"][s].append(workers[s].last_steps())
                 flush()
             rec["counters"] = counter_deltas(before, {s: workers[s].counters() for s in b.sides})
             if b.step_profile:   # after the counters: the profiled rollout is not a trial

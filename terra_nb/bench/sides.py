@@ -60,12 +60,32 @@ class Side:
     def context(self, batch: int):
         return self.sample.context[: self.n_ctx].expand(batch, -1, -1).contiguous()
 
+    frame_loop = False
+    """Whether a trial is a frame loop on a `vllm.LLM` (one `generate` a frame): its trials are then
+    clocked frame by frame (`step_profile.clocked_frame_loop`), into `last_steps`."""
+
+    last_steps: dict | None = None
+    """The last trial's median frame, decode step and overhead (`step_profile.trial_summary`)."""
+
     def trial(self, batch: int, frames: int, temperature: float, seed: int) -> float:
+        from terra_nb.bench import step_profile
         from terra_nb.bench.timing import timed
         from terra_nb.port.rollout import SamplingConfig
 
         sampling = SamplingConfig(temperature=temperature, seed=seed)
-        return timed(lambda: self.run(batch, frames, sampling))
+        if not self.frame_loop:
+            return timed(lambda: self.run(batch, frames, sampling))
+        with step_profile.clocked_frame_loop(self.engine) as frames_of:
+            seconds = timed(lambda: self.run(batch, frames, sampling))
+        self.last_steps = step_profile.trial_summary(frames_of(), self.codes())
+        return seconds
+
+    def codes(self) -> int:
+        """Codes a frame: the checkpoint's image tokens."""
+        from terra_nb.port.config import LlamaActionConfig
+        from terra_nb.port.layout import FrameLayout
+
+        return FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(self.ckpt))).image_tokens
 
     def run(self, batch: int, frames: int, sampling) -> None:
         raise NotImplementedError
@@ -74,13 +94,11 @@ class Side:
         """Where a frame step's time goes on this side (`step_profile`), on one more untimed rollout:
         the frame loop's `generate` calls and engine steps, or a session's streamed outputs."""
         from terra_nb.bench import step_profile
-        from terra_nb.port.config import LlamaActionConfig
-        from terra_nb.port.layout import FrameLayout
         from terra_nb.port.rollout import SamplingConfig
 
         if self.spec.kind == "hf":
             raise ValueError(f"side {self.spec.name!r}: HF has no engine steps to profile")
-        codes = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(self.ckpt))).image_tokens
+        codes = self.codes()
         roll = lambda: self.run(batch, frames, SamplingConfig(temperature=temperature, seed=seed))  # noqa: E731
         if self.spec.kind == "session":
             return step_profile.session_step_profile(self.engine, roll, codes, batch)
@@ -100,6 +118,8 @@ class Side:
 
 
 class PortSide(Side):
+    frame_loop = True
+
     def __init__(self, spec, ckpt, preset, n_ctx):
         super().__init__(spec, ckpt, preset, n_ctx)
         from terra_nb.bench.engines import port_engine
@@ -113,6 +133,8 @@ class PortSide(Side):
 
 
 class StockSide(Side):
+    frame_loop = True
+
     def __init__(self, spec, ckpt, preset, n_ctx):
         super().__init__(spec, ckpt, preset, n_ctx)
         from terra_nb.port.config import LlamaActionConfig

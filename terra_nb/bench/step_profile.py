@@ -24,7 +24,11 @@ scheduler and model runner make in every engine step for a model that takes mult
 
 The clocks wrap methods of one engine instance for the duration of a `with` block (instance
 attributes shadowing the class's methods), so they cost one `perf_counter` per call and vanish
-afterwards. The benchmark measures its timed trials without them, on a separate short rollout.
+afterwards. Every timed trial of a frame loop carries the two cheap ones, `generate` and the engine
+step, the same on every side (`clocked_frame_loop`, `trial_summary`): each trial then also gives
+its median decode step and overhead a frame, so a gap between two sides' trials can be read as
+per-step or per-frame over all the trials. The multimodal clocks run only on the separate
+profiled rollout: they wrap calls only a multimodal engine makes.
 """
 from __future__ import annotations
 
@@ -35,7 +39,8 @@ from typing import Callable
 
 from terra_nb.bench.profiling import ENGINE_CORE, MODEL_RUNNER, step_targets
 
-__all__ = ["MM_PATH_CALLS", "clocked_calls", "clocked_stream", "frame_loop_step_profile", "session_step_profile"]
+__all__ = ["MM_PATH_CALLS", "clocked_calls", "clocked_frame_loop", "clocked_stream", "frame_loop_step_profile",
+           "session_step_profile", "trial_summary"]
 
 MM_PATH_CALLS = {
     "encoder_inputs_search": [(ENGINE_CORE + ".scheduler", "_try_schedule_encoder_inputs")],
@@ -145,21 +150,48 @@ def frame_loop_step_profile(llm, roll: Callable[[], object], codes: int, batch: 
     `decode_step` (their median); medians over frames, and the overhead (module doc). With them,
     `mm_path_ms`: per name of `MM_PATH_CALLS` the engine has, its milliseconds per engine step over
     the same frames."""
-    with (clocked_calls(llm, "generate") as calls, clocked_calls(llm.llm_engine, "step") as steps,
-          clocked_methods(llm, MM_PATH_CALLS) as mm):
+    with clocked_frame_loop(llm) as frames_of, clocked_methods(llm, MM_PATH_CALLS) as mm:
         roll()
-    frames, n_steps, mm_s = [], 0, dict.fromkeys(mm, 0.0)
+    frames = frames_of()
+    n_steps, mm_s = sum(f["steps"] for f in frames), dict.fromkeys(mm, 0.0)
+    for f in frames:
+        for name, record in mm.items():
+            mm_s[name] += _inside(record, f["start"], f["end"])
+    frames = [{k: v for k, v in f.items() if k not in ("start", "end")} for f in frames]
+    return dict(mode="frame loop", **_summary(frames, codes, batch),
+                mm_path_ms={name: round(1000 * v / n_steps, 4) for name, v in mm_s.items()})
+
+
+@contextlib.contextmanager
+def clocked_frame_loop(llm):
+    """Clock a frame loop on `llm` (a `vllm.LLM`) inside the block: its `generate` calls and the
+    engine steps inside them. Yields a function that returns the frames (`frames_of`)."""
+    with clocked_calls(llm, "generate") as calls, clocked_calls(llm.llm_engine, "step") as steps:
+        yield lambda: frames_of(calls, steps)
+
+
+def frames_of(calls: list[tuple[float, float]], steps: list[tuple[float, float]]) -> list[dict]:
+    """Per `generate` call after the first (the window's, left out): its `index`, `start`/`end`,
+    `wall`, `engine` (its engine steps summed), `front_end` (the rest), `steps` and `decode_step`
+    (their median)."""
+    frames = []
     for index, (start, end) in enumerate(calls[1:], start=1):
         inside = [b - a for a, b in steps if start <= a and b <= end]
         if not inside:
             raise RuntimeError("no engine step inside a generate call: is this a vllm.LLM?")
-        frames.append(dict(index=index, wall=end - start, engine=sum(inside), front_end=end - start - sum(inside),
-                           steps=len(inside), decode_step=statistics.median(inside)))
-        n_steps += len(inside)
-        for name, record in mm.items():
-            mm_s[name] += _inside(record, start, end)
-    return dict(mode="frame loop", **_summary(frames, codes, batch),
-                mm_path_ms={name: round(1000 * v / n_steps, 4) for name, v in mm_s.items()})
+        frames.append(dict(index=index, start=start, end=end, wall=end - start, engine=sum(inside),
+                           front_end=end - start - sum(inside), steps=len(inside), decode_step=statistics.median(inside)))
+    return frames
+
+
+def trial_summary(frames: list[dict], codes: int) -> dict | None:
+    """One timed trial's frames in three figures: the median frame's `wall_ms`, `decode_step_ms`
+    and `overhead_ms` (wall less `codes - 1` decode steps). None for a trial of one frame (only
+    the window's call, left out)."""
+    if not frames:
+        return None
+    s = _summary([{k: v for k, v in f.items() if k not in ("start", "end")} for f in frames], codes, 1)
+    return {k: s[k] for k in ("wall_ms", "decode_step_ms", "overhead_ms")}
 
 
 def session_frames(record: list[tuple], codes: int) -> list[dict]:
