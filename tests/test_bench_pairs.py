@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -225,6 +226,13 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
         for t, seconds in zip(block["trial_steps"][side], block["trials_s"][side]):
             assert 0 < t["decode_step_ms"] < t["wall_ms"] < 1000 * seconds, side
             assert t["overhead_ms"] == pytest.approx(t["wall_ms"] - 63 * t["decode_step_ms"], abs=0.05)
+    (line,) = headline.trial_steps_sentences(res)   # the port's frame against stock's, over both trials
+    med = {s: {k: statistics.median(t[k] for t in block["trial_steps"][s]) for k in ("wall_ms", "decode_step_ms")}
+           for s in ("port", "stock")}
+    assert line.startswith("- **1 rollout** (2 trials a side, medians)")
+    assert f"{med['port']['wall_ms']:.0f} ms against {med['stock']['wall_ms']:.0f}" in line
+    assert f"{med['port']['decode_step_ms']:.3f} against {med['stock']['decode_step_ms']:.3f} ms" in line
+    assert headline.trial_steps_sentences(res, "port_tokens", "port_text")[0] != line
     for side in plans.MM_PATH_SIDES:  # one more rollout, profiled after the counters: the frame step's split
         prof = block["step_profiles"][side]
         assert prof["mode"] == "frame loop" and prof["frames"] == 1 and prof["codes_per_frame"] == 64

@@ -291,3 +291,26 @@ def profiled_frames_sentences(res: dict) -> list[str]:
         out.append(f"- **{res['device']}, {rollouts_text(b['batch'])}, {res['n_ctx']} + {b['frames']} frames:** "
                    f"median frame of the profiled rollout: {parts[0]} against {parts[1]}.")
     return out
+
+
+def trial_steps_sentences(res: dict, first: str = "port", second: str = "stock") -> list[str]:
+    """One sentence per block whose trials were clocked frame by frame (`trial_steps`) on both
+    sides: the two sides' median frame over their trials, split into its decode steps (`codes - 1`
+    of them) and the rest of the frame (its overhead), so a gap reads as per step or per frame."""
+    out = []
+    for b in res["blocks"]:
+        steps = b.get("trial_steps") or {}
+        runs = {s: [t for t in steps.get(s, []) if t] for s in (first, second)}
+        if not all(runs.values()):
+            continue
+        med = {s: {k: statistics.median(t[k] for t in ts) for k in ("wall_ms", "decode_step_ms", "overhead_ms")}
+               for s, ts in runs.items()}
+        a, c = med[first], med[second]
+        decoding = {s: m["wall_ms"] - m["overhead_ms"] for s, m in med.items()}
+        n = min(len(ts) for ts in runs.values())
+        out.append(f"- **{rollouts_text(b['batch'])}** ({n} trials a side, medians): a frame took {a['wall_ms']:.0f} ms "
+                   f"against {c['wall_ms']:.0f} ({a['wall_ms'] - c['wall_ms']:+.0f} ms); its decode steps "
+                   f"{a['decode_step_ms']:.3f} against {c['decode_step_ms']:.3f} ms "
+                   f"({decoding[first] - decoding[second]:+.0f} ms a frame), the rest of the frame "
+                   f"{a['overhead_ms']:.0f} against {c['overhead_ms']:.0f} ms ({a['overhead_ms'] - c['overhead_ms']:+.0f} ms).")
+    return out
