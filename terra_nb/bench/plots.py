@@ -9,6 +9,13 @@ from matplotlib.figure import Figure
 from terra_nb.bench.stats import interval_text, rollouts_text
 
 
+def _with_median(ax, xs, ys: list[float], label: str) -> None:
+    """One side's points joined, and their median as a dashed line of the same colour."""
+    line, = ax.plot(list(xs), ys, "o-", label=label)
+    if ys:
+        ax.axhline(statistics.median(ys), color=line.get_color(), ls="--", lw=0.8)
+
+
 def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
     """One panel per block: each side's seconds per frame step, trial by trial in the order the
     rounds ran (a drifting machine shows as a slope shared by both sides; a noisy side as scatter),
@@ -24,9 +31,7 @@ def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
     for ax, b in zip(axes, blocks):
         for side, trials in b["trials_s"].items():
             per_frame = [t / b["frames"] for t in trials]
-            line, = ax.plot(range(1, len(per_frame) + 1), per_frame, "o-", label=side)
-            if per_frame:
-                ax.axhline(statistics.median(per_frame), color=line.get_color(), ls="--", lw=0.8)
+            _with_median(ax, range(1, len(per_frame) + 1), per_frame, side)
         pairs = "; ".join(f"{c['first']}/{c['second']}: {interval_text(c['speedup'], c['interval'])}"
                           for c in by_block.get(b["name"], []))
         ax.set_title(f"{rollouts_text(b['batch'])}, {b['frames']} frames\n{pairs}", fontsize=8)
@@ -48,9 +53,7 @@ def frame_walls_plot(res: dict, title: str | None = None, save=None) -> Figure:
     axes = fig.subplots(1, max(1, len(blocks)), squeeze=False)[0]
     for ax, b in zip(axes, blocks):
         for side, prof in b["step_profiles"].items():
-            walls = [f["wall_ms"] for f in prof["by_frame"]]
-            line, = ax.plot([f["index"] for f in prof["by_frame"]], walls, "o-", label=side)
-            ax.axhline(statistics.median(walls), color=line.get_color(), ls="--", lw=0.8)
+            _with_median(ax, [f["index"] for f in prof["by_frame"]], [f["wall_ms"] for f in prof["by_frame"]], side)
         ax.set_title(f"{rollouts_text(b['batch'])}, {res['n_ctx']} + {b['frames']} frames (profiled rollout)", fontsize=8)
         ax.set_xlabel("frame step")
         ax.set_ylabel("ms per frame step")
