@@ -62,18 +62,19 @@ PHASES = {
 }
 
 
+ENGINE_CORE = "llm_engine.engine_core.engine_core"
+MODEL_RUNNER = ENGINE_CORE + ".model_executor.driver_worker.worker.model_runner"
+"""Paths from a `vllm.LLM` to its engine core and its model runner (the core in this process)."""
+
 # Phases timed by a clock around one method of an engine object (see the module doc): phase ->
 # (path of the object from the `vllm.LLM`, method). `engine_step`: the front end waiting for one
 # engine-core step (`EngineCoreClient.get_output`: the step itself when the engine runs in process,
 # the wait for its process otherwise); `model_runner`: the executor's `execute_model` (in process only).
 TIMED_PHASES = {
     "engine_step": ("llm_engine.engine_core", "get_output"),
-    "model_runner": ("llm_engine.engine_core.engine_core.model_executor", "execute_model"),
+    "model_runner": (ENGINE_CORE + ".model_executor", "execute_model"),
 }
 
-ENGINE_CORE = "llm_engine.engine_core.engine_core"
-MODEL_RUNNER = ENGINE_CORE + ".model_executor.driver_worker.worker.model_runner"
-"""Paths from a `vllm.LLM` to its engine core and its model runner (the core in this process)."""
 STEP_PHASES = {
     "engine_core": [("llm_engine.engine_core", "get_output")],
     "schedule": [(ENGINE_CORE + ".scheduler", "schedule")],

@@ -18,6 +18,7 @@ does the same work for the same arguments, so two sides' seconds compare directl
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 KINDS = ("port", "stock", "port_tokens", "session", "hf")
@@ -77,11 +78,12 @@ class Side:
             return timed(lambda: self.run(batch, frames, sampling))
         with step_profile.clocked_frame_loop(self.engine) as frames_of:
             seconds = timed(lambda: self.run(batch, frames, sampling))
-        self.last_steps = step_profile.trial_summary(frames_of(), self.codes())
+        self.last_steps = step_profile.trial_summary(frames_of(), self.codes)
         return seconds
 
+    @functools.cached_property
     def codes(self) -> int:
-        """Codes a frame: the checkpoint's image tokens."""
+        """Codes a frame: the checkpoint's image tokens (read once, not at every trial)."""
         from terra_nb.port.config import LlamaActionConfig
         from terra_nb.port.layout import FrameLayout
 
@@ -98,7 +100,7 @@ class Side:
 
         if self.spec.kind == "hf":
             raise ValueError(f"side {self.spec.name!r}: HF has no engine steps to profile")
-        codes = self.codes()
+        codes = self.codes
         roll = lambda: self.run(batch, frames, SamplingConfig(temperature=temperature, seed=seed))  # noqa: E731
         if self.spec.kind == "session":
             return step_profile.session_step_profile(self.engine, roll, codes, batch)

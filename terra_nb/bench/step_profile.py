@@ -123,7 +123,7 @@ def _summary(frames: list[dict], codes: int, batch: int) -> dict:
     overhead, to see both grow with the context."""
     if not frames:
         raise ValueError("no frame step to profile: roll out at least 2 frames in one round")
-    keys = [k for k in frames[0] if k != "index"]
+    keys = [k for k in frames[0] if k not in ("index", "start", "end")]   # start, end: clock readings
     med = {k: statistics.median(f[k] for f in frames) for k in keys}
     out = dict(batch=batch, frames=len(frames), codes_per_frame=codes,
                **{f"{k}_ms": _ms(v) for k, v in med.items() if k != "steps"})
@@ -157,7 +157,6 @@ def frame_loop_step_profile(llm, roll: Callable[[], object], codes: int, batch: 
     for f in frames:
         for name, record in mm.items():
             mm_s[name] += _inside(record, f["start"], f["end"])
-    frames = [{k: v for k, v in f.items() if k not in ("start", "end")} for f in frames]
     return dict(mode="frame loop", **_summary(frames, codes, batch),
                 mm_path_ms={name: round(1000 * v / n_steps, 4) for name, v in mm_s.items()})
 
@@ -190,7 +189,7 @@ def trial_summary(frames: list[dict], codes: int) -> dict | None:
     the window's call, left out)."""
     if not frames:
         return None
-    s = _summary([{k: v for k, v in f.items() if k not in ("start", "end")} for f in frames], codes, 1)
+    s = _summary(frames, codes, 1)
     return {k: s[k] for k in ("wall_ms", "decode_step_ms", "overhead_ms")}
 
 
