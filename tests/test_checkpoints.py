@@ -149,3 +149,20 @@ def test_trajectory_is_plausible():
     assert (x[:, 0] == 0).all() and (y[:, 0] == 0).all()
     assert y.abs().max() < 0.2 * x.max()  # small lateral offsets
     assert y.abs().max() > 0  # but not a straight line
+
+
+def test_stock_copy_follows_its_source(tmp_path):
+    """Stock Llama's copy of a checkpoint is reused for the same source and rewritten for another,
+    so a second preset or seed in the same folder never runs stock on the first one's weights."""
+    from terra_nb.bench.workload import stock_llama_checkpoint
+
+    a = write_random_checkpoint(tmp_path / "a", "tiny", seed=0)
+    b = write_random_checkpoint(tmp_path / "b", "tiny", seed=1)
+    out = stock_llama_checkpoint(a, tmp_path / "stock_llama")
+    st = (out / "model.safetensors").stat().st_mtime_ns
+    assert stock_llama_checkpoint(a, out) == out and (out / "model.safetensors").stat().st_mtime_ns == st
+    stock_llama_checkpoint(b, out)
+    got = load_file(str(out / "model.safetensors"))["lm_head.weight"]
+    assert torch.equal(got, load_file(str(b / "model.safetensors"))["lm_head.weight"])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and "action_dim" not in cfg

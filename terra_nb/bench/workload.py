@@ -56,13 +56,20 @@ def sample_for(preset: str, n_ctx: int = 3):
 
 
 def stock_llama_checkpoint(terra_dir: Path, out: Path) -> Path:
-    """The same backbone as a plain `LlamaForCausalLM` (no action path, no learned PE): the ceiling."""
+    """The same backbone as a plain `LlamaForCausalLM` (no action path, no learned PE): the ceiling.
+
+    Written once and reused while `out/source.json` names the same source checkpoint (its path,
+    config and weights file); a different source (another preset in the same folder) rewrites it,
+    so stock never runs on another model's weights."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "model.safetensors").exists():
+    source = _source_of(terra_dir)
+    marker = out / "source.json"
+    if (out / "model.safetensors").exists() and marker.exists() and json.loads(marker.read_text()) == source:
         return out
+    out.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
     cfg = json.loads((terra_dir / "config.json").read_text())
     terra_only = {"auto_map", "num_spatio_embeddings", "num_temporal_embeddings", "num_image_patches",
                   "num_action_embeddings", "num_action_tokens", "action_dim"}
@@ -72,4 +79,15 @@ def stock_llama_checkpoint(terra_dir: Path, out: Path) -> Path:
     with safe_open(str(terra_dir / "model.safetensors"), "pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(("model.", "lm_head."))}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    marker.write_text(json.dumps(source, indent=1))   # last: a half-written copy has none
     return out
+
+
+def _source_of(terra_dir: Path) -> dict:
+    """What identifies a source checkpoint: its path, its config's hash, its weights file's size and time."""
+    import hashlib
+
+    weights = (terra_dir / "model.safetensors").stat()
+    return dict(path=str(terra_dir.resolve()),
+                config_sha256=hashlib.sha256((terra_dir / "config.json").read_bytes()).hexdigest(),
+                weights_bytes=weights.st_size, weights_mtime_ns=weights.st_mtime_ns)
