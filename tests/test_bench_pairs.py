@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from terra_nb.bench import headline, pairs, plans, settings, stats, step_profile
+from terra_nb.bench import headline, pairs, plans, records, settings, stats, step_profile
 from terra_nb.bench.pairs import Block, Pair, Plan
 from terra_nb.bench.sides import SideSpec
 from terra_nb.bench.workload import checkpoint
@@ -412,3 +412,72 @@ def test_the_profiled_frames_sentence_and_figure_read_each_sides_own_frames(path
     assert headline.profiled_frames_sentences(dict(res, blocks=[alone])) == []
     fig = plots.frame_walls_plot(res)
     assert [ln.get_label() for ln in fig.axes[0].lines if not ln.get_label().startswith("_")] == ["port", "stock"]
+
+
+def _gap_files(port_step: float, stock_step: float, calls: dict, commit: str = "abc1234") -> tuple[dict, dict]:
+    """A headline of two clocked trials a side (a frame of 4 codes: 3 decode steps) and a profile of
+    the same run with the port's multimodal calls `calls` (ms a step)."""
+    def trials(step, overhead):
+        return [dict(wall_ms=3 * step + overhead + d, decode_step_ms=step, overhead_ms=overhead + d) for d in (0.0, 2.0)]
+
+    stock = dict(commit=commit, device="GPU", blocks=[dict(batch=128, trial_steps=dict(
+        port=trials(port_step, 30.0), stock=trials(stock_step, 20.0)))])
+    prof = dict(port=dict(codes_per_frame=4, front_end_ms=25.0, mm_path_ms=calls),
+                stock=dict(codes_per_frame=4, front_end_ms=19.0, mm_path_ms={}))
+    return stock, dict(commit=commit, device="GPU", blocks=[dict(batch=128, step_profiles=prof)])
+
+
+def test_the_headlines_gap_is_split_per_step_and_set_against_vllms_multimodal_calls():
+    stock, steps = _gap_files(5.0, 4.0, dict(encoder_inputs_search=0.3, encoder_inputs_release=0.1, model_inputs=0.2))
+    (row,) = headline.gap_rows(stock, steps)
+    assert row == {"rollouts": 128, "trials a side": 2, "port - stock, a frame": 13, "in decode steps": 3,
+                   "in the rest": 10, "vLLM's multimodal calls (port's steps)": 2, "front end, port - stock (profiled)": 6}
+    (line,) = headline.gap_sentences(stock, steps)
+    assert "3 ms a frame more than stock's, 1 ms beyond the 2 ms of vLLM's multimodal calls" in line
+    assert "the rest of the frame +10 ms (the profiled front end +6 ms)" in line
+    stock, steps = _gap_files(5.0, 4.5, dict(encoder_inputs_search=0.4, model_inputs=0.3))
+    assert "within the 2 ms of vLLM's multimodal calls" in headline.gap_sentences(stock, steps)[0]
+    stock, steps = _gap_files(4.0, 5.0, dict(model_inputs=0.3))
+    assert "3 ms a frame less than stock's" in headline.gap_sentences(stock, steps)[0]
+    assert headline.gap_clause(headline.gap_rows(stock, steps)) is None   # the port's steps nowhere slower
+    with pytest.raises(ValueError, match="not one run: the headline ran commit abc1234"):
+        headline.gap_rows(stock, dict(steps, commit="fff0000"))
+    rows = [dict(row, rollouts=32), dict(row, rollouts=128, **{"in decode steps": 1})]
+    assert headline.gap_clause(rows) == ("at 32 and 128 rollouts its decode steps took 3 and 1 ms a frame more than "
+                                         "stock's, not all within the 2 and 2 ms of the multimodal calls vLLM makes "
+                                         "in them (a profile of the same run)")
+    assert headline.gap_clause(rows[1:]).startswith("at 128 rollouts its decode steps took 1 ms a frame more than stock's, within")
+
+
+def _headlines_with_their_profile() -> list[tuple[Path, Path]]:
+    """Each committed headline file with the newest `mm_path_steps` file of its commit and device."""
+    out = []
+    for f in sorted((RESULTS / "pairs").glob("*_headline_stock.json")):
+        same = records.of_same_run("*_mm_path_steps.json", json.loads(f.read_text()), RESULTS / "pairs")
+        out += [(f, same[0])] if same else []
+    return out
+
+
+@pytest.mark.parametrize("path,profile", _headlines_with_their_profile(), ids=lambda p: p.name)
+def test_a_committed_headline_with_a_profile_of_its_run_splits_its_gap_from_the_files(path, profile):
+    """Every batch of a committed headline that a profile of its run holds gets a row whose
+    figures recompute from the two files."""
+    stock = json.loads(path.read_text())
+    rows = headline.gap_rows(stock, json.loads(profile.read_text()))
+    assert [r["rollouts"] for r in rows] == [b["batch"] for b in stock["blocks"]]
+    for r, b in zip(rows, stock["blocks"]):
+        wall = {s: statistics.median(t["wall_ms"] for t in b["trial_steps"][s]) for s in ("port", "stock")}
+        assert r["port - stock, a frame"] == round(wall["port"] - wall["stock"])
+
+
+@pytest.mark.parametrize("verdicts,tail", [
+    (("met", "met"), "every target met."),
+    (("met", "not resolved"), "1 of 2 targets met; the others are not resolved by 3 interleaved trials a side"),
+    (("not resolved", "not resolved"), "no target resolved by 3 interleaved trials a side (every interval straddles its target)."),
+    (("missed", "not resolved"), "missed at 1 rollout."),
+])
+def test_the_stock_sentence_says_what_the_verdicts_allow(verdicts, tail):
+    cs = [dict(speedup=1.0, interval=[0.9, 1.1], batch=b, verdict=v, trials=3) for b, v in zip((1, 32), verdicts)]
+    line = headline.stock_sentence(dict(analysis=cs))
+    assert tail in line
+    assert "1.00x [0.90, 1.10] at 1 rollout, 1.00x [0.90, 1.10] at 32 rollouts" in line

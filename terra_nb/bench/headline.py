@@ -19,7 +19,7 @@ from pathlib import Path
 
 from terra_nb.bench.plans import MM_PATH_PAIRS, SEED_SPEEDUP
 from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line
-from terra_nb.bench.stats import MET, MISSED, and_text, interval_text, rollouts_text
+from terra_nb.bench.stats import MET, MISSED, and_text, interval_text, rollouts_list_text, rollouts_text
 from terra_nb.bench.workload import SEED_FIGURES
 
 README_START, README_END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -153,9 +153,12 @@ def stock_sentence(stock: dict) -> str:
         tail = "every target met"
     elif MISSED in verdicts:
         tail = "missed at " + and_text([rollouts_text(c["batch"]) for c in cs if c["verdict"] == MISSED])
-    else:
+    elif MET in verdicts:
         tail = (f"{sum(c['verdict'] == MET for c in cs)} of {len(cs)} targets met; the others are not resolved by "
                 f"{min(c['trials'] for c in cs)} interleaved trials a side (their intervals straddle the target)")
+    else:
+        tail = (f"no target resolved by {min(c['trials'] for c in cs)} interleaved trials a side "
+                f"(every interval straddles its target)")
     slower = [rollouts_text(c["batch"]) for c in cs if c["interval"][1] < 1]
     faster = [rollouts_text(c["batch"]) for c in cs if c["interval"][0] > 1]
     if slower:
@@ -293,24 +296,104 @@ def profiled_frames_sentences(res: dict) -> list[str]:
     return out
 
 
+def trial_medians(block: dict, first: str, second: str) -> tuple[dict, dict, int] | None:
+    """The median `wall_ms`, `decode_step_ms` and `overhead_ms` over the trials of each of two sides
+    of a block whose trials were clocked frame by frame (`trial_steps`), with `decoding_ms`, a
+    frame's decode steps at the median step (`codes - 1` of them, as every trial's overhead counts
+    them), and the fewer trials of the two; None where either side has none. Medians do not add
+    up: a frame's median is not its median decode steps plus its median overhead."""
+    steps = block.get("trial_steps") or {}
+    runs = {s: [t for t in steps.get(s, []) if t] for s in (first, second)}
+    if not all(runs.values()):
+        return None
+    one = runs[first][0]
+    per_frame = round((one["wall_ms"] - one["overhead_ms"]) / one["decode_step_ms"])
+    med = {s: {k: statistics.median(t[k] for t in ts) for k in ("wall_ms", "decode_step_ms", "overhead_ms")}
+           for s, ts in runs.items()}
+    for m in med.values():
+        m["decoding_ms"] = per_frame * m["decode_step_ms"]
+    return med[first], med[second], min(len(ts) for ts in runs.values())
+
+
 def trial_steps_sentences(res: dict, first: str = "port", second: str = "stock") -> list[str]:
     """One sentence per block whose trials were clocked frame by frame (`trial_steps`) on both
     sides: the two sides' median frame over their trials, split into its decode steps (`codes - 1`
     of them) and the rest of the frame (its overhead), so a gap reads as per step or per frame."""
     out = []
     for b in res["blocks"]:
-        steps = b.get("trial_steps") or {}
-        runs = {s: [t for t in steps.get(s, []) if t] for s in (first, second)}
-        if not all(runs.values()):
+        got = trial_medians(b, first, second)
+        if got is None:
             continue
-        med = {s: {k: statistics.median(t[k] for t in ts) for k in ("wall_ms", "decode_step_ms", "overhead_ms")}
-               for s, ts in runs.items()}
-        a, c = med[first], med[second]
-        decoding = {s: m["wall_ms"] - m["overhead_ms"] for s, m in med.items()}
-        n = min(len(ts) for ts in runs.values())
+        a, c, n = got
+        decoding = a["decoding_ms"] - c["decoding_ms"]
         out.append(f"- **{rollouts_text(b['batch'])}** ({n} trials a side, medians): a frame took {a['wall_ms']:.0f} ms "
                    f"against {c['wall_ms']:.0f} ({a['wall_ms'] - c['wall_ms']:+.0f} ms); its decode steps "
                    f"{a['decode_step_ms']:.3f} against {c['decode_step_ms']:.3f} ms "
-                   f"({decoding[first] - decoding[second]:+.0f} ms a frame), the rest of the frame "
+                   f"({decoding:+.0f} ms a frame), the rest of the frame "
                    f"{a['overhead_ms']:.0f} against {c['overhead_ms']:.0f} ms ({a['overhead_ms'] - c['overhead_ms']:+.0f} ms).")
+    return out
+
+
+def gap_rows(stock: dict, steps: dict) -> list[dict]:
+    """The headline's gap (`stock`: a port-vs-stock result whose trials were clocked frame by frame)
+    beside what a profiled rollout of the same commit on the same device (`steps`: an `mm_path_steps`
+    result) clocked, per batch both hold, in milliseconds a frame:
+
+    * the port's median frame over stock's, split into its decode steps and the rest (`trial_medians`);
+    * vLLM's multimodal calls in the port's decode steps (`mm_calls_ms` times `codes - 1`), which
+      stock's steps do not make;
+    * the profiled front end (`wall - engine` of a frame: the requests processed and added), the
+      port's less stock's.
+    """
+    if (stock.get("commit"), stock.get("device")) != (steps.get("commit"), steps.get("device")):
+        raise ValueError(f"not one run: the headline ran commit {str(stock.get('commit'))[:7]} on {stock.get('device')}, "
+                         f"the profile {str(steps.get('commit'))[:7]} on {steps.get('device')}")
+    profiles = {b["batch"]: b.get("step_profiles") or {} for b in steps["blocks"]}
+    rows = []
+    for b in stock["blocks"]:
+        got, prof = trial_medians(b, "port", "stock"), profiles.get(b["batch"], {})
+        calls = mm_calls_ms(prof.get("port", {}))
+        if got is None or calls is None or "stock" not in prof:
+            continue
+        a, c, n = got
+        rows.append({"rollouts": b["batch"], "trials a side": n,
+                     "port - stock, a frame": round(a["wall_ms"] - c["wall_ms"]),
+                     "in decode steps": round(a["decoding_ms"] - c["decoding_ms"]),
+                     "in the rest": round(a["overhead_ms"] - c["overhead_ms"]),
+                     "vLLM's multimodal calls (port's steps)": round(calls * (prof["port"]["codes_per_frame"] - 1)),
+                     "front end, port - stock (profiled)": round(prof["port"]["front_end_ms"] - prof["stock"]["front_end_ms"])})
+    return rows
+
+
+def gap_clause(rows: list[dict]) -> str | None:
+    """`gap_rows` in one clause for the README's answer: where the port's decode steps were slower
+    than stock's, whether the extra lies within vLLM's multimodal calls in them; None where they
+    were nowhere slower."""
+    slower = [r for r in rows if r["in decode steps"] > 0]
+    if not slower:
+        return None
+    within = all(r["in decode steps"] <= r["vLLM's multimodal calls (port's steps)"] for r in slower)
+    extra = and_text([str(r["in decode steps"]) for r in slower])
+    calls = and_text([str(r["vLLM's multimodal calls (port's steps)"]) for r in slower])
+    return (f"at {rollouts_list_text([r['rollouts'] for r in slower])} its decode steps took {extra} ms a frame more "
+            f"than stock's, {'within' if within else 'not all within'} the {calls} ms of the multimodal calls vLLM "
+            f"makes in them (a profile of the same run)")
+
+
+def gap_sentences(stock: dict, steps: dict) -> list[str]:
+    """`gap_rows` in one sentence per batch: whether the port's extra time in its decode steps lies
+    within the multimodal calls vLLM makes in them, and what the rest of the frame adds."""
+    out = []
+    for r in gap_rows(stock, steps):
+        steps_ms, calls, rest = r["in decode steps"], r["vLLM's multimodal calls (port's steps)"], r["in the rest"]
+        if steps_ms <= 0:
+            verdict = f"the port's decode steps took {-steps_ms} ms a frame less than stock's"
+        elif steps_ms <= calls:
+            verdict = (f"the port's decode steps took {steps_ms} ms a frame more than stock's, within the "
+                       f"{calls} ms of vLLM's multimodal calls in them")
+        else:
+            verdict = (f"the port's decode steps took {steps_ms} ms a frame more than stock's, "
+                       f"{steps_ms - calls} ms beyond the {calls} ms of vLLM's multimodal calls in them")
+        out.append(f"- **{rollouts_text(r['rollouts'])}:** {verdict}; the rest of the frame {rest:+d} ms "
+                   f"(the profiled front end {r['front end, port - stock (profiled)']:+d} ms).")
     return out

@@ -35,6 +35,15 @@ def latest(pattern: str, folder: Path | None = None, hint: str = "") -> tuple[Pa
     return max(loaded, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name))
 
 
+def of_same_run(pattern: str, res: dict, folder: Path | None = None) -> tuple[Path, dict] | None:
+    """The newest file under `folder` (default `results/`) matching `pattern` that ran `res`'s commit
+    on its device (another plan of the same GPU run), and its contents; None where there is none."""
+    folder = Path(folder) if folder is not None else results_dir()
+    loaded = [(f, json.loads(f.read_text())) for f in sorted(folder.glob(pattern))]
+    same = [(f, r) for f, r in loaded if (r.get("commit"), r.get("device")) == (res.get("commit"), res.get("device"))]
+    return max(same, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name)) if same else None
+
+
 def provenance(res: dict) -> str:
     """'NVIDIA H100 80GB HBM3, vLLM 0.26.0, torch 2.11.0+cu130, commit 807ef4d': where and with what a
     result was measured (the commit whose code ran, never a machine's stale working-tree name)."""

@@ -99,8 +99,9 @@ def _interval(c: dict) -> str:
     return interval_text(c["speedup"], c["interval"])
 
 
-def _against_stock(cs: list[dict]) -> str:
-    """The port against stock, batch by batch, and what the intervals allow saying."""
+def _against_stock(cs: list[dict], gap: str | None = None) -> str:
+    """The port against stock, batch by batch, and what the intervals allow saying; then `gap`
+    (`headline.gap_clause`), where a profile of the same run says where a slower step's time went."""
     figures = and_text([_interval(c) for c in cs])
     slower = [c["batch"] for c in cs if c["interval"][1] < 1]
     faster = [c["batch"] for c in cs if c["interval"][0] > 1]
@@ -109,15 +110,17 @@ def _against_stock(cs: list[dict]) -> str:
     if faster:
         verdict += f"; measurably faster at {rollouts_list_text(faster)}"
     return (f"- **Against stock vLLM** (vLLM's own Llama of the same shape): the port runs at {figures} of "
-            f"stock's speed at {rollouts_list_text([c['batch'] for c in cs])}: {verdict}.")
+            f"stock's speed at {rollouts_list_text([c['batch'] for c in cs])}: {verdict}" + (f"; {gap}." if gap else "."))
 
 
 def answer_markdown(results_dir: Path | None = None) -> str:
     """The README's answer in plain words, one line each, from the headline's result files."""
-    from terra_nb.bench.headline import latest, s_per_frame
+    from terra_nb.bench.headline import gap_clause, gap_rows, latest, s_per_frame
+    from terra_nb.bench.records import of_same_run
     from terra_nb.bench.workload import SEED_FIGURES
 
-    (_, stock), (_, seed) = latest("stock", results_dir), latest("seed", results_dir)
+    (stock_file, stock), (_, seed) = latest("stock", results_dir), latest("seed", results_dir)
+    profile = of_same_run("*_mm_path_steps.json", stock, stock_file.parent)
     pair = {c["name"]: c for c in seed["analysis"]}
     eager, defaults = pair["port_seed_vs_hf"], pair["port_defaults_vs_hf"]
     frame = {side: s_per_frame(seed, eager["block"], side) for side in ("hf", "port_seed", "port_defaults")}
@@ -126,7 +129,7 @@ def answer_markdown(results_dir: Path | None = None) -> str:
     exceeded = {"met": "above", "missed": "below"}.get(defaults["verdict"], "not resolved against")
     seed_hf, seed_vllm = max(SEED_FIGURES.values()), min(SEED_FIGURES.values())
     return "\n".join([
-        _against_stock(stock["analysis"]),
+        _against_stock(stock["analysis"], gap_clause(gap_rows(stock, profile[1])) if profile else None),
         f"- **Against HF**: the port with vLLM's defaults (CUDA graphs, prefix caching) runs at {_interval(defaults)} "
         f"HF's speed on one video, {exceeded} the seed's {eager['target']:.1f}x.",
         f"- **The seed's {eager['target']:.1f}x** (the write-up this project reproduces) **in its own setting** "
