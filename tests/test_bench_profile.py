@@ -117,6 +117,10 @@ def test_front_end_per_request_and_its_parts(front_end):
         assert parts["render"] > 0 and parts["process_inputs"] > 0 and parts["engine_add_request"] > 0
         assert 0 < parts["our_processor"] < parts["render"] and parts["block_hashes"] > 0
         assert parts["mm_receiver_cache"] == 0  # make_llm keeps no multimodal processor cache
+        own = r["port_code_ms_per_request"]   # the port's own code, clocked in the timed enqueues
+        assert set(own) == set(profiling.PORT_CODE) and own["prompt_checks"] > 0 and own["action_checks"] > 0
+        assert own["item_hashes"] > 0 and own["front_door"] > 0
+        assert 0 < sum(own.values()) < r["front_end_ms_per_request"]
     # profile's sections on the same engine, comparable with a `profile` file's
     prof = front_end["profiles"]["2"]
     assert [s["label"] for s in prof["sections"]][:2] == ["front end: 2 requests, 1 token", "frame step: 2 requests x 64 tokens"]
@@ -177,3 +181,28 @@ def test_a_step_breakdown_without_the_engine_core_in_reach_says_so():
     llm = SimpleNamespace(llm_engine=SimpleNamespace())
     res = profiling.step_breakdown(llm, lambda: None, 4)
     assert res["batch"] == 4 and "VLLM_ENABLE_V1_MULTIPROCESSING=0" in res["error"]
+
+
+def test_port_code_clocks_count_only_their_calls_and_put_every_function_back():
+    from terra_nb.port import vllm_frontdoor, vllm_processing
+    from terra_nb.port.layout import FrameLayout
+
+    before = (vllm_processing.action_placeholder_ranges, vllm_frontdoor.check_request,
+              vllm_processing.LlamaActionMultiModalProcessor.__dict__["_validate_request"])
+    with profiling.clocked_port_code() as own:
+        ranges = vllm_processing.action_placeholder_ranges(3, FrameLayout())
+    assert [r.offset for r in ranges] == [576, 1158, 1740]   # the clocked function still answers
+    assert own["placeholders"] > 0 and own["item_hashes"] == own["front_door"] == 0
+    assert (vllm_processing.action_placeholder_ranges, vllm_frontdoor.check_request,
+            vllm_processing.LlamaActionMultiModalProcessor.__dict__["_validate_request"]) == before
+
+
+def test_port_code_rows_split_the_ports_extra_front_end():
+    own = dict(prompt_checks=0.1, action_checks=0.05, item_hashes=0.02, placeholders=0.01, front_door=0.02)
+    record = dict(sides=dict(
+        stock=dict(front_end=[dict(frames=6, batch=128, front_end_ms_per_request=0.25)]),
+        port=dict(front_end=[dict(frames=6, batch=128, front_end_ms_per_request=0.85, port_code_ms_per_request=own),
+                             dict(frames=9, batch=128, front_end_ms_per_request=1.0)])))
+    (row,) = profiling.port_code_rows(record, "port")   # 9 frames: stock did not time it
+    assert row == {"frames": 6, "requests a call": 128, "port, ms": 0.85, "stock, ms": 0.25, "port's extra, ms": 0.6,
+                   "of it the port's own code, ms": 0.2, "of it vLLM's, ms": 0.4}

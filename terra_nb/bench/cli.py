@@ -157,7 +157,8 @@ def _frontend(a: argparse.Namespace) -> None:
     res = _write_profile(dict(res, command="python -m terra_nb.bench " + shlex.join(a.argv)), a)
     for r in res["front_end"]:
         print(f"{a.engine} {r['frames']} frames x {r['batch']}: {r['front_end_ms_per_request']:.3f} ms a request "
-              f"(engine {r['engine_ms']:.1f} ms); parts {r['parts_ms_per_request']}")
+              f"(the port's own code {sum(r['port_code_ms_per_request'].values()):.3f}; engine {r['engine_ms']:.1f} ms); "
+              f"parts under cProfile {r['parts_ms_per_request']}")
     for batch, prof in res["profiles"].items():
         print(f"profile at {batch} requests a call:")
         print("\n".join(summary_lines(dict(prof, engine=a.engine, env=res["env"]), n=8)))

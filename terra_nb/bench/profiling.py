@@ -399,13 +399,58 @@ FRONT_END_PARTS = {
 }
 
 
+PORT_CODE = {
+    "prompt_checks": ("terra_nb.port.vllm_processing", "LlamaActionMultiModalProcessor", "_validate_request"),
+    "action_checks": ("terra_nb.port.vllm_processing", "LlamaActionDataParser", "_parse_action_data"),
+    "item_hashes": ("terra_nb.port.vllm_processing", None, "action_item_hashes"),
+    "placeholders": ("terra_nb.port.vllm_processing", None, "action_placeholder_ranges"),
+    "front_door": ("terra_nb.port.vllm_frontdoor", None, "check_request"),
+}
+"""The port's own code in a request's front end: name -> (module, class or None, function). The
+rest of a request's front end is vLLM's (its multimodal path for the port, its token path for
+stock); the processor's `apply` around these calls builds vLLM's objects, as any processor does."""
+
+
+@contextlib.contextmanager
+def clocked_port_code():
+    """Clock every call of `PORT_CODE` inside the block, with no profiler: yields name -> seconds
+    summed (a dict filled as the calls return). Each function is swapped where it is looked up
+    (the class, or the module's global) and put back afterwards."""
+    import importlib
+
+    seconds = dict.fromkeys(PORT_CODE, 0.0)
+    swapped = []
+
+    def clocked(name, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - t0
+        return call
+
+    try:
+        for name, (module, cls, fn_name) in PORT_CODE.items():
+            owner = importlib.import_module(module)
+            owner = getattr(owner, cls) if cls else owner
+            original = owner.__dict__[fn_name]
+            setattr(owner, fn_name, clocked(name, original))
+            swapped.append((owner, fn_name, original))
+        yield seconds
+    finally:
+        for owner, fn_name, original in swapped:
+            setattr(owner, fn_name, original)
+
+
 def front_end_cost(llm, make_requests, frames: tuple[int, ...], batches: tuple[int, ...], repeats: int = 5) -> list[dict]:
     """The front end's seconds per request: for each prompt length (`frames` whole frames) and
     batch, the median over `repeats` of one `LLM.enqueue` of `batch` requests (`make_requests(n,
     batch)`) divided by `batch`, the engine's run of them (`wait_for_completion`, 1 token each)
-    beside it, and one more enqueue under cProfile split into `FRONT_END_PARTS` (seconds per
-    request, inflated by the profiler) with its top functions. Every prompt is in the prefix cache
-    first, as in a rollout's frame step."""
+    beside it, the port's own code in those enqueues (`PORT_CODE`, clocked without a profiler; a
+    mean per request, 0 for stock), and one more enqueue under cProfile split into
+    `FRONT_END_PARTS` (seconds per request, inflated by the profiler) with its top functions.
+    Every prompt is in the prefix cache first, as in a rollout's frame step."""
     import statistics
 
     import vllm
@@ -417,14 +462,15 @@ def front_end_cost(llm, make_requests, frames: tuple[int, ...], batches: tuple[i
             reqs = make_requests(n, batch)
             llm.generate(reqs, params, use_tqdm=False)
             enq, run = [], []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                llm.enqueue(reqs, params, use_tqdm=False)
-                t1 = time.perf_counter()
-                llm.wait_for_completion(use_tqdm=False)
-                sync()
-                enq.append(t1 - t0)
-                run.append(time.perf_counter() - t1)
+            with clocked_port_code() as own:
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    llm.enqueue(reqs, params, use_tqdm=False)
+                    t1 = time.perf_counter()
+                    llm.wait_for_completion(use_tqdm=False)
+                    sync()
+                    enq.append(t1 - t0)
+                    run.append(time.perf_counter() - t1)
             prof = cProfile.Profile()
             prof.enable()
             llm.enqueue(reqs, params, use_tqdm=False)
@@ -436,6 +482,7 @@ def front_end_cost(llm, make_requests, frames: tuple[int, ...], batches: tuple[i
                              front_end_ms_per_request=round(statistics.median(enq) / batch * 1e3, 4),
                              front_end_ms_per_request_trials=[round(t / batch * 1e3, 4) for t in enq],
                              engine_ms=round(statistics.median(run) * 1e3, 2),
+                             port_code_ms_per_request={k: round(v / (repeats * batch) * 1e3, 4) for k, v in own.items()},
                              profiled_ms_per_request=round(stats.total_tt / batch * 1e3, 4),  # type: ignore[attr-defined]
                              parts_ms_per_request={k: round(v / batch * 1e3, 4) for k, v in parts.items()},
                              top_own=_top(stats, "own_s", 15)))
@@ -543,3 +590,24 @@ def front_end_parts(record: dict, frames: int, batch: int) -> list[dict]:
         if r is not None:
             out.append({"side": label, "profiled ms": r["profiled_ms_per_request"], **r["parts_ms_per_request"]})
     return out
+
+
+def port_code_rows(record: dict, port: str, stock: str = "stock") -> list[dict]:
+    """Per prompt length and batch that both sides of a front-end record timed with the port's own
+    code clocked (`PORT_CODE`): a request's front end on each side (ms, median), the port's extra,
+    and how much of that extra is the port's own code (the rest is vLLM's multimodal path)."""
+    def by_key(side):
+        return {(r["frames"], r["batch"]): r for r in record["sides"][side]["front_end"]}
+
+    p, s = by_key(port), by_key(stock)
+    rows = []
+    for key in sorted(p.keys() & s.keys()):
+        own = p[key].get("port_code_ms_per_request")
+        if own is None:
+            continue
+        extra = p[key]["front_end_ms_per_request"] - s[key]["front_end_ms_per_request"]
+        rows.append({"frames": key[0], "requests a call": key[1], f"{port}, ms": p[key]["front_end_ms_per_request"],
+                     f"{stock}, ms": s[key]["front_end_ms_per_request"], "port's extra, ms": round(extra, 3),
+                     "of it the port's own code, ms": round(sum(own.values()), 3),
+                     "of it vLLM's, ms": round(extra - sum(own.values()), 3)})
+    return rows
