@@ -206,3 +206,8 @@ def test_port_code_rows_split_the_ports_extra_front_end():
     (row,) = profiling.port_code_rows(record, "port")   # 9 frames: stock did not time it
     assert row == {"frames": 6, "requests a call": 128, "port, ms": 0.85, "stock, ms": 0.25, "port's extra, ms": 0.6,
                    "of it the port's own code, ms": 0.2, "of it vLLM's, ms": 0.4}
+    assert profiling.port_code_sentence(dict(record, device="GPU"), "port") == (
+        "On GPU (prompts of 6 frames, 128 requests a call), a request's front end cost the port 0.60 to 0.60 ms more "
+        "than stock's: its own code 0.20 to 0.20 ms, vLLM's part 0.40 to 0.40 ms.")
+    record["sides"]["port"]["front_end"][0].pop("port_code_ms_per_request")   # a file from before the clocks
+    assert profiling.port_code_rows(record, "port") == [] and profiling.port_code_sentence(record, "port") is None

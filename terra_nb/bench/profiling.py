@@ -592,6 +592,10 @@ def front_end_parts(record: dict, frames: int, batch: int) -> list[dict]:
     return out
 
 
+EXTRA, OWN, VLLMS = "port's extra, ms", "of it the port's own code, ms", "of it vLLM's, ms"
+"""The columns of `port_code_rows` that split the port's extra front end."""
+
+
 def port_code_rows(record: dict, port: str, stock: str = "stock") -> list[dict]:
     """Per prompt length and batch that both sides of a front-end record timed with the port's own
     code clocked (`PORT_CODE`): a request's front end on each side (ms, median), the port's extra,
@@ -607,7 +611,22 @@ def port_code_rows(record: dict, port: str, stock: str = "stock") -> list[dict]:
             continue
         extra = p[key]["front_end_ms_per_request"] - s[key]["front_end_ms_per_request"]
         rows.append({"frames": key[0], "requests a call": key[1], f"{port}, ms": p[key]["front_end_ms_per_request"],
-                     f"{stock}, ms": s[key]["front_end_ms_per_request"], "port's extra, ms": round(extra, 3),
-                     "of it the port's own code, ms": round(sum(own.values()), 3),
-                     "of it vLLM's, ms": round(extra - sum(own.values()), 3)})
+                     f"{stock}, ms": s[key]["front_end_ms_per_request"], EXTRA: round(extra, 3),
+                     OWN: round(sum(own.values()), 3), VLLMS: round(extra - sum(own.values()), 3)})
     return rows
+
+
+def port_code_sentence(record: dict, port: str, stock: str = "stock") -> str | None:
+    """`port_code_rows` in one sentence: the ranges, over prompt lengths and batches, of the port's
+    extra front end a request, of its own code and of vLLM's part; None where nothing was clocked."""
+    rows = port_code_rows(record, port, stock)
+    if not rows:
+        return None
+
+    def span(key: str) -> str:
+        return f"{min(r[key] for r in rows):.2f} to {max(r[key] for r in rows):.2f} ms"
+
+    frames, batches = sorted({r["frames"] for r in rows}), sorted({r["requests a call"] for r in rows})
+    return (f"On {record['device']} (prompts of {', '.join(map(str, frames))} frames, {', '.join(map(str, batches))} "
+            f"requests a call), a request's front end cost the port {span(EXTRA)} more than stock's: its own code "
+            f"{span(OWN)}, vLLM's part {span(VLLMS)}.")
