@@ -481,3 +481,16 @@ def test_the_stock_sentence_says_what_the_verdicts_allow(verdicts, tail):
     line = headline.stock_sentence(dict(analysis=cs))
     assert tail in line
     assert "1.00x [0.90, 1.10] at 1 rollout, 1.00x [0.90, 1.10] at 32 rollouts" in line
+
+
+def test_the_docs_gap_section_reads_the_newest_headline_with_a_profile_of_its_run(tmp_path):
+    (tmp_path / "pairs").mkdir()
+    (tmp_path / "frontend").mkdir()
+    assert headline.gap_markdown(tmp_path).startswith("No headline with a profile of its run")
+    stock, steps = _gap_files(5.0, 4.5, dict(encoder_inputs_search=0.4, model_inputs=0.3))
+    for name, res in (("x_headline_stock.json", stock), ("x_mm_path_steps.json", steps),
+                      ("y_mm_path_steps.json", dict(steps, commit="fff0000"))):   # another run's profile: not used
+        (tmp_path / "pairs" / name).write_text(json.dumps(dict(res, versions={"vllm": "9.9"}, date="2030-01-01")))
+    text = headline.gap_markdown(tmp_path)
+    assert "`x_headline_stock.json` and, right after it on the same machine, `x_mm_path_steps.json`" in text
+    assert "| 128 | 2 | 12 | 2 | 10 | 2 | 6 |" in text and "within the 2 ms of vLLM's multimodal calls" in text

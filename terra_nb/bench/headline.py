@@ -397,3 +397,33 @@ def gap_sentences(stock: dict, steps: dict) -> list[str]:
         out.append(f"- **{rollouts_text(r['rollouts'])}:** {verdict}; the rest of the frame {rest:+d} ms "
                    f"(the profiled front end {r['front end, port - stock (profiled)']:+d} ms).")
     return out
+
+
+def gap_markdown(results_dir: Path | None = None) -> str:
+    """docs/benchmarks.md's account of the port's time over stock: the newest headline that a
+    profile of the same run accompanies, its gap per frame split by `gap_rows` (a Markdown table and
+    `gap_sentences`), and the newest front-end record that clocked the port's own code
+    (`profiling.port_code_sentence`)."""
+    import json
+
+    from terra_nb.bench.profiling import port_code_sentence
+    from terra_nb.bench.records import of_same_run
+    from terra_nb.workbook.paths import RESULTS
+    from terra_nb.workbook.results import markdown_table
+
+    pairs_dir, out = Path(results_dir or RESULTS) / "pairs", []
+    runs = [(f, json.loads(f.read_text())) for f in sorted(pairs_dir.glob("*_headline_stock.json"))]
+    runs = [(f, r, of_same_run("*_mm_path_steps.json", r, pairs_dir)) for f, r in runs]
+    runs = [run for run in runs if run[2]]
+    if runs:
+        f, stock, (pf, profile) = max(runs, key=lambda run: (str(run[1].get("date", "")), run[0].name))
+        out += [f"`{f.name}` and, right after it on the same machine, `{pf.name}` ({provenance_line(stock)}); "
+                "milliseconds a frame, port minus stock (medians of each part, so the parts need not add up):",
+                markdown_table(gap_rows(stock, profile)), "\n".join(gap_sentences(stock, profile))]
+    fronts = [(f, json.loads(f.read_text())) for f in sorted((Path(results_dir or RESULTS) / "frontend").glob("*_front_end.json"))]
+    said = [(f, r, port_code_sentence(r, "port")) for f, r in fronts if {"port", "stock"} <= r["sides"].keys()]
+    said = [(f, r, s) for f, r, s in said if s]
+    if said:
+        f, record, sentence = said[-1]
+        out.append(f"{sentence} (`{f.name}`: {provenance_line(record)})")
+    return "\n\n".join(out) or "No headline with a profile of its run, and no front-end record of the port's own code, yet."
