@@ -413,34 +413,17 @@ stock); the processor's `apply` around these calls builds vLLM's objects, as any
 
 @contextlib.contextmanager
 def clocked_port_code():
-    """Clock every call of `PORT_CODE` inside the block, with no profiler: yields name -> seconds
-    summed (a dict filled as the calls return). Each function is swapped where it is looked up
-    (the class, or the module's global) and put back afterwards."""
+    """Clock every call of `PORT_CODE` inside the block, with no profiler (`timed_calls`: each
+    function swapped where it is looked up, the class or the module's global, and put back
+    afterwards): yields name -> seconds summed."""
     import importlib
 
-    seconds = dict.fromkeys(PORT_CODE, 0.0)
-    swapped = []
-
-    def clocked(name, fn):
-        def call(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                seconds[name] += time.perf_counter() - t0
-        return call
-
-    try:
-        for name, (module, cls, fn_name) in PORT_CODE.items():
-            owner = importlib.import_module(module)
-            owner = getattr(owner, cls) if cls else owner
-            original = owner.__dict__[fn_name]
-            setattr(owner, fn_name, clocked(name, original))
-            swapped.append((owner, fn_name, original))
+    targets = {}
+    for name, (module, cls, fn_name) in PORT_CODE.items():
+        owner = importlib.import_module(module)
+        targets[name] = (getattr(owner, cls) if cls else owner, fn_name)
+    with timed_calls(targets) as seconds:
         yield seconds
-    finally:
-        for owner, fn_name, original in swapped:
-            setattr(owner, fn_name, original)
 
 
 def front_end_cost(llm, make_requests, frames: tuple[int, ...], batches: tuple[int, ...], repeats: int = 5) -> list[dict]:
