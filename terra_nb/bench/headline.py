@@ -424,6 +424,6 @@ def gap_markdown(results_dir: Path | None = None) -> str:
     said = [(f, r, port_code_sentence(r, "port")) for f, r in fronts if {"port", "stock"} <= r["sides"].keys()]
     said = [(f, r, s) for f, r, s in said if s]
     if said:
-        f, record, sentence = said[-1]
+        f, record, sentence = max(said, key=lambda fs: (str(fs[1].get("date", "")), fs[0].name))
         out.append(f"{sentence} (`{f.name}`: {provenance_line(record)})")
     return "\n\n".join(out) or "No headline with a profile of its run, and no front-end record of the port's own code, yet."
