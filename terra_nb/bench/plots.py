@@ -9,6 +9,20 @@ from matplotlib.figure import Figure
 from terra_nb.bench.stats import interval_text, rollouts_text
 
 
+def _row_of_panels(n: int, height: float) -> tuple[Figure, list]:
+    """A figure of `n` side-by-side panels (at least one), 4.2 inches each."""
+    fig = Figure(figsize=(4.2 * max(1, n), height), layout="constrained")
+    return fig, fig.subplots(1, max(1, n), squeeze=False)[0]
+
+
+def _label(ax, title: str, xlabel: str, ylabel: str) -> None:
+    """A panel's title, axis labels and legend, in the sizes every panel here uses."""
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7)
+
+
 def _with_median(ax, xs, ys: list[float], label: str) -> None:
     """One side's points joined, and their median as a dashed line of the same colour."""
     line, = ax.plot(list(xs), ys, "o-", label=label)
@@ -23,8 +37,7 @@ def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
     from terra_nb.workbook.viz import save_figure
 
     blocks = res["blocks"]
-    fig = Figure(figsize=(4.2 * max(1, len(blocks)), 3.4), layout="constrained")
-    axes = fig.subplots(1, max(1, len(blocks)), squeeze=False)[0]
+    fig, axes = _row_of_panels(len(blocks), 3.4)
     by_block = {}
     for c in res["analysis"]:
         by_block.setdefault(c["block"], []).append(c)
@@ -34,10 +47,7 @@ def trials_plot(res: dict, title: str | None = None, save=None) -> Figure:
             _with_median(ax, range(1, len(per_frame) + 1), per_frame, side)
         pairs = "; ".join(f"{c['first']}/{c['second']}: {interval_text(c['speedup'], c['interval'])}"
                           for c in by_block.get(b["name"], []))
-        ax.set_title(f"{rollouts_text(b['batch'])}, {b['frames']} frames\n{pairs}", fontsize=8)
-        ax.set_xlabel("round")
-        ax.set_ylabel("s per frame step")
-        ax.legend(fontsize=7)
+        _label(ax, f"{rollouts_text(b['batch'])}, {b['frames']} frames\n{pairs}", "round", "s per frame step")
     fig.suptitle(title or f"{res['device']}, vLLM {res['versions']['vllm']}, {res['dtype']}, {res['preset']}", fontsize=9)
     return save_figure(fig, save)
 
@@ -49,15 +59,12 @@ def frame_walls_plot(res: dict, title: str | None = None, save=None) -> Figure:
     from terra_nb.workbook.viz import save_figure
 
     blocks = [b for b in res["blocks"] if b.get("step_profiles")]
-    fig = Figure(figsize=(4.2 * max(1, len(blocks)), 3.2), layout="constrained")
-    axes = fig.subplots(1, max(1, len(blocks)), squeeze=False)[0]
+    fig, axes = _row_of_panels(len(blocks), 3.2)
     for ax, b in zip(axes, blocks):
         for side, prof in b["step_profiles"].items():
             _with_median(ax, [f["index"] for f in prof["by_frame"]], [f["wall_ms"] for f in prof["by_frame"]], side)
-        ax.set_title(f"{rollouts_text(b['batch'])}, {res['n_ctx']} + {b['frames']} frames (profiled rollout)", fontsize=8)
-        ax.set_xlabel("frame step")
-        ax.set_ylabel("ms per frame step")
-        ax.legend(fontsize=7)
+        _label(ax, f"{rollouts_text(b['batch'])}, {res['n_ctx']} + {b['frames']} frames (profiled rollout)",
+               "frame step", "ms per frame step")
     fig.suptitle(title or f"frame by frame: {res['device']}, vLLM {res['versions']['vllm']}", fontsize=9)
     return save_figure(fig, save)
 
@@ -70,17 +77,14 @@ def front_end_plot(record: dict, title: str | None = None, save=None) -> Figure:
 
     sides = record["sides"]
     batches = sorted({r["batch"] for side in sides.values() for r in side["front_end"]})
-    fig = Figure(figsize=(4.2 * len(batches), 3.4), layout="constrained")
-    axes = fig.subplots(1, len(batches), squeeze=False)[0]
+    fig, axes = _row_of_panels(len(batches), 3.4)
     for ax, batch in zip(axes, batches):
         for label, side in sides.items():
             rows = sorted((r for r in side["front_end"] if r["batch"] == batch), key=lambda r: r["frames"])
             ax.plot([r["frames"] for r in rows], [r["front_end_ms_per_request"] for r in rows], "o-", label=label)
-        ax.set_title("1 request a call" if batch == 1 else f"{batch} requests a call", fontsize=8)
-        ax.set_xlabel("frames in the prompt (action items)")
-        ax.set_ylabel("front end, ms per request")
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
+        _label(ax, "1 request a call" if batch == 1 else f"{batch} requests a call",
+               "frames in the prompt (action items)", "front end, ms per request")
     env = next(iter(sides.values()))["env"]
     fig.suptitle(title or f"{env.get('device', '')}, vLLM {env.get('vllm', '')}, commit {record.get('commit', '')}",
                  fontsize=9)
