@@ -407,7 +407,7 @@ def gap_markdown(results_dir: Path | None = None) -> str:
     import json
 
     from terra_nb.bench.profiling import port_code_sentence
-    from terra_nb.bench.records import of_same_run
+    from terra_nb.bench.records import newest, of_same_run
     from terra_nb.workbook.paths import RESULTS
     from terra_nb.workbook.results import markdown_table
 
@@ -416,7 +416,7 @@ def gap_markdown(results_dir: Path | None = None) -> str:
     runs = [(f, r, of_same_run("*_mm_path_steps.json", r, pairs_dir)) for f, r in runs]
     runs = [run for run in runs if run[2]]
     if runs:
-        f, stock, (pf, profile) = max(runs, key=lambda run: (str(run[1].get("date", "")), run[0].name))
+        f, stock, (pf, profile) = newest(runs)
         out += [f"`{f.name}` and, right after it on the same machine, `{pf.name}` ({provenance_line(stock)}); "
                 "milliseconds a frame, port minus stock (medians of each part, so the parts need not add up):",
                 markdown_table(gap_rows(stock, profile)), "\n".join(gap_sentences(stock, profile))]
@@ -424,6 +424,6 @@ def gap_markdown(results_dir: Path | None = None) -> str:
     said = [(f, r, port_code_sentence(r, "port")) for f, r in fronts if {"port", "stock"} <= r["sides"].keys()]
     said = [(f, r, s) for f, r, s in said if s]
     if said:
-        f, record, sentence = max(said, key=lambda fs: (str(fs[1].get("date", "")), fs[0].name))
+        f, record, sentence = newest(said)
         out.append(f"{sentence} (`{f.name}`: {provenance_line(record)})")
     return "\n\n".join(out) or "No headline with a profile of its run, and no front-end record of the port's own code, yet."

@@ -31,7 +31,12 @@ def latest(pattern: str, folder: Path | None = None, hint: str = "") -> tuple[Pa
     files = sorted(folder.glob(pattern))
     if not files:
         raise FileNotFoundError(f"no {pattern} in {folder}" + (f": {hint}" if hint else ""))
-    loaded = [(f, json.loads(f.read_text())) for f in files]
+    return newest((f, json.loads(f.read_text())) for f in files)
+
+
+def newest(loaded):
+    """Of `(path, contents, ...)` tuples of result files, the one with the newest recorded date,
+    then the last name."""
     return max(loaded, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name))
 
 
@@ -41,7 +46,7 @@ def of_same_run(pattern: str, res: dict, folder: Path | None = None) -> tuple[Pa
     folder = Path(folder) if folder is not None else results_dir()
     loaded = [(f, json.loads(f.read_text())) for f in sorted(folder.glob(pattern))]
     same = [(f, r) for f, r in loaded if (r.get("commit"), r.get("device")) == (res.get("commit"), res.get("device"))]
-    return max(same, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name)) if same else None
+    return newest(same) if same else None
 
 
 def provenance(res: dict) -> str:
