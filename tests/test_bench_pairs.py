@@ -226,6 +226,9 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
         for t, seconds in zip(block["trial_steps"][side], block["trials_s"][side]):
             assert 0 < t["decode_step_ms"] < t["wall_ms"] < 1000 * seconds, side
             assert t["overhead_ms"] == pytest.approx(t["wall_ms"] - 63 * t["decode_step_ms"], abs=0.05)
+            # one frame a trial: its overhead is exactly its front end plus the engine's other steps
+            assert 0 < t["front_end_ms"] < t["wall_ms"] and t["front_end_ms"] + t["other_steps_ms"] == pytest.approx(
+                t["overhead_ms"], abs=0.05)
     (line,) = headline.trial_steps_sentences(res)   # the port's frame against stock's, over both trials
     med = {s: {k: statistics.median(t[k] for t in block["trial_steps"][s]) for k in ("wall_ms", "decode_step_ms")}
            for s in ("port", "stock")}
@@ -252,6 +255,14 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
         for call in ("embeddings_gather", "encoder_inputs_search", "encoder_inputs_release"):
             assert mm[side][call] == 0, (side, call)
         assert mm[side]["model_inputs"] < mm["port_tokens"]["model_inputs"], side
+    # the same calls in the frame's prefill step alone: part of the frame's, and the port's item search there
+    for side in plans.MM_PATH_SIDES:
+        prof = block["step_profiles"][side]
+        assert sorted(prof["mm_path_prefill_ms"]) == sorted(mm[side]), side
+        for call, ms in prof["mm_path_prefill_ms"].items():
+            assert 0 <= ms <= mm[side][call] * prof["engine_steps"] + 0.01, (side, call)
+    assert block["step_profiles"]["port"]["mm_path_prefill_ms"]["encoder_inputs_search"] > 0
+    assert block["step_profiles"]["stock"]["mm_path_prefill_ms"]["encoder_inputs_search"] == 0
     got = {c["name"]: c for c in res["analysis"]}
     assert sorted(got) == sorted(f"{a}_vs_{b}_b1" for a, b, *_ in plans.MM_PATH_PAIRS)
     c = got["port_vs_stock_b1"]
@@ -416,7 +427,8 @@ def test_the_profiled_frames_sentence_and_figure_read_each_sides_own_frames(path
 
 def _gap_files(port_step: float, stock_step: float, calls: dict, commit: str = "abc1234") -> tuple[dict, dict]:
     """A headline of two clocked trials a side (a frame of 4 codes: 3 decode steps) and a profile of
-    the same run with the port's multimodal calls `calls` (ms a step)."""
+    the same run with the port's multimodal calls `calls` (ms a step), from files that predate the
+    split of the rest (`_split_rest` adds it)."""
     def trials(step, overhead):
         return [dict(wall_ms=3 * step + overhead + d, decode_step_ms=step, overhead_ms=overhead + d) for d in (0.0, 2.0)]
 
@@ -431,7 +443,9 @@ def test_the_headlines_gap_is_split_per_step_and_set_against_vllms_multimodal_ca
     stock, steps = _gap_files(5.0, 4.0, dict(encoder_inputs_search=0.3, encoder_inputs_release=0.1, model_inputs=0.2))
     (row,) = headline.gap_rows(stock, steps)
     assert row == {"rollouts": 128, "trials a side": 2, "port - stock, a frame": 13, "in decode steps": 3,
-                   "in the rest": 10, "vLLM's multimodal calls (port's steps)": 2, "front end, port - stock (profiled)": 6}
+                   "in the rest": 10, "rest: front end": "not clocked", "rest: other steps": "not clocked",
+                   "vLLM's multimodal calls (port's steps)": 2, "vLLM's multimodal calls (port's prefill steps)": "not clocked",
+                   "front end, port - stock (profiled)": 6}
     (line,) = headline.gap_sentences(stock, steps)
     assert "3 ms a frame more than stock's, 1 ms beyond the 2 ms of vLLM's multimodal calls" in line
     assert "the rest of the frame +10 ms (the profiled front end +6 ms)" in line
@@ -447,6 +461,31 @@ def test_the_headlines_gap_is_split_per_step_and_set_against_vllms_multimodal_ca
                                          "stock's, not all within the 2 and 2 ms of the multimodal calls vLLM makes "
                                          "in them (a profile of the same run)")
     assert headline.gap_clause(rows[1:]).startswith("at 128 rollouts its decode steps took 1 ms a frame more than stock's, within")
+
+
+def _split_rest(stock: dict, steps: dict, prefill_calls: dict) -> None:
+    """Give `_gap_files`' trials the rest's two parts (front end 12 and 8 ms, the rest in other
+    steps) and the port's profile its multimodal calls in prefill steps `prefill_calls` (ms a frame)."""
+    for side, front in (("port", 12.0), ("stock", 8.0)):
+        for t in stock["blocks"][0]["trial_steps"][side]:
+            t.update(front_end_ms=front, other_steps_ms=t["overhead_ms"] - front)
+    steps["blocks"][0]["step_profiles"]["port"]["mm_path_prefill_ms"] = prefill_calls
+
+
+def test_the_rest_of_a_frame_splits_into_front_end_and_other_steps_where_the_trials_clocked_them():
+    stock, steps = _gap_files(5.0, 4.0, dict(model_inputs=0.2))
+    (old,) = headline.gap_rows(stock, steps)   # files before the split: its columns say so, the table drops them
+    assert old["rest: front end"] == old["rest: other steps"] == old[headline.PREFILL_CALLS] == headline.NOT_CLOCKED
+    assert headline.NOT_CLOCKED not in headline.clocked_columns([old])[0].values()
+    assert "(the profiled front end +6 ms)" in headline.gap_sentences(stock, steps)[0]
+    _split_rest(stock, steps, dict(model_inputs=7.4, encoder_inputs_search=0.4, embeddings_gather=3.0))
+    (row,) = headline.gap_rows(stock, steps)
+    # port: other steps 18 and 20 (median 19); stock 12 and 14 (13); gather lies inside the model input
+    assert (row["rest: front end"], row["rest: other steps"], row[headline.PREFILL_CALLS]) == (4, 6, 8)
+    assert ("the rest of the frame +10 ms: its front end +4 ms, the engine's other steps +6 ms, within the 8 ms "
+            "of vLLM's multimodal calls in the port's prefill steps") in headline.gap_sentences(stock, steps)[0]
+    steps["blocks"][0]["step_profiles"]["port"]["mm_path_prefill_ms"] = dict(model_inputs=2.0)
+    assert "+6 ms, 4 ms beyond the 2 ms of vLLM's" in headline.gap_sentences(stock, steps)[0]
 
 
 def _headlines_with_their_profile() -> list[tuple[Path, Path]]:

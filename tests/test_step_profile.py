@@ -51,3 +51,23 @@ def test_step_rows_show_each_engines_split_and_its_ceiling():
     rows = step_rows(dict(step_profiles={"128": {"stock_llama": loop, "session": sess}}))
     assert [(r["engine"], r["overhead share"], r["ceiling: wall ÷ decode"]) for r in rows] == [
         ("stock, frame loop", "8.0%", 1.087), ("the port, a session a rollout", "3.5%", 1.036)]
+
+
+def test_a_frame_loop_splits_its_overhead_into_front_end_and_other_steps():
+    # frames of 4 codes: the window's call, then two frames; the first prefilled in two steps
+    # (5 steps: 2 prefill, 3 decode), the second in one (4 steps)
+    calls = [(0.0, 1.0), (10.0, 20.0), (30.0, 36.0)]
+    steps = [(0.1, 0.9),
+             (11.0, 14.0), (14.0, 15.0), (15.0, 16.0), (16.0, 17.0), (17.0, 18.0),
+             (31.0, 33.0), (33.0, 34.0), (34.0, 35.0), (35.0, 36.0)]
+    frames = sp.frames_of(calls, steps, codes=4)
+    assert [(f["steps"], f["engine"], f["front_end"], f["decode_step"], f["prefill_end"]) for f in frames] == [
+        (5, 7.0, 3.0, 1.0, 15.0), (4, 5.0, 1.0, 1.0, 33.0)]
+    out = sp._summary(frames, 4, batch=1)
+    # other steps: engine less 3 decode steps, 4 and 2 s: median 3 s; front end: median of 3 and 1
+    assert out["other_steps_ms"] == pytest.approx(3000) and out["front_end_ms"] == pytest.approx(2000)
+    assert sp.trial_summary(frames, 4) == pytest.approx(dict(wall_ms=8000, decode_step_ms=1000, overhead_ms=5000,
+                                                             front_end_ms=2000, other_steps_ms=3000))
+    # a step clocked in each frame's prefill steps and one in a decode step
+    record = [(11.5, 12.0), (14.2, 14.4), (16.1, 16.2), (31.0, 31.3)]
+    assert [sp._inside(record, f["start"], f["prefill_end"]) for f in frames] == pytest.approx([0.7, 0.3])

@@ -20,6 +20,7 @@ from pathlib import Path
 from terra_nb.bench.plans import MM_PATH_PAIRS, SEED_SPEEDUP
 from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line
 from terra_nb.bench.stats import MET, MISSED, and_text, interval_text, rollouts_list_text, rollouts_text
+from terra_nb.bench.step_profile import TRIAL_FIGURES
 from terra_nb.bench.workload import SEED_FIGURES
 
 README_START, README_END = "<!-- headline:start -->", "<!-- headline:end -->"
@@ -297,8 +298,8 @@ def profiled_frames_sentences(res: dict) -> list[str]:
 
 
 def trial_medians(block: dict, first: str, second: str) -> tuple[dict, dict, int] | None:
-    """The median `wall_ms`, `decode_step_ms` and `overhead_ms` over the trials of each of two sides
-    of a block whose trials were clocked frame by frame (`trial_steps`), with `decoding_ms`, a
+    """The median of each of `step_profile.TRIAL_FIGURES` that every trial holds, over the trials of
+    each of two sides of a block whose trials were clocked frame by frame (`trial_steps`), with `decoding_ms`, a
     frame's decode steps at the median step (`codes - 1` of them, as every trial's overhead counts
     them), and the fewer trials of the two; None where either side has none. Medians do not add
     up: a frame's median is not its median decode steps plus its median overhead."""
@@ -308,7 +309,7 @@ def trial_medians(block: dict, first: str, second: str) -> tuple[dict, dict, int
         return None
     one = runs[first][0]
     per_frame = round((one["wall_ms"] - one["overhead_ms"]) / one["decode_step_ms"])
-    med = {s: {k: statistics.median(t[k] for t in ts) for k in ("wall_ms", "decode_step_ms", "overhead_ms")}
+    med = {s: {k: statistics.median(t[k] for t in ts) for k in TRIAL_FIGURES if all(k in t for t in ts)}
            for s, ts in runs.items()}
     for m in med.values():
         m["decoding_ms"] = per_frame * m["decode_step_ms"]
@@ -343,7 +344,11 @@ def gap_rows(stock: dict, steps: dict) -> list[dict]:
     * vLLM's multimodal calls in the port's decode steps (`mm_calls_ms` times `codes - 1`), which
       stock's steps do not make;
     * the profiled front end (`wall - engine` of a frame: the requests processed and added), the
-      port's less stock's.
+      port's less stock's;
+    * where the trials clocked them (`step_profile.TRIAL_FIGURES`), the rest split into the front
+      end and the engine's other steps (the frame's prefill steps and the decode steps' spread),
+      beside vLLM's multimodal calls in the port's prefill steps (`mm_path_prefill_ms`), which
+      stock's do not make either; "not clocked" where a file predates these clocks.
     """
     if (stock.get("commit"), stock.get("device")) != (steps.get("commit"), steps.get("device")):
         raise ValueError(f"not one run: the headline ran commit {str(stock.get('commit'))[:7]} on {stock.get('device')}, "
@@ -356,13 +361,22 @@ def gap_rows(stock: dict, steps: dict) -> list[dict]:
         if got is None or calls is None or "stock" not in prof:
             continue
         a, c, n = got
+        rest = {part: round(a[k] - c[k]) if k in a and k in c else NOT_CLOCKED for part, k in REST_PARTS.items()}
+        prefill = {k: v for k, v in (prof["port"].get("mm_path_prefill_ms") or {}).items() if k in MM_CALL_COLUMNS}
         rows.append({"rollouts": b["batch"], "trials a side": n,
                      "port - stock, a frame": round(a["wall_ms"] - c["wall_ms"]),
                      "in decode steps": round(a["decoding_ms"] - c["decoding_ms"]),
-                     "in the rest": round(a["overhead_ms"] - c["overhead_ms"]),
+                     "in the rest": round(a["overhead_ms"] - c["overhead_ms"]), **rest,
                      "vLLM's multimodal calls (port's steps)": round(calls * (prof["port"]["codes_per_frame"] - 1)),
+                     PREFILL_CALLS: round(sum(prefill.values())) if prefill else NOT_CLOCKED,
                      "front end, port - stock (profiled)": round(prof["port"]["front_end_ms"] - prof["stock"]["front_end_ms"])})
     return rows
+
+
+NOT_CLOCKED = "not clocked"
+REST_PARTS = {"rest: front end": "front_end_ms", "rest: other steps": "other_steps_ms"}
+"""`gap_rows`' split of the rest of a frame: its column -> the trial figure it compares."""
+PREFILL_CALLS = "vLLM's multimodal calls (port's prefill steps)"
 
 
 def gap_clause(rows: list[dict]) -> str | None:
@@ -394,9 +408,27 @@ def gap_sentences(stock: dict, steps: dict) -> list[str]:
         else:
             verdict = (f"the port's decode steps took {steps_ms} ms a frame more than stock's, "
                        f"{steps_ms - calls} ms beyond the {calls} ms of vLLM's multimodal calls in them")
-        out.append(f"- **{rollouts_text(r['rollouts'])}:** {verdict}; the rest of the frame {rest:+d} ms "
-                   f"(the profiled front end {r['front end, port - stock (profiled)']:+d} ms).")
+        out.append(f"- **{rollouts_text(r['rollouts'])}:** {verdict}; the rest of the frame {rest:+d} ms"
+                   f"{_rest_split(r)} (the profiled front end {r['front end, port - stock (profiled)']:+d} ms).")
     return out
+
+
+def _rest_split(row: dict) -> str:
+    """The clause of `gap_sentences` that splits a row's rest of the frame, where it was clocked."""
+    front, other, calls = row["rest: front end"], row["rest: other steps"], row[PREFILL_CALLS]
+    if NOT_CLOCKED in (front, other):
+        return ""
+    text = f": its front end {front:+d} ms, the engine's other steps {other:+d} ms"
+    if calls == NOT_CLOCKED or other <= 0:
+        return text
+    return text + (f", within the {calls} ms of vLLM's multimodal calls in the port's prefill steps" if other <= calls
+                   else f", {other - calls} ms beyond the {calls} ms of vLLM's multimodal calls in the port's prefill steps")
+
+
+def clocked_columns(rows: list[dict]) -> list[dict]:
+    """`rows` without the columns no row clocked (`NOT_CLOCKED` in every row)."""
+    drop = {k for k in (rows[0] if rows else {}) if all(r[k] == NOT_CLOCKED for r in rows)}
+    return [{k: v for k, v in r.items() if k not in drop} for r in rows]
 
 
 def gap_markdown(results_dir: Path | None = None) -> str:
@@ -419,7 +451,7 @@ def gap_markdown(results_dir: Path | None = None) -> str:
         f, stock, (pf, profile) = newest(runs)
         out += [f"`{f.name}` and, right after it on the same machine, `{pf.name}` ({provenance_line(stock)}); "
                 "milliseconds a frame, port minus stock (medians of each part, so the parts need not add up):",
-                markdown_table(gap_rows(stock, profile)), "\n".join(gap_sentences(stock, profile))]
+                markdown_table(clocked_columns(gap_rows(stock, profile))), "\n".join(gap_sentences(stock, profile))]
     fronts = [(f, json.loads(f.read_text())) for f in sorted((Path(results_dir or RESULTS) / "frontend").glob("*_front_end.json"))]
     said = [(f, r, port_code_sentence(r, "port")) for f, r in fronts if {"port", "stock"} <= r["sides"].keys()]
     said = [(f, r, s) for f, r, s in said if s]

@@ -78,7 +78,7 @@ class Side:
             return timed(lambda: self.run(batch, frames, sampling))
         with step_profile.clocked_frame_loop(self.engine) as frames_of:
             seconds = timed(lambda: self.run(batch, frames, sampling))
-        self.last_steps = step_profile.trial_summary(frames_of(), self.codes)
+        self.last_steps = step_profile.trial_summary(frames_of(self.codes), self.codes)
         return seconds
 
     @functools.cached_property

@@ -123,7 +123,7 @@ def _summary(frames: list[dict], codes: int, batch: int) -> dict:
     overhead, to see both grow with the context."""
     if not frames:
         raise ValueError("no frame step to profile: roll out at least 2 frames in one round")
-    keys = [k for k in frames[0] if k not in ("index", "start", "end")]   # start, end: clock readings
+    keys = [k for k in frames[0] if k not in ("index", "start", "end", "prefill_end")]   # clock readings
     med = {k: statistics.median(f[k] for f in frames) for k in keys}
     out = dict(batch=batch, frames=len(frames), codes_per_frame=codes,
                **{f"{k}_ms": _ms(v) for k, v in med.items() if k != "steps"})
@@ -131,6 +131,8 @@ def _summary(frames: list[dict], codes: int, batch: int) -> dict:
         out["engine_steps"] = med["steps"]
     overhead = lambda f: f["wall"] - (codes - 1) * f["decode_step"]  # noqa: E731  (the first code comes with the prefill)
     out["overhead_ms"] = _ms(overhead(med))
+    if "engine" in med:   # a frame loop: its overhead is its front end plus the engine's other steps
+        out["other_steps_ms"] = _ms(statistics.median(f["engine"] - (codes - 1) * f["decode_step"] for f in frames))
     out["overhead_share"] = round(overhead(med) / med["wall"], 4)
     by_index: dict[int, list[dict]] = {}
     for f in frames:
@@ -149,48 +151,63 @@ def frame_loop_step_profile(llm, roll: Callable[[], object], codes: int, batch: 
     (`wall - engine`: input processing and adding the requests), `steps` (how many engine steps),
     `decode_step` (their median); medians over frames, and the overhead (module doc). With them,
     `mm_path_ms`: per name of `MM_PATH_CALLS` the engine has, its milliseconds per engine step over
-    the same frames."""
+    the same frames, and `mm_path_prefill_ms`: its milliseconds a frame in the frame's prefill steps
+    (the median over frames; `frames_of`)."""
     with clocked_frame_loop(llm) as frames_of, clocked_methods(llm, MM_PATH_CALLS) as mm:
         roll()
-    frames = frames_of()
+    frames = frames_of(codes)
     n_steps, mm_s = sum(f["steps"] for f in frames), dict.fromkeys(mm, 0.0)
     for f in frames:
         for name, record in mm.items():
             mm_s[name] += _inside(record, f["start"], f["end"])
+    prefill = {name: _ms(statistics.median(_inside(record, f["start"], f["prefill_end"]) for f in frames))
+               for name, record in mm.items()}
     return dict(mode="frame loop", **_summary(frames, codes, batch),
-                mm_path_ms={name: round(1000 * v / n_steps, 4) for name, v in mm_s.items()})
+                mm_path_ms={name: round(1000 * v / n_steps, 4) for name, v in mm_s.items()},
+                mm_path_prefill_ms=prefill)
 
 
 @contextlib.contextmanager
 def clocked_frame_loop(llm):
     """Clock a frame loop on `llm` (a `vllm.LLM`) inside the block: its `generate` calls and the
-    engine steps inside them. Yields a function that returns the frames (`frames_of`)."""
+    engine steps inside them. Yields a function of the codes a frame that returns the frames
+    (`frames_of`)."""
     with clocked_calls(llm, "generate") as calls, clocked_calls(llm.llm_engine, "step") as steps:
-        yield lambda: frames_of(calls, steps)
+        yield lambda codes: frames_of(calls, steps, codes)
 
 
-def frames_of(calls: list[tuple[float, float]], steps: list[tuple[float, float]]) -> list[dict]:
+def frames_of(calls: list[tuple[float, float]], steps: list[tuple[float, float]], codes: int) -> list[dict]:
     """Per `generate` call after the first (the window's, left out): its `index`, `start`/`end`,
     `wall`, `engine` (its engine steps summed), `front_end` (the rest), `steps` and `decode_step`
-    (their median)."""
+    (their median), and `prefill_end`: the end of the frame's prefill steps, those before its last
+    `codes - 1` (a frame's prompts may be prefilled in several chunks, each step sampling the first
+    code of the requests it completes)."""
     frames = []
     for index, (start, end) in enumerate(calls[1:], start=1):
-        inside = [b - a for a, b in steps if start <= a and b <= end]
+        spans = [(a, b) for a, b in steps if start <= a and b <= end]
+        inside = [b - a for a, b in spans]
         if not inside:
             raise RuntimeError("no engine step inside a generate call: is this a vllm.LLM?")
         frames.append(dict(index=index, start=start, end=end, wall=end - start, engine=sum(inside),
-                           front_end=end - start - sum(inside), steps=len(inside), decode_step=statistics.median(inside)))
+                           front_end=end - start - sum(inside), steps=len(inside), decode_step=statistics.median(inside),
+                           prefill_end=spans[max(1, len(spans) - (codes - 1)) - 1][1]))
     return frames
 
 
+TRIAL_FIGURES = ("wall_ms", "decode_step_ms", "overhead_ms", "front_end_ms", "other_steps_ms")
+"""What a timed trial keeps of its frames (`trial_summary`): the median frame's wall, decode step and
+overhead (wall less `codes - 1` decode steps), and the overhead's two parts: the front end (wall less
+the engine's steps) and the engine's other steps (its steps less `codes - 1` decode steps: the
+frame's prefill steps and the decode steps' spread about their median)."""
+
+
 def trial_summary(frames: list[dict], codes: int) -> dict | None:
-    """One timed trial's frames in three figures: the median frame's `wall_ms`, `decode_step_ms`
-    and `overhead_ms` (wall less `codes - 1` decode steps). None for a trial of one frame (only
-    the window's call, left out)."""
+    """One timed trial's frames in `TRIAL_FIGURES`, medians over its frames (so the parts need not
+    add up). None for a trial of one frame (only the window's call, left out)."""
     if not frames:
         return None
     s = _summary(frames, codes, 1)
-    return {k: s[k] for k in ("wall_ms", "decode_step_ms", "overhead_ms")}
+    return {k: s[k] for k in TRIAL_FIGURES}
 
 
 def session_frames(record: list[tuple], codes: int) -> list[dict]:
