@@ -18,8 +18,9 @@ import statistics
 from pathlib import Path
 
 from terra_nb.bench.plans import MM_PATH_PAIRS, SEED_SPEEDUP
-from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line
-from terra_nb.bench.stats import MET, MISSED, and_text, interval_text, rollouts_list_text, rollouts_text
+from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line, same_code_runs
+from terra_nb.bench.stats import (MET, MISSED, and_text, interval_text, rollouts_list_text, rollouts_text,
+                                  rounds_speedup, runs_interval, speedup, verdict)
 from terra_nb.bench.step_profile import TRIAL_FIGURES
 from terra_nb.bench.workload import SEED_FIGURES
 
@@ -169,6 +170,48 @@ def stock_sentence(stock: dict) -> str:
     return f"**The port against stock vLLM** (speed-up of the port; 1.00x = stock's speed): {', '.join(parts)}: {tail}."
 
 
+def across_runs(runs: list[dict]) -> list[dict]:
+    """Port-vs-stock runs of one setting and the same port code (`records.same_code_runs`), pooled
+    per block: each run's speed-up, and over all their rounds the median round's ratio
+    (`stats.rounds_speedup`) with its interval over runs, then rounds (`stats.runs_interval`) and
+    its verdict against the newest run's target; `disagree`: whether a run's speed-up lies outside
+    another run's interval."""
+    out = []
+    for i, b in enumerate(runs[-1]["blocks"]):
+        per = []
+        for r in runs:
+            port, stock = r["blocks"][i]["trials_s"]["port"], r["blocks"][i]["trials_s"]["stock"]
+            n = min(len(port), len(stock))   # a deadline may cut a round short
+            per.append((port[:n], stock[:n]))
+        target = next(c.get("target") for c in runs[-1]["analysis"] if c["batch"] == b["batch"])
+        interval = runs_interval(per)
+        own = [next(c["interval"] for c in r["analysis"] if c["batch"] == b["batch"]) for r in runs]
+        out.append(dict(batch=b["batch"], runs=len(per), rounds=sum(len(a) for a, _ in per),
+                        disagree=any(not lo <= speedup(a, s) <= hi for lo, hi in own for a, s in per),
+                        per_run=[round(speedup(a, s), 4) for a, s in per], speedup=round(rounds_speedup(per), 4),
+                        interval=[round(x, 4) for x in interval], target=target,
+                        verdict=verdict(interval, target) if target else None))
+    return out
+
+
+def across_runs_sentence(runs: list[dict]) -> str | None:
+    """`across_runs` in words, with the runs' commits; None for a single run."""
+    if len(runs) < 2:
+        return None
+    rows = across_runs(runs)
+    pooled = and_text([f"{interval_text(r['speedup'], r['interval'])} at {rollouts_text(r['batch'])}" for r in rows])
+    each = "; ".join(f"{and_text([f'{x:.2f}x' for x in r['per_run']])} at {rollouts_text(r['batch'])}" for r in rows)
+    met = [r for r in rows if r["verdict"] == MET]
+    verdicts = (f"{len(met)} of {len(rows)} targets met" if met else "no target met") + "".join(
+        f"; missed at {rollouts_text(r['batch'])}" for r in rows if r["verdict"] == MISSED)
+    split = [r["batch"] for r in rows if r["disagree"]]
+    return (f"**Across runs of the same port code** ({len(runs)} runs of this setting on {runs[-1]['device']}, "
+            f"commits {and_text([r['commit'][:7] for r in runs])}; the median of every round's ratio, its interval "
+            f"drawn over runs, then their rounds): {pooled}: {verdicts}. Run by run: {each}." + (
+                f" At {rollouts_list_text(split)} a run's speed-up lies outside another run's interval: one run's interval "
+                "covers the noise between its rounds, not between runs." if split else ""))
+
+
 def provenance(stock: dict, seed: dict) -> str:
     """The measurement's provenance: both files' device, versions and commit (by the table's note
     where they differ), and the method."""
@@ -187,8 +230,12 @@ def headline_markdown(results_dir: Path | None = None) -> str:
 
     (fs, stock), (fd, seed) = latest("stock", results_dir), latest("seed", results_dir)
     files = ", ".join(f"[{f.name}]({f.relative_to(REPO)})" for f in (fs, fd))
-    return "\n\n".join([headline_table(stock, seed), stock_sentence(stock), *seed_sentences(seed),
-                        provenance(stock, seed) + f" Files: {files}."])
+    runs = same_code_runs(stock, "*_headline_stock.json", fs.parent)
+    pooled = across_runs_sentence([r for _, r in runs])
+    if pooled:
+        pooled += " Files: " + ", ".join(f"[{f.name}]({f.relative_to(REPO)})" for f, _ in runs) + "."
+    return "\n\n".join([headline_table(stock, seed), stock_sentence(stock), *([pooled] if pooled else []),
+                        *seed_sentences(seed), provenance(stock, seed) + f" Files: {files}."])
 
 
 MM_CALL_COLUMNS = {"encoder_inputs_search": "item search (ms)",

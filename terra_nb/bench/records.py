@@ -49,6 +49,43 @@ def of_same_run(pattern: str, res: dict, folder: Path | None = None) -> tuple[Pa
     return newest(same) if same else None
 
 
+PORT_SOURCE = ("terra_nb/port",)
+"""The code that runs on the port's side of a port-vs-stock run (stock's is vLLM's): two runs whose
+commits hold the same files here measured the same port, whatever else changed between them."""
+
+
+def same_source(commit_a: str, commit_b: str, paths=PORT_SOURCE, repo: Path | None = None) -> bool | None:
+    """Whether two commits hold the same files under `paths` (`git diff --quiet`); None where git
+    cannot tell (no repository, or a commit it does not know)."""
+    import subprocess
+
+    from terra_nb.workbook.paths import REPO
+
+    try:
+        done = subprocess.run(["git", "-C", str(repo or REPO), "diff", "--quiet", commit_a, commit_b, "--", *paths],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {0: True, 1: False}.get(done.returncode)
+
+
+def _setting(res: dict) -> tuple:
+    """What must agree for two port-vs-stock runs to be pooled: the device, the machine as the run
+    names it (the text before its colon: GPUs, lanes), the context and every block's work."""
+    return (res.get("device"), str(res.get("run", "")).split(":")[0], res.get("n_ctx"),
+            tuple((b["batch"], b["frames"]) for b in res["blocks"]))
+
+
+def same_code_runs(res: dict, pattern: str, folder: Path | None = None) -> list[tuple[Path, dict]]:
+    """The files under `folder` matching `pattern` that ran `res`'s setting (`_setting`) with the
+    same port code as `res`'s commit (`same_source`), oldest first; `res`'s own file among them."""
+    folder = Path(folder) if folder is not None else results_dir()
+    loaded = [(f, json.loads(f.read_text())) for f in sorted(folder.glob(pattern))]
+    same = [(f, r) for f, r in loaded if _setting(r) == _setting(res)
+            and (r.get("commit") == res.get("commit") or same_source(r["commit"], res["commit"]))]
+    return sorted(same, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name))
+
+
 def provenance(res: dict) -> str:
     """'NVIDIA H100 80GB HBM3, vLLM 0.26.0, torch 2.11.0+cu130, commit 807ef4d': where and with what a
     result was measured (the commit whose code ran, never a machine's stale working-tree name)."""

@@ -59,6 +59,35 @@ def bootstrap_interval(first_s: list[float], second_s: list[float], level: float
     return lo, hi
 
 
+def rounds_speedup(runs: list[tuple[list[float], list[float]]]) -> float:
+    """The speed-up of the first side over several runs: the median over every round of every run
+    of the round's ratio (second's seconds / first's), so a run on a faster machine weighs no more
+    than one on a slower machine. `runs`: per run, each side's trials in round order."""
+    ratios = [b / a for first_s, second_s in runs for a, b in zip(first_s, second_s, strict=True)]
+    if not ratios or min(min(a, b) for a, b in ((min(f), min(s)) for f, s in runs)) <= 0:
+        raise ValueError("a speed-up over runs needs positive trials, at least one round")
+    return statistics.median(ratios)
+
+
+def runs_interval(runs: list[tuple[list[float], list[float]]], level: float = LEVEL, resamples: int = RESAMPLES,
+                  seed: int = 0) -> tuple[float, float]:
+    """The `level` interval of `rounds_speedup` by a two-level bootstrap: draw runs with
+    replacement, then each drawn run's rounds with replacement. A run's own interval covers the
+    noise between its rounds; this one also covers the noise between runs (a new process on a new
+    machine), which the resampling of runs carries."""
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(resamples):
+        drawn = []
+        for first_s, second_s in (runs[rng.randrange(len(runs))] for _ in runs):
+            idx = [rng.randrange(len(first_s)) for _ in first_s]
+            drawn.append(([first_s[i] for i in idx], [second_s[i] for i in idx]))
+        draws.append(rounds_speedup(drawn))
+    draws.sort()
+    tail = (1 - level) / 2
+    return draws[int(tail * (resamples - 1))], draws[int(round((1 - tail) * (resamples - 1)))]
+
+
 def interval_text(speedup: float, interval) -> str:
     """'1.02x [0.98, 1.05]': a speed-up and its interval, as tables and sentences show them."""
     return f"{speedup:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]"

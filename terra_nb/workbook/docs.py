@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from terra_nb.bench.stats import and_text, interval_text, rollouts_list_text
+from terra_nb.bench.stats import and_text, interval_text, rollouts_list_text, rollouts_text
 from terra_nb.workbook.paths import REPO, RESULTS
 
 
@@ -100,9 +100,11 @@ def _interval(c: dict) -> str:
     return interval_text(c["speedup"], c["interval"])
 
 
-def _against_stock(cs: list[dict], gap: str | None = None) -> str:
+def _against_stock(cs: list[dict], gap: str | None = None, runs: list[dict] | None = None) -> str:
     """The port against stock, batch by batch, and what the intervals allow saying; then `gap`
-    (`headline.gap_clause`), where a profile of the same run says where a slower step's time went."""
+    (`headline.gap_clause`), where a profile of the same run says where a slower step's time went.
+    With `runs` (more than one run of the same port code), `cs` are their pooled rows
+    (`headline.across_runs`), and the run-by-run figures follow."""
     figures = and_text([_interval(c) for c in cs])
     slower = [c["batch"] for c in cs if c["interval"][1] < 1]
     faster = [c["batch"] for c in cs if c["interval"][0] > 1]
@@ -110,18 +112,25 @@ def _against_stock(cs: list[dict], gap: str | None = None) -> str:
         f" except at {rollouts_list_text(slower)}, where it is measurably slower" if slower else "")
     if faster:
         verdict += f"; measurably faster at {rollouts_list_text(faster)}"
+    over = (f" over {len(runs)} runs of the same port code (the median round, its interval drawn over runs "
+            f"and rounds)" if runs else "")
+    each = ("; run by run " + "; ".join(f"{and_text([f'{x:.2f}x' for x in c['per_run']])} at "
+                                        f"{rollouts_text(c['batch'])}" for c in cs) if runs else "")
     return (f"- **Against stock vLLM** (vLLM's own Llama of the same shape): the port runs at {figures} of "
-            f"stock's speed at {rollouts_list_text([c['batch'] for c in cs])}: {verdict}" + (f"; {gap}." if gap else "."))
+            f"stock's speed at {rollouts_list_text([c['batch'] for c in cs])}{over}: {verdict}{each}"
+            + (f"; {gap}." if gap else "."))
 
 
 def answer_markdown(results_dir: Path | None = None) -> str:
     """The README's answer in plain words, one line each, from the headline's result files."""
-    from terra_nb.bench.headline import gap_clause, gap_rows, latest, s_per_frame
-    from terra_nb.bench.records import of_same_run
+    from terra_nb.bench.headline import across_runs, gap_clause, gap_rows, latest, s_per_frame
+    from terra_nb.bench.records import of_same_run, same_code_runs
     from terra_nb.bench.workload import SEED_FIGURES
 
     (stock_file, stock), (_, seed) = latest("stock", results_dir), latest("seed", results_dir)
     profile = of_same_run("*_mm_path_steps.json", stock, stock_file.parent)
+    same = [r for _, r in same_code_runs(stock, "*_headline_stock.json", stock_file.parent)]
+    rows = across_runs(same)
     pair = {c["name"]: c for c in seed["analysis"]}
     eager, defaults = pair["port_seed_vs_hf"], pair["port_defaults_vs_hf"]
     frame = {side: s_per_frame(seed, eager["block"], side) for side in ("hf", "port_seed", "port_defaults")}
@@ -129,7 +138,11 @@ def answer_markdown(results_dir: Path | None = None) -> str:
     reproduced = {"met": "reproduced", "missed": "not reproduced"}.get(eager["verdict"], "not resolved")
     exceeded = {"met": "above", "missed": "below"}.get(defaults["verdict"], "not resolved against")
     seed_hf, seed_vllm = max(SEED_FIGURES.values()), min(SEED_FIGURES.values())
+    trials = and_text(sorted({str(c["trials"]) for r in same for c in r["analysis"]}, key=int))
+    against_stock = (f"{trials} a side against stock on {stock['device']}, commit{'s' if len(same) > 1 else ''} "
+                     f"{and_text([r['commit'][:7] for r in same]) if len(same) > 1 else stock['commit'][:7]}")
     return "\n".join([
+        _against_stock(rows, runs=same) if len(same) > 1 else
         _against_stock(stock["analysis"], gap_clause(gap_rows(stock, profile[1])) if profile else None),
         f"- **Against HF**: the port with vLLM's defaults (CUDA graphs, prefix caching) runs at {_interval(defaults)} "
         f"HF's speed on one video, {exceeded} the seed's {eager['target']:.1f}x.",
@@ -139,8 +152,7 @@ def answer_markdown(results_dir: Path | None = None) -> str:
         f"HF here {frame['hf']:.2f} s a frame (the seed's {seed_hf:.2f}), the eager port {frame['port_seed']:.2f} "
         f"(the seed's vLLM {seed_vllm:.2f}).",
         f"- Speed-ups of the port (above 1: the port is faster) with 95% intervals, interleaved trials "
-        f"({and_text(sorted({str(c['trials']) for c in stock['analysis']}))} a side against stock on {stock['device']}, "
-        f"commit {stock['commit'][:7]}; {eager['trials']} a side against HF on {seed['device']}, commit {seed['commit'][:7]}; "
+        f"({against_stock}; {eager['trials']} a side against HF on {seed['device']}, commit {seed['commit'][:7]}; "
         f"vLLM {stock['versions']['vllm']}): [the headline](#the-headline).",
     ])
 

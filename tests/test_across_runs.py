@@ -1,0 +1,108 @@
+"""Runs of the same port code pooled: the two-level bootstrap over runs and rounds, the git check
+that two commits ran the same port, and the sentences the README builds from them."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from terra_nb.bench import headline, records, stats
+from terra_nb.workbook.paths import RESULTS
+
+
+def test_the_pooled_speedup_is_the_median_rounds_ratio_and_its_interval_spans_the_runs():
+    fast, slow = ([1.0, 1.0, 1.0], [2.0, 2.0, 2.0]), ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])   # ratios 2, 2, 2 and 1, 1, 1
+    assert stats.rounds_speedup([fast, slow]) == 1.5
+    # every round of a run agrees, so all the spread is between runs: only drawing runs finds it
+    assert stats.runs_interval([fast, slow]) == (1.0, 2.0)
+    assert stats.runs_interval([fast]) == (2.0, 2.0)
+    with pytest.raises(ValueError):
+        stats.rounds_speedup([([1.0, 2.0], [1.0])])   # a round with one side missing
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_same_source_asks_git_whether_two_commits_hold_the_same_port(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "port").mkdir()
+    commits = []
+    for path, text in (("port/a.py", "x = 1\n"), ("bench.py", "y = 2\n"), ("port/a.py", "x = 3\n")):
+        (tmp_path / path).write_text(text)
+        _git(tmp_path, "add", "-A")
+        _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", path)
+        commits.append(_git(tmp_path, "rev-parse", "HEAD"))
+    assert records.same_source(commits[0], commits[1], ("port",), tmp_path) is True    # only bench.py changed
+    assert records.same_source(commits[1], commits[2], ("port",), tmp_path) is False
+    assert records.same_source(commits[0], "f" * 40, ("port",), tmp_path) is None      # a commit git does not know
+
+
+def _run(commit, date, rounds, batch=1, run="1xGPU (alone): headline_stock"):
+    """A port-vs-stock file of one block: `rounds` as (port s, stock s), analysed as the runner does."""
+    port, stock = [a for a, _ in rounds], [b for _, b in rounds]
+    c = stats.compare("port", port, "stock", stock, target=0.95)
+    return dict(commit=commit, date=date, device="GPU", run=run, n_ctx=3,
+                blocks=[dict(batch=batch, frames=2, trials_s=dict(port=port, stock=stock))],
+                analysis=[dict(batch=batch, speedup=c.value, interval=list(c.interval), target=0.95,
+                               verdict=c.verdict, trials=c.trials)])
+
+
+def test_runs_that_disagree_are_pooled_and_said_to_disagree():
+    runs = [_run("a" * 40, "1", [(1.0, 1.2), (1.0, 1.21), (1.0, 1.19)]),
+            _run("b" * 40, "2", [(1.0, 0.8), (1.0, 0.81), (1.0, 0.79)])]
+    (row,) = headline.across_runs(runs)
+    assert row["per_run"] == [1.2, 0.8] and row["speedup"] == pytest.approx(1.0) and row["rounds"] == 6
+    assert row["interval"][0] < 0.81 and row["interval"][1] > 1.19 and row["verdict"] == stats.UNRESOLVED
+    assert row["disagree"]
+    text = headline.across_runs_sentence(runs)
+    assert "(2 runs of this setting on GPU, commits aaaaaaa and bbbbbbb;" in text
+    assert "Run by run: 1.20x and 0.80x at 1 rollout." in text
+    assert "At 1 rollout a run's speed-up lies outside another run's interval" in text
+    agreeing = [runs[0], _run("b" * 40, "2", [(1.0, 1.2), (1.0, 1.19), (1.0, 1.21)])]
+    assert not headline.across_runs(agreeing)[0]["disagree"]
+    assert "outside another run's interval" not in headline.across_runs_sentence(agreeing)
+    assert "1 of 1 targets met" in headline.across_runs_sentence(agreeing)
+    assert headline.across_runs_sentence(runs[:1]) is None
+
+
+def test_same_code_runs_pool_only_one_setting(tmp_path):
+    a = _run("a" * 40, "1", [(1.0, 1.0)])
+    files = {"1_headline_stock.json": a, "2_headline_stock.json": dict(_run("a" * 40, "2", [(1.0, 1.1)])),
+             "3_headline_stock.json": _run("a" * 40, "3", [(1.0, 1.0)], run="4xGPU (beside others): headline_stock"),
+             "4_headline_stock.json": _run("a" * 40, "4", [(1.0, 1.0)], batch=32)}
+    for name, res in files.items():
+        (tmp_path / name).write_text(json.dumps(res))
+    got = records.same_code_runs(a, "*_headline_stock.json", tmp_path)
+    assert [f.name for f, _ in got] == ["1_headline_stock.json", "2_headline_stock.json"]
+
+
+def test_the_committed_runs_of_one_port_pool_from_their_files():
+    """The newest committed headline with every committed run of its setting and port code (git
+    says which): the pooled rows recompute from their files' trials."""
+    f, newest = headline.latest("stock")
+    same = records.same_code_runs(newest, "*_headline_stock.json", f.parent)
+    assert same[-1][0] == f
+    rows = headline.across_runs([r for _, r in same])
+    for row, b in zip(rows, newest["blocks"]):
+        assert row["batch"] == b["batch"] and len(row["per_run"]) == len(same)
+        assert row["per_run"][-1] == pytest.approx(stats.speedup(b["trials_s"]["port"], b["trials_s"]["stock"]), abs=1e-4)
+        assert row["interval"][0] <= row["speedup"] <= row["interval"][1]
+
+
+def test_the_answer_pools_runs_of_the_same_port_and_names_their_commits(tmp_path):
+    from terra_nb.workbook import docs
+
+    seed = dict(commit="c" * 40, date="1", device="GPU", versions={"vllm": "9.9"}, analysis=[
+        dict(name=n, block="seed", speedup=s, interval=[s - 0.1, s + 0.1], verdict="met", batch=1, trials=5,
+             target=2.6) for n, s in (("port_seed_vs_hf", 3.0), ("port_defaults_vs_hf", 8.0))],
+        blocks=[dict(name="seed", frames=4, trials_s=dict(hf=[8.0], port_seed=[4.0], port_defaults=[1.0]))])
+    (tmp_path / "x_headline_seed.json").write_text(json.dumps(seed))
+    for i, rounds in enumerate(([(1.0, 1.2)] * 3, [(1.0, 0.8)] * 3)):
+        (tmp_path / f"{i}_headline_stock.json").write_text(json.dumps(dict(
+            _run("a" * 40, str(i), rounds), versions={"vllm": "9.9"})))
+    lines = docs.answer_markdown(tmp_path).splitlines()
+    assert "the port runs at 1.00x [0.80, 1.20] of stock's speed at 1 rollout over 2 runs of the same port code" in lines[0]
+    assert "run by run 1.20x and 0.80x at 1 rollout." in lines[0]
+    assert "(3 a side against stock on GPU, commits aaaaaaa and aaaaaaa;" in lines[3]
