@@ -106,3 +106,27 @@ def test_the_answer_pools_runs_of_the_same_port_and_names_their_commits(tmp_path
     assert "the port runs at 1.00x [0.80, 1.20] of stock's speed at 1 rollout over 2 runs of the same port code" in lines[0]
     assert "run by run 1.20x and 0.80x at 1 rollout." in lines[0]
     assert "(3 a side against stock on GPU, commits aaaaaaa and aaaaaaa;" in lines[3]
+
+
+def test_the_twins_sentence_says_whether_an_aa_pair_excludes_one():
+    def pair(first, second, value, lo, hi, batch=1):
+        return dict(first=first, second=second, speedup=value, interval=[lo, hi], batch=batch, trials=7)
+
+    res = dict(device="CPU", versions={}, commit="abc1234", analysis=[
+        pair("port", "stock", 0.9, 0.85, 0.95), pair("port", "port_b", 0.95, 0.91, 0.97),
+        pair("stock", "stock_b", 1.01, 0.97, 1.04)])
+    text = headline.twins_sentence(res)
+    assert "the port 0.95x [0.91, 0.97] at 1 rollout and stock vLLM Llama 1.01x [0.97, 1.04] at 1 rollout" in text
+    assert "1 of 2 of these intervals exclude 1" in text and "0.90x" not in text   # the port vs stock is no twin
+    res["analysis"][1]["interval"] = [0.93, 1.02]
+    assert headline.twins_sentence(res).endswith("every interval holds 1.")
+
+
+def test_the_committed_twins_file_holds_each_sides_twin_and_the_port_vs_stock_per_pair():
+    (f,) = sorted((RESULTS / "pairs").glob("cpu_*_twice.json"))
+    res = json.loads(f.read_text())
+    for c in res["analysis"]:   # every pair recomputes from its trials
+        b = next(b for b in res["blocks"] if b["batch"] == c["batch"])
+        assert c["speedup"] == pytest.approx(stats.speedup(b["trials_s"][c["first"]], b["trials_s"][c["second"]]), abs=1e-4)
+    assert {(c["first"], c["second"]) for c in res["analysis"]} == {
+        ("port", "stock"), ("port_b", "stock_b"), ("port", "port_b"), ("stock", "stock_b")}

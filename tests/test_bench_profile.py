@@ -209,5 +209,8 @@ def test_port_code_rows_split_the_ports_extra_front_end():
     assert profiling.port_code_sentence(dict(record, device="GPU"), "port") == (
         "On GPU (prompts of 6 frames, 128 requests a call), a request's front end cost the port 0.60 to 0.60 ms more "
         "than stock's: its own code 0.20 to 0.20 ms, vLLM's part 0.40 to 0.40 ms.")
+    record["sides"]["stock"]["front_end"][0]["front_end_ms_per_request"] = 0.9   # the port's front end the cheaper
+    assert "the port 0.05 ms less to 0.05 ms less than stock's: its own code" in profiling.port_code_sentence(
+        dict(record, device="GPU"), "port")
     record["sides"]["port"]["front_end"][0].pop("port_code_ms_per_request")   # a file from before the clocks
     assert profiling.port_code_rows(record, "port") == [] and profiling.port_code_sentence(record, "port") is None

@@ -212,6 +212,45 @@ def across_runs_sentence(runs: list[dict]) -> str | None:
                 "covers the noise between its rounds, not between runs." if split else ""))
 
 
+def twins_sentence(res: dict) -> str:
+    """A `headline_twice` result (`plans.stock_twice_plan`) in one sentence: each side against its
+    twin (the same code and settings in another process) per batch, and where such an A/A pair's
+    interval excludes 1."""
+    twins = [c for c in res["analysis"] if c["second"] == c["first"] + "_b"]
+    parts = [f"{WHO.get(c['first'], c['first'])} {interval_text(c['speedup'], c['interval'])} at {rollouts_text(c['batch'])}"
+             for c in twins]
+    apart = [c for c in twins if not c["interval"][0] <= 1 <= c["interval"][1]]
+    verdict = (f"{len(apart)} of {len(twins)} of these intervals exclude 1: the process a side runs in (or its place in "
+               f"the start order) moves its speed by more than a pair's interval allows" if apart else "every interval holds 1")
+    return (f"**Each side against its twin** (the same code and settings in a second process; "
+            f"{provenance_line(res)}, {min(c['trials'] for c in twins)} trials a side): {and_text(parts)}; {verdict}.")
+
+
+def runs_markdown(results_dir: Path | None = None) -> str:
+    """docs/benchmarks.md's table of the newest headline's runs of the same port code and setting
+    (`records.same_code_runs`): per run its file, commit and speed-up with interval at each batch,
+    then the pooled row (`across_runs`) and its sentence."""
+    import json
+
+    from terra_nb.bench.records import newest
+    from terra_nb.workbook.results import markdown_table
+
+    f, stock = latest("stock", results_dir)
+    runs = same_code_runs(stock, "*_headline_stock.json", f.parent)
+    rows = [{"run": f"`{g.name}`", "commit": r["commit"][:7],
+             **{rollouts_text(c["batch"]): f"{interval_text(c['speedup'], c['interval'])} ({c['trials']})"
+                for c in r["analysis"]}} for g, r in runs]
+    pooled = across_runs([r for _, r in runs])
+    rows.append({"run": "**pooled**", "commit": "",
+                 **{rollouts_text(c["batch"]): f"**{interval_text(c['speedup'], c['interval'])}** ({c['rounds']})"
+                    for c in pooled}})
+    twice = sorted(f.parent.glob("*_twice.json"))
+    twins = [twins_sentence(newest([(g, json.loads(g.read_text())) for g in twice])[1])] if twice else []
+    return "\n\n".join(["The port over stock, run by run (trials a side in brackets; pooled: rounds):",
+                         markdown_table(rows), *([across_runs_sentence([r for _, r in runs])] if len(runs) > 1 else []),
+                         *twins])
+
+
 def provenance(stock: dict, seed: dict) -> str:
     """The measurement's provenance: both files' device, versions and commit (by the table's note
     where they differ), and the method."""
@@ -230,12 +269,13 @@ def headline_markdown(results_dir: Path | None = None) -> str:
 
     (fs, stock), (fd, seed) = latest("stock", results_dir), latest("seed", results_dir)
     files = ", ".join(f"[{f.name}]({f.relative_to(REPO)})" for f in (fs, fd))
-    runs = same_code_runs(stock, "*_headline_stock.json", fs.parent)
-    pooled = across_runs_sentence([r for _, r in runs])
-    if pooled:
-        pooled += " Files: " + ", ".join(f"[{f.name}]({f.relative_to(REPO)})" for f, _ in runs) + "."
-    return "\n\n".join([headline_table(stock, seed), stock_sentence(stock), *([pooled] if pooled else []),
-                        *seed_sentences(seed), provenance(stock, seed) + f" Files: {files}."])
+    runs = [r for _, r in same_code_runs(stock, "*_headline_stock.json", fs.parent)]
+    pooled = "" if len(runs) < 2 else (
+        f" This run is the newest of {len(runs)} of the same port code and setting; pooled, the port runs at "
+        f"{and_text([interval_text(r['speedup'], r['interval']) for r in across_runs(runs)])} "
+        f"(every run: [docs/benchmarks.md](docs/benchmarks.md#the-port-against-stock-request-by-request)).")
+    return "\n\n".join([headline_table(stock, seed), stock_sentence(stock) + pooled, *seed_sentences(seed),
+                        provenance(stock, seed) + f" Files: {files}."])
 
 
 MM_CALL_COLUMNS = {"encoder_inputs_search": "item search (ms)",

@@ -609,7 +609,12 @@ def port_code_sentence(record: dict, port: str, stock: str = "stock") -> str | N
     def span(key: str) -> str:
         return f"{min(r[key] for r in rows):.2f} to {max(r[key] for r in rows):.2f} ms"
 
+    def signed(key: str) -> str:   # the port's extra front end, which may be below stock's
+        lo, hi = min(r[key] for r in rows), max(r[key] for r in rows)
+        word = lambda x: f"{abs(x):.2f} ms {'less' if x < 0 else 'more'}"  # noqa: E731
+        return f"{word(lo)} to {word(hi)} than stock's" if lo < 0 else f"{span(key)} more than stock's"
+
     frames, batches = sorted({r["frames"] for r in rows}), sorted({r["requests a call"] for r in rows})
     return (f"On {record['device']} (prompts of {', '.join(map(str, frames))} frames, {', '.join(map(str, batches))} "
-            f"requests a call), a request's front end cost the port {span(EXTRA)} more than stock's: its own code "
+            f"requests a call), a request's front end cost the port {signed(EXTRA)}: its own code "
             f"{span(OWN)}, vLLM's part {span(VLLMS)}.")

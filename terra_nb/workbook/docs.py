@@ -43,6 +43,7 @@ class Section:
 SECTIONS = (
     Section("README.md", "answer", "terra_nb.workbook.docs:answer_markdown"),
     Section("README.md", "headline", "terra_nb.bench.headline:headline_markdown"),
+    Section("docs/benchmarks.md", "runs", "terra_nb.bench.headline:runs_markdown"),
     Section("docs/benchmarks.md", "gap", "terra_nb.bench.headline:gap_markdown"),
     Section("docs/benchmarks.md", "hf-probe", "terra_nb.workbook.docs:hf_probe_markdown"),
     Section("docs/benchmarks.md", "gpu-report", "tools/gpu_report.py:docs_section"),
