@@ -64,13 +64,13 @@ def stock_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, 
 
 
 def stock_twice_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, share: float) -> Plan:
-    """`stock_plan` with each side in two processes (`port`, `port_b`, `stock`, `stock_b`), every
-    one compiling its own graphs as a lone side does: the port against stock once per pair of
-    processes, and each side against its twin (an A/A pair: the same code, so any resolved gap is
-    the process, not the code). Runs of the headline on the same code disagree by more than one
-    run's interval; the twins say whether the process one lands in is part of that noise."""
+    """`stock_plan` with each side in two processes, every one compiling its own graphs as a lone
+    side does: the port against stock once per pair of processes, and each side against its twin
+    (an A/A pair: the same code, so any resolved gap is the process, not the code). Sides start
+    in the order `port`, `stock`, `stock_b`, `port_b`: the first pair starts the port first, the
+    second starts stock first, so an engine's place in the start order weighs on both sides."""
     kw = dict(shared, gpu_memory_utilization=share)
-    names = ("port", "stock", "port_b", "stock_b")
+    names = ("port", "stock", "stock_b", "port_b")
     sides = tuple(SideSpec(n, n.removesuffix("_b"), dict(kw)) for n in names)
     blocks = tuple(Block(f"b{b}", names, b, f, trials) for b, f in batches.items())
     pairs = tuple(p for b in batches for p in (
