@@ -212,18 +212,41 @@ def across_runs_sentence(runs: list[dict]) -> str | None:
                 "covers the noise between its rounds, not between runs." if split else ""))
 
 
-def twins_sentence(res: dict) -> str:
-    """A `headline_twice` result (`plans.stock_twice_plan`) in one sentence: each side against its
-    twin (the same code and settings in another process) per batch, and where such an A/A pair's
-    interval excludes 1."""
-    twins = [c for c in res["analysis"] if c["second"] == c["first"] + "_b"]
-    parts = [f"{WHO.get(c['first'], c['first'])} {interval_text(c['speedup'], c['interval'])} at {rollouts_text(c['batch'])}"
-             for c in twins]
-    apart = [c for c in twins if not c["interval"][0] <= 1 <= c["interval"][1]]
-    verdict = (f"{len(apart)} of {len(twins)} of these intervals exclude 1: the process a side runs in (or its place in "
-               f"the start order) moves its speed by more than a pair's interval allows" if apart else "every interval holds 1")
-    return (f"**Each side against its twin** (the same code and settings in a second process; "
-            f"{provenance_line(res)}, {min(c['trials'] for c in twins)} trials a side): {and_text(parts)}; {verdict}.")
+def _twins(res: dict) -> list[tuple[dict, int, int]]:
+    """A `headline_twice` result's A/A pairs (`plans.stock_twice_plan`): each side against its twin,
+    with the place each started in (1 = first)."""
+    order = [side["name"] for side in res["plan"]["sides"]]
+    return [(c, order.index(c["first"]) + 1, order.index(c["second"]) + 1)
+            for c in res["analysis"] if c["second"] == c["first"] + "_b"]
+
+
+def _apart(c: dict) -> bool:
+    return not c["interval"][0] <= 1 <= c["interval"][1]
+
+
+def twins_rows(runs: list[tuple[Path, dict]]) -> list[dict]:
+    """One row per A/A pair of each `headline_twice` result: the file, the batch, the twins with
+    the place each started in, the speed-up of the first over its twin and its interval."""
+    return [{"run": f"`{f.name}`", "rollouts": c["batch"],
+             "twins (started)": f"{c['first']} ({a}) over {c['second']} ({b})",
+             "speed-up [95% interval]": interval_text(c["speedup"], c["interval"]), "excludes 1": "yes" if _apart(c) else ""}
+            for f, res in runs for c, a, b in _twins(res)]
+
+
+def twins_sentence(runs: list[tuple[Path, dict]]) -> str:
+    """The A/A pairs of `headline_twice` results in one sentence: how many intervals exclude 1, and
+    in how many of those the engine started earlier was the slower."""
+    twins = [(c, a, b) for _, res in runs for c, a, b in _twins(res)]
+    apart = [(c, a, b) for c, a, b in twins if _apart(c)]
+    earlier_slower = sum((a < b) == (c["speedup"] < 1) for c, a, b in apart)
+    device = and_text(sorted({res["device"] for _, res in runs}))
+    text = (f"**Each side against its twin** (the same code and settings in another process, {len(runs)} "
+            f"run{'s' if len(runs) > 1 else ''} on {device}): {len(apart)} of {len(twins)} intervals exclude 1")
+    if not apart:
+        return text + "."
+    return text + (f"; in {earlier_slower} of those {len(apart)} the engine started earlier was the slower. The "
+                   f"process a side runs in, or its place in the start order, moves its speed by more than a pair's "
+                   f"interval allows.")
 
 
 def runs_markdown(results_dir: Path | None = None) -> str:
@@ -232,7 +255,6 @@ def runs_markdown(results_dir: Path | None = None) -> str:
     then the pooled row (`across_runs`) and its sentence."""
     import json
 
-    from terra_nb.bench.records import newest
     from terra_nb.workbook.results import markdown_table
 
     f, stock = latest("stock", results_dir)
@@ -244,8 +266,8 @@ def runs_markdown(results_dir: Path | None = None) -> str:
     rows.append({"run": "**pooled**", "commit": "",
                  **{rollouts_text(c["batch"]): f"**{interval_text(c['speedup'], c['interval'])}** ({c['rounds']})"
                     for c in pooled}})
-    twice = sorted(f.parent.glob("*_twice.json"))
-    twins = [twins_sentence(newest([(g, json.loads(g.read_text())) for g in twice])[1])] if twice else []
+    twice = [(g, json.loads(g.read_text())) for g in sorted(f.parent.glob("*_twice.json"))]
+    twins = [twins_sentence(twice), markdown_table(twins_rows(twice))] if twice else []
     return "\n\n".join(["The port over stock, run by run (trials a side in brackets; pooled: rounds):",
                          markdown_table(rows), *([across_runs_sentence([r for _, r in runs])] if len(runs) > 1 else []),
                          *twins])

