@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -108,25 +109,52 @@ def test_the_answer_pools_runs_of_the_same_port_and_names_their_commits(tmp_path
     assert "(3 a side against stock on GPU, commits aaaaaaa and aaaaaaa;" in lines[3]
 
 
-def test_the_twins_sentence_says_whether_an_aa_pair_excludes_one():
-    def pair(first, second, value, lo, hi, batch=1):
-        return dict(first=first, second=second, speedup=value, interval=[lo, hi], batch=batch, trials=7)
-
-    res = dict(device="CPU", versions={}, commit="abc1234", analysis=[
-        pair("port", "stock", 0.9, 0.85, 0.95), pair("port", "port_b", 0.95, 0.91, 0.97),
-        pair("stock", "stock_b", 1.01, 0.97, 1.04)])
-    text = headline.twins_sentence(res)
-    assert "the port 0.95x [0.91, 0.97] at 1 rollout and stock vLLM Llama 1.01x [0.97, 1.04] at 1 rollout" in text
-    assert "1 of 2 of these intervals exclude 1" in text and "0.90x" not in text   # the port vs stock is no twin
-    res["analysis"][1]["interval"] = [0.93, 1.02]
-    assert headline.twins_sentence(res).endswith("every interval holds 1.")
+def _twice(order, pairs):
+    """A `headline_twice` result: sides started in `order`, `pairs` as (first, second, speed-up, lo, hi)."""
+    return dict(device="CPU", plan=dict(sides=[dict(name=n) for n in order]), analysis=[
+        dict(first=a, second=b, speedup=v, interval=[lo, hi], batch=1, trials=7) for a, b, v, lo, hi in pairs])
 
 
-def test_the_committed_twins_file_holds_each_sides_twin_and_the_port_vs_stock_per_pair():
-    (f,) = sorted((RESULTS / "pairs").glob("cpu_*_twice.json"))
-    res = json.loads(f.read_text())
+def test_the_twins_say_which_aa_pairs_exclude_one_and_who_started_first():
+    port_first = _twice(("port", "stock", "stock_b", "port_b"), [
+        ("port", "stock", 0.85, 0.8, 0.9), ("port_b", "stock_b", 0.95, 0.9, 1.0),
+        ("port", "port_b", 0.9, 0.85, 0.95), ("stock", "stock_b", 1.0, 0.97, 1.04)])
+    stock_first = _twice(("stock", "port", "port_b", "stock_b"), [
+        ("port", "stock", 0.97, 0.9, 1.05), ("port_b", "stock_b", 0.93, 0.9, 0.96),
+        ("port", "port_b", 1.0, 0.95, 1.05), ("stock", "stock_b", 0.9, 0.85, 0.95)])
+    runs = [(Path("a_twice.json"), port_first), (Path("b_twice.json"), stock_first)]
+    rows = headline.twins_rows(runs)
+    assert [(r["twins (started)"], r["excludes 1"]) for r in rows] == [
+        ("port (1) over port_b (4)", "yes"), ("stock (2) over stock_b (3)", ""),
+        ("port (2) over port_b (3)", ""), ("stock (1) over stock_b (4)", "yes")]
+    text = headline.twins_sentence(runs)
+    assert "2 runs on CPU): 2 of 4 intervals exclude 1; in 2 of those 2 the engine started earlier" in text
+    assert "2 of them hold the engine started first" in text
+    # port first: 0.85 (port 1 vs stock 2) and 0.93 (port_b 3 vs stock_b 4); stock first: 0.95 and 0.97
+    assert "0.89x where the port's engine started first (2 pairs) and 0.96x where stock's engine started first (2 pairs)" in text
+    calm = _twice(("port", "stock", "stock_b", "port_b"), [("port", "port_b", 1.0, 0.95, 1.05)])
+    assert headline.twins_sentence([(Path("c_twice.json"), calm)]).endswith("0 of 1 intervals exclude 1.")
+
+
+@pytest.mark.parametrize("path", sorted((RESULTS / "pairs").glob("*_twice.json")), ids=lambda p: p.name)
+def test_a_committed_twins_file_holds_each_sides_twin_and_the_port_vs_stock_per_pair(path):
+    res = json.loads(path.read_text())
     for c in res["analysis"]:   # every pair recomputes from its trials
         b = next(b for b in res["blocks"] if b["batch"] == c["batch"])
         assert c["speedup"] == pytest.approx(stats.speedup(b["trials_s"][c["first"]], b["trials_s"][c["second"]]), abs=1e-4)
     assert {(c["first"], c["second"]) for c in res["analysis"]} == {
         ("port", "stock"), ("port_b", "stock_b"), ("port", "port_b"), ("stock", "stock_b")}
+    assert sorted(s["name"] for s in res["plan"]["sides"]) == ["port", "port_b", "stock", "stock_b"]
+
+
+def test_the_twice_plan_starts_one_pair_port_first_and_the_other_stock_first():
+    from terra_nb.bench import plans
+
+    plan = plans.named_plan("headline_twice")
+    order = [s.name for s in plan.sides]
+    firsts = {p.name: order.index(p.first) < order.index(p.second) for p in plan.pairs if p.name.startswith("port_")
+              and "stock" in p.second and p.block == "b1"}
+    assert firsts == {"port_vs_stock_b1": True, "port_b_vs_stock_b_b1": False}
+    assert all(s.engine_kwargs == plan.sides[0].engine_kwargs for s in plan.sides)   # twins differ in nothing
+    with pytest.raises(ValueError, match="order must name each of"):
+        plans.stock_twice_plan("tiny", plans.CPU_SHARED, {1: 2}, 2, 0.2, order=("port", "stock", "port", "stock"))

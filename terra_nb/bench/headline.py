@@ -244,9 +244,27 @@ def twins_sentence(runs: list[tuple[Path, dict]]) -> str:
             f"run{'s' if len(runs) > 1 else ''} on {device}): {len(apart)} of {len(twins)} intervals exclude 1")
     if not apart:
         return text + "."
-    return text + (f"; in {earlier_slower} of those {len(apart)} the engine started earlier was the slower. The "
-                   f"process a side runs in, or its place in the start order, moves its speed by more than a pair's "
-                   f"interval allows.")
+    first = sum(1 in (a, b) for _, a, b in apart)
+    return text + (f"; in {earlier_slower} of those {len(apart)} the engine started earlier was the slower, and "
+                   f"{first} of them hold the engine started first. The process a side runs in, or its place in the "
+                   f"start order, moves its speed by more than a pair's interval allows.{_start_order_clause(runs)}")
+
+
+def _start_order_clause(runs: list[tuple[Path, dict]]) -> str:
+    """The port-over-stock pairs of `headline_twice` results split by which of the two engines
+    started first: the median speed-up of each group (a clause; empty unless both groups exist)."""
+    groups: dict[str, list[float]] = {"the port's": [], "stock's": []}
+    for _, res in runs:
+        order = [side["name"] for side in res["plan"]["sides"]]
+        for c in res["analysis"]:
+            if c["first"].startswith("port") and c["second"].startswith("stock"):
+                port_first = order.index(c["first"]) < order.index(c["second"])
+                groups["the port's" if port_first else "stock's"].append(c["speedup"])
+    if not all(groups.values()):
+        return ""
+    return (" The port over stock: " + " and ".join(
+        f"{statistics.median(v):.2f}x where {who} engine started first ({len(v)} pairs)" for who, v in groups.items())
+        + " (medians).")
 
 
 def runs_markdown(results_dir: Path | None = None) -> str:

@@ -156,7 +156,8 @@ def named_plan(name: str) -> Plan:
     if name == "twice_cpu_stock_first":   # the same with stock's engines started first
         return stock_twice_plan("tiny", CPU_SHARED, {1: 8, 32: 4}, trials=7, share=0.2,
                                 order=("stock", "port", "port_b", "stock_b"))
-    if name == "twice_gpu_tiny":   # the twins on a GPU in minutes: the tiny model, compiled, host-bound
+    if name == "twice_gpu_tiny":   # the twins on a GPU, tiny model, compiled, host-bound; its four engines
+        # take about 4 minutes to start on an H200, inside `--deadline-s`
         return stock_twice_plan("tiny", GPU_SHARED, {1: 8, 32: 4}, trials=5, share=0.2)
     if name == "smoke_twice":
         return stock_twice_plan("tiny", CPU_SHARED, {1: 2}, trials=2, share=0.2)
