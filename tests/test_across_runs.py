@@ -158,3 +158,8 @@ def test_the_twice_plan_starts_one_pair_port_first_and_the_other_stock_first():
     assert all(s.engine_kwargs == plan.sides[0].engine_kwargs for s in plan.sides)   # twins differ in nothing
     with pytest.raises(ValueError, match="order must name each of"):
         plans.stock_twice_plan("tiny", plans.CPU_SHARED, {1: 2}, 2, 0.2, order=("port", "stock", "port", "stock"))
+
+
+def test_a_pooled_speedup_refuses_a_trial_of_no_time():
+    with pytest.raises(ValueError, match="positive trials"):
+        stats.rounds_speedup([([1.0, 0.0], [1.0, 1.0])])

@@ -186,9 +186,10 @@ def across_runs(runs: list[dict]) -> list[dict]:
         target = next(c.get("target") for c in runs[-1]["analysis"] if c["batch"] == b["batch"])
         interval = runs_interval(per)
         own = [next(c["interval"] for c in r["analysis"] if c["batch"] == b["batch"]) for r in runs]
+        each = [speedup(a, s) for a, s in per]
         out.append(dict(batch=b["batch"], runs=len(per), rounds=sum(len(a) for a, _ in per),
-                        disagree=any(not lo <= speedup(a, s) <= hi for lo, hi in own for a, s in per),
-                        per_run=[round(speedup(a, s), 4) for a, s in per], speedup=round(rounds_speedup(per), 4),
+                        disagree=any(not lo <= x <= hi for lo, hi in own for x in each),
+                        per_run=[round(x, 4) for x in each], speedup=round(rounds_speedup(per), 4),
                         interval=[round(x, 4) for x in interval], target=target,
                         verdict=verdict(interval, target) if target else None))
     return out

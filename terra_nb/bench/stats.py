@@ -64,7 +64,7 @@ def rounds_speedup(runs: list[tuple[list[float], list[float]]]) -> float:
     of the round's ratio (second's seconds / first's), so a run on a faster machine weighs no more
     than one on a slower machine. `runs`: per run, each side's trials in round order."""
     ratios = [b / a for first_s, second_s in runs for a, b in zip(first_s, second_s, strict=True)]
-    if not ratios or min(min(a, b) for a, b in ((min(f), min(s)) for f, s in runs)) <= 0:
+    if not ratios or any(x <= 0 for first_s, second_s in runs for x in (*first_s, *second_s)):
         raise ValueError("a speed-up over runs needs positive trials, at least one round")
     return statistics.median(ratios)
 
