@@ -63,10 +63,10 @@ def rounds_speedup(runs: list[tuple[list[float], list[float]]]) -> float:
     """The speed-up of the first side over several runs: the median over every round of every run
     of the round's ratio (second's seconds / first's), so a run on a faster machine weighs no more
     than one on a slower machine. `runs`: per run, each side's trials in round order."""
-    ratios = [b / a for first_s, second_s in runs for a, b in zip(first_s, second_s, strict=True)]
-    if not ratios or any(x <= 0 for first_s, second_s in runs for x in (*first_s, *second_s)):
+    rounds = [(a, b) for first_s, second_s in runs for a, b in zip(first_s, second_s, strict=True)]
+    if not rounds or min(min(r) for r in rounds) <= 0:
         raise ValueError("a speed-up over runs needs positive trials, at least one round")
-    return statistics.median(ratios)
+    return statistics.median(b / a for a, b in rounds)
 
 
 def runs_interval(runs: list[tuple[list[float], list[float]]], level: float = LEVEL, resamples: int = RESAMPLES,
