@@ -163,3 +163,14 @@ def test_the_twice_plan_starts_one_pair_port_first_and_the_other_stock_first():
 def test_a_pooled_speedup_refuses_a_trial_of_no_time():
     with pytest.raises(ValueError, match="positive trials"):
         stats.rounds_speedup([([1.0, 0.0], [1.0, 1.0])])
+
+
+@pytest.mark.parametrize("path", sorted((RESULTS / "pairs").glob("*_twice.json")), ids=lambda p: p.name)
+def test_a_twice_result_pools_as_two_runs_one_per_pair_of_processes(path):
+    res = json.loads(path.read_text())
+    by = {(c["first"], c["second"], c["batch"]): c for c in res["analysis"]}
+    for row in headline.across_runs(headline.pair_runs(res)):
+        assert row["per_run"] == [by[("port", "stock", row["batch"])]["speedup"],
+                                  by[("port_b", "stock_b", row["batch"])]["speedup"]]
+        assert row["rounds"] == 2 * by[("port", "stock", row["batch"])]["trials"]
+        assert row["interval"][0] <= row["speedup"] <= row["interval"][1]

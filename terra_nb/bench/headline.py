@@ -195,6 +195,19 @@ def across_runs(runs: list[dict]) -> list[dict]:
     return out
 
 
+def pair_runs(res: dict) -> list[dict]:
+    """A `plans.stock_twice_plan` result as two port-vs-stock runs, one per pair of processes
+    (`port` with `stock`, `port_b` with `stock_b`), shaped as `across_runs` reads a run: pooled,
+    the two pairs weigh the start orders alike."""
+    out = []
+    for port, stock in (("port", "stock"), ("port_b", "stock_b")):
+        blocks = [dict(batch=b["batch"], frames=b["frames"],
+                       trials_s=dict(port=b["trials_s"][port], stock=b["trials_s"][stock])) for b in res["blocks"]]
+        analysis = [dict(c, first="port", second="stock") for c in res["analysis"] if (c["first"], c["second"]) == (port, stock)]
+        out.append(dict(res, blocks=blocks, analysis=analysis))
+    return out
+
+
 def across_runs_sentence(runs: list[dict]) -> str | None:
     """`across_runs` in words, with the runs' commits; None for a single run."""
     if len(runs) < 2:
