@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from terra_nb.bench.plans import MM_PATH_PAIRS, SEED_SPEEDUP
-from terra_nb.bench.records import block, latest as latest_file, provenance as provenance_line, same_code_runs
+from terra_nb.bench.records import block, latest as latest_file, loaded, provenance as provenance_line, same_code_runs
 from terra_nb.bench.stats import (MET, MISSED, and_text, interval_text, rollouts_list_text, rollouts_text,
                                   rounds_speedup, runs_interval, speedup, verdict)
 from terra_nb.bench.step_profile import TRIAL_FIGURES
@@ -226,12 +226,16 @@ def across_runs_sentence(runs: list[dict]) -> str | None:
                 "covers the noise between its rounds, not between runs." if split else ""))
 
 
+def _started(res: dict) -> dict[str, int]:
+    """The place each side of a result started in (1 = first): its plan's order of sides."""
+    return {side["name"]: place for place, side in enumerate(res["plan"]["sides"], start=1)}
+
+
 def _twins(res: dict) -> list[tuple[dict, int, int]]:
     """A `headline_twice` result's A/A pairs (`plans.stock_twice_plan`): each side against its twin,
-    with the place each started in (1 = first)."""
-    order = [side["name"] for side in res["plan"]["sides"]]
-    return [(c, order.index(c["first"]) + 1, order.index(c["second"]) + 1)
-            for c in res["analysis"] if c["second"] == c["first"] + "_b"]
+    with the place each started in (`_started`)."""
+    place = _started(res)
+    return [(c, place[c["first"]], place[c["second"]]) for c in res["analysis"] if c["second"] == c["first"] + "_b"]
 
 
 def _apart(c: dict) -> bool:
@@ -269,10 +273,10 @@ def _start_order_clause(runs: list[tuple[Path, dict]]) -> str:
     started first: the median speed-up of each group (a clause; empty unless both groups exist)."""
     groups: dict[str, list[float]] = {"the port's": [], "stock's": []}
     for _, res in runs:
-        order = [side["name"] for side in res["plan"]["sides"]]
+        place = _started(res)
         for c in res["analysis"]:
             if c["first"].startswith("port") and c["second"].startswith("stock"):
-                port_first = order.index(c["first"]) < order.index(c["second"])
+                port_first = place[c["first"]] < place[c["second"]]
                 groups["the port's" if port_first else "stock's"].append(c["speedup"])
     if not all(groups.values()):
         return ""
@@ -285,8 +289,6 @@ def runs_markdown(results_dir: Path | None = None) -> str:
     """docs/benchmarks.md's table of the newest headline's runs of the same port code and setting
     (`records.same_code_runs`): per run its file, commit and speed-up with interval at each batch,
     then the pooled row (`across_runs`) and its sentence."""
-    import json
-
     from terra_nb.workbook.results import markdown_table
 
     f, stock = latest("stock", results_dir)
@@ -298,7 +300,7 @@ def runs_markdown(results_dir: Path | None = None) -> str:
     rows.append({"run": "**pooled**", "commit": "",
                  **{rollouts_text(c["batch"]): f"**{interval_text(c['speedup'], c['interval'])}** ({c['rounds']})"
                     for c in pooled}})
-    twice = [(g, json.loads(g.read_text())) for g in sorted(f.parent.glob("*_twice.json"))]
+    twice = loaded("*_twice.json", f.parent)
     twins = [twins_sentence(twice), markdown_table(twins_rows(twice))] if twice else []
     return "\n\n".join(["The port over stock, run by run (trials a side in brackets; pooled: rounds):",
                          markdown_table(rows), *([across_runs_sentence([r for _, r in runs])] if len(runs) > 1 else []),
@@ -577,15 +579,13 @@ def gap_markdown(results_dir: Path | None = None) -> str:
     profile of the same run accompanies, its gap per frame split by `gap_rows` (a Markdown table and
     `gap_sentences`), and the newest front-end record that clocked the port's own code
     (`profiling.port_code_sentence`)."""
-    import json
-
     from terra_nb.bench.profiling import port_code_sentence
     from terra_nb.bench.records import newest, of_same_run
     from terra_nb.workbook.paths import RESULTS
     from terra_nb.workbook.results import markdown_table
 
     pairs_dir, out = Path(results_dir or RESULTS) / "pairs", []
-    runs = [(f, json.loads(f.read_text())) for f in sorted(pairs_dir.glob("*_headline_stock.json"))]
+    runs = loaded("*_headline_stock.json", pairs_dir)
     runs = [(f, r, of_same_run("*_mm_path_steps.json", r, pairs_dir)) for f, r in runs]
     runs = [run for run in runs if run[2]]
     if runs:
@@ -593,7 +593,7 @@ def gap_markdown(results_dir: Path | None = None) -> str:
         out += [f"`{f.name}` and, right after it on the same machine, `{pf.name}` ({provenance_line(stock)}); "
                 "milliseconds a frame, port minus stock (medians of each part, so the parts need not add up):",
                 markdown_table(clocked_columns(gap_rows(stock, profile))), "\n".join(gap_sentences(stock, profile))]
-    fronts = [(f, json.loads(f.read_text())) for f in sorted((Path(results_dir or RESULTS) / "frontend").glob("*_front_end.json"))]
+    fronts = loaded("*_front_end.json", Path(results_dir or RESULTS) / "frontend")
     said = [(f, r, port_code_sentence(r, "port")) for f, r in fronts if {"port", "stock"} <= r["sides"].keys()]
     said = [(f, r, s) for f, r, s in said if s]
     if said:

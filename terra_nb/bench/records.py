@@ -27,25 +27,34 @@ def results_dir() -> Path:
 def latest(pattern: str, folder: Path | None = None, hint: str = "") -> tuple[Path, dict]:
     """The newest file under `folder` (default `results/`) whose name matches `pattern`, by its
     recorded date, then its name; and its contents."""
-    folder = Path(folder) if folder is not None else results_dir()
-    files = sorted(folder.glob(pattern))
+    files = loaded(pattern, folder)
     if not files:
-        raise FileNotFoundError(f"no {pattern} in {folder}" + (f": {hint}" if hint else ""))
-    return newest((f, json.loads(f.read_text())) for f in files)
+        raise FileNotFoundError(f"no {pattern} in {folder or results_dir()}" + (f": {hint}" if hint else ""))
+    return newest(files)
 
 
-def newest(loaded):
+def _date_then_name(fr) -> tuple[str, str]:
+    """How result files are ordered in time: by recorded date, then by name."""
+    return str(fr[1].get("date", "")), fr[0].name
+
+
+def newest(files):
     """Of `(path, contents, ...)` tuples of result files, the one with the newest recorded date,
     then the last name."""
-    return max(loaded, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name))
+    return max(files, key=_date_then_name)
+
+
+def loaded(pattern: str, folder: Path | None) -> list[tuple[Path, dict]]:
+    """Every file under `folder` (default `results/`) matching `pattern`, with its contents, by name."""
+    folder = Path(folder) if folder is not None else results_dir()
+    return [(f, json.loads(f.read_text())) for f in sorted(folder.glob(pattern))]
 
 
 def of_same_run(pattern: str, res: dict, folder: Path | None = None) -> tuple[Path, dict] | None:
     """The newest file under `folder` (default `results/`) matching `pattern` that ran `res`'s commit
     on its device (another plan of the same GPU run), and its contents; None where there is none."""
-    folder = Path(folder) if folder is not None else results_dir()
-    loaded = [(f, json.loads(f.read_text())) for f in sorted(folder.glob(pattern))]
-    same = [(f, r) for f, r in loaded if (r.get("commit"), r.get("device")) == (res.get("commit"), res.get("device"))]
+    same = [(f, r) for f, r in loaded(pattern, folder)
+            if (r.get("commit"), r.get("device")) == (res.get("commit"), res.get("device"))]
     return newest(same) if same else None
 
 
@@ -79,11 +88,9 @@ def _setting(res: dict) -> tuple:
 def same_code_runs(res: dict, pattern: str, folder: Path | None = None) -> list[tuple[Path, dict]]:
     """The files under `folder` matching `pattern` that ran `res`'s setting (`_setting`) with the
     same port code as `res`'s commit (`same_source`), oldest first; `res`'s own file among them."""
-    folder = Path(folder) if folder is not None else results_dir()
-    loaded = [(f, json.loads(f.read_text())) for f in sorted(folder.glob(pattern))]
-    same = [(f, r) for f, r in loaded if _setting(r) == _setting(res)
+    same = [(f, r) for f, r in loaded(pattern, folder) if _setting(r) == _setting(res)
             and (r.get("commit") == res.get("commit") or same_source(r["commit"], res["commit"]))]
-    return sorted(same, key=lambda fr: (str(fr[1].get("date", "")), fr[0].name))
+    return sorted(same, key=_date_then_name)
 
 
 def provenance(res: dict) -> str:

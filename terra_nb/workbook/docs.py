@@ -131,7 +131,6 @@ def answer_markdown(results_dir: Path | None = None) -> str:
     (stock_file, stock), (_, seed) = latest("stock", results_dir), latest("seed", results_dir)
     profile = of_same_run("*_mm_path_steps.json", stock, stock_file.parent)
     same = [r for _, r in same_code_runs(stock, "*_headline_stock.json", stock_file.parent)]
-    rows = across_runs(same)
     pair = {c["name"]: c for c in seed["analysis"]}
     eager, defaults = pair["port_seed_vs_hf"], pair["port_defaults_vs_hf"]
     frame = {side: s_per_frame(seed, eager["block"], side) for side in ("hf", "port_seed", "port_defaults")}
@@ -143,7 +142,7 @@ def answer_markdown(results_dir: Path | None = None) -> str:
     against_stock = (f"{trials} a side against stock on {stock['device']}, commit{'s' if len(same) > 1 else ''} "
                      f"{and_text([r['commit'][:7] for r in same]) if len(same) > 1 else stock['commit'][:7]}")
     return "\n".join([
-        _against_stock(rows, runs=same) if len(same) > 1 else
+        _against_stock(across_runs(same), runs=same) if len(same) > 1 else
         _against_stock(stock["analysis"], gap_clause(gap_rows(stock, profile[1])) if profile else None),
         f"- **Against HF**: the port with vLLM's defaults (CUDA graphs, prefix caching) runs at {_interval(defaults)} "
         f"HF's speed on one video, {exceeded} the seed's {eager['target']:.1f}x.",
