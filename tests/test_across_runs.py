@@ -111,7 +111,7 @@ def test_the_answer_pools_runs_of_the_same_port_and_names_their_commits(tmp_path
 
 def _twice(order, pairs):
     """A `headline_twice` result: sides started in `order`, `pairs` as (first, second, speed-up, lo, hi)."""
-    return dict(device="CPU", plan=dict(sides=[dict(name=n) for n in order]), analysis=[
+    return dict(device="CPU", preset="tiny", plan=dict(sides=[dict(name=n) for n in order]), analysis=[
         dict(first=a, second=b, speedup=v, interval=[lo, hi], batch=1, trials=7) for a, b, v, lo, hi in pairs])
 
 
@@ -128,12 +128,23 @@ def test_the_twins_say_which_aa_pairs_exclude_one_and_who_started_first():
         ("port (1) over port_b (4)", "yes"), ("stock (2) over stock_b (3)", ""),
         ("port (2) over port_b (3)", ""), ("stock (1) over stock_b (4)", "yes")]
     text = headline.twins_sentence(runs)
-    assert "2 runs on CPU): 2 of 4 intervals exclude 1; in 2 of those 2 the engine started earlier" in text
+    assert "2 runs on CPU, the tiny model): 2 of 4 intervals exclude 1; in 2 of those 2 the engine started earlier" in text
     assert "2 of them hold the engine started first" in text
     # port first: 0.85 (port 1 vs stock 2) and 0.93 (port_b 3 vs stock_b 4); stock first: 0.95 and 0.97
     assert "0.89x where the port's engine started first (2 pairs) and 0.96x where stock's engine started first (2 pairs)" in text
     calm = _twice(("port", "stock", "stock_b", "port_b"), [("port", "port_b", 1.0, 0.95, 1.05)])
     assert headline.twins_sentence([(Path("c_twice.json"), calm)]).endswith("0 of 1 intervals exclude 1.")
+
+
+def test_the_twins_get_one_sentence_a_device(tmp_path):
+    cpu = _twice(("port", "stock", "stock_b", "port_b"), [("port", "port_b", 0.9, 0.85, 0.95)])
+    gpu = dict(_twice(("port", "stock", "stock_b", "port_b"), [("stock", "stock_b", 1.0, 0.9, 1.1)]), device="GPU")
+    for name, res in (("a_twice.json", cpu), ("b_twice.json", gpu)):
+        (tmp_path / name).write_text(json.dumps(res))
+    sentences = [line for line in headline.twins_markdown(tmp_path).split("\n\n") if "against its twin" in line]
+    assert [s.split("process, ")[1].split(")")[0] for s in sentences] == ["1 run on CPU, the tiny model",
+                                                                        "1 run on GPU, the tiny model"]
+    assert "1 of 1 intervals exclude 1" in sentences[0] and "0 of 1 intervals exclude 1" in sentences[1]
 
 
 @pytest.mark.parametrize("path", sorted((RESULTS / "pairs").glob("*_twice.json")), ids=lambda p: p.name)

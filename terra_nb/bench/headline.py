@@ -258,8 +258,10 @@ def twins_sentence(runs: list[tuple[Path, dict]]) -> str:
     apart = [(c, a, b) for c, a, b in twins if _apart(c)]
     earlier_slower = sum((a < b) == (c["speedup"] < 1) for c, a, b in apart)
     device = and_text(sorted({res["device"] for _, res in runs}))
+    model = and_text(sorted({res["preset"] for _, res in runs}))
     text = (f"**Each side against its twin** (the same code and settings in another process, {len(runs)} "
-            f"run{'s' if len(runs) > 1 else ''} on {device}): {len(apart)} of {len(twins)} intervals exclude 1")
+            f"run{'s' if len(runs) > 1 else ''} on {device}, the {model} model): {len(apart)} of {len(twins)} "
+            f"intervals exclude 1")
     if not apart:
         return text + "."
     first = sum(1 in (a, b) for _, a, b in apart)
@@ -300,11 +302,20 @@ def runs_markdown(results_dir: Path | None = None) -> str:
     rows.append({"run": "**pooled**", "commit": "",
                  **{rollouts_text(c["batch"]): f"**{interval_text(c['speedup'], c['interval'])}** ({c['rounds']})"
                     for c in pooled}})
-    twice = loaded("*_twice.json", f.parent)
-    twins = [twins_sentence(twice), markdown_table(twins_rows(twice))] if twice else []
     return "\n\n".join(["The port over stock, run by run (trials a side in brackets; pooled: rounds):",
                          markdown_table(rows), *([across_runs_sentence([r for _, r in runs])] if len(runs) > 1 else []),
-                         *twins])
+                         twins_markdown(f.parent)]).strip()
+
+
+def twins_markdown(pairs_dir: Path) -> str:
+    """Every `*_twice.json` result in `pairs_dir`: one `twins_sentence` a device (a device's twins
+    never pool with another's), then the table of every A/A pair (`twins_rows`); empty if none."""
+    from terra_nb.workbook.results import markdown_table
+
+    twice = loaded("*_twice.json", pairs_dir)
+    devices = sorted({res["device"] for _, res in twice})
+    return "\n\n".join([twins_sentence([(g, r) for g, r in twice if r["device"] == d]) for d in devices]
+                         + ([markdown_table(twins_rows(twice))] if twice else []))
 
 
 def provenance(stock: dict, seed: dict) -> str:
