@@ -535,3 +535,45 @@ def test_the_docs_gap_section_reads_the_newest_headline_with_a_profile_of_its_ru
     text = headline.gap_markdown(tmp_path)
     assert "`x_headline_stock.json` and, right after it on the same machine, `x_mm_path_steps.json`" in text
     assert "| 128 | 2 | 12 | 2 | 10 | 2 | 6 |" in text and "within the 2 ms of vLLM's multimodal calls" in text
+
+
+# ------------------------------------------------------------------ the headline and its split, one run
+
+def _split_result(trials: dict[str, list[float]], intervals: dict[tuple[str, str], tuple[float, float, float]]) -> dict:
+    """A `headline_mm_path` result of one block (2 frames, 1 rollout): `trials` seconds per side,
+    `intervals` (first, second) -> (speed-up, lo, hi)."""
+    analysis = [dict(batch=1, first=a, second=c, trials=3, speedup=v, interval=[lo, hi],
+                     verdict="not resolved" if (a, c) == ("port", "stock") else None)
+                for (a, c), (v, lo, hi) in intervals.items()]
+    steps = {s: [dict(decode_step_ms=x) for x in (1.0, 2.0, 3.0)] for s in trials}
+    prof = {"port": {"mm_path_ms": {"model_inputs": 0.25}}}
+    return dict(blocks=[dict(name="b1", batch=1, frames=2, trials=3, trials_s=trials, trial_steps=steps,
+                             step_profiles=prof)], analysis=analysis)
+
+
+def test_the_split_adds_up_and_names_only_resolved_parts():
+    # median frames: port 1.5 s, port_tokens 1.3, port_text 1.2, stock 1.0 (a 2-frame trial each)
+    res = _split_result({"port": [3.0, 2.0, 4.0], "port_tokens": [2.6, 2.6, 2.0], "port_text": [2.4, 3.0, 1.0],
+                         "stock": [2.0, 2.0, 2.0]},
+                        {("port", "port_tokens"): (0.87, 0.8, 0.95), ("port_tokens", "port_text"): (0.92, 0.85, 1.01),
+                         ("port_text", "stock"): (0.83, 0.7, 1.05), ("port", "stock"): (0.67, 0.6, 0.9)})
+    row, = headline.split_rows(res)
+    assert row["port over stock"] == "0.67x [0.60, 0.90], not resolved" and row["port - stock (ms a frame)"] == "+500"
+    assert row["the action items"] == "0.87x [0.80, 0.95], +200 ms"
+    assert row["vLLM's multimodal path"] == "0.92x [0.85, 1.01], +100 ms"
+    assert row["the port's model"] == "0.83x [0.70, 1.05], +200 ms"
+    sentence, = headline.split_sentences(res)
+    # only the items' interval lies below 1; the largest part is the first of the two +200 ms parts
+    assert sentence == ("- **1 rollout:** the action items measurably slower; the largest part, the action items, "
+                        "+200 ms of the port's +500 ms a frame over stock.")
+    step, = headline.split_step_rows(res)
+    assert step["port (ms)"] == "2.000" and step["vLLM's eager model input, port (ms, profiled)"] == "0.250"
+
+
+@pytest.mark.parametrize("path", sorted((RESULTS / "pairs").glob("*_headline_mm_path.json")), ids=lambda p: p.name)
+def test_the_committed_split_adds_up_to_the_port_over_stock(path):
+    res = json.loads(path.read_text())
+    for row, b in zip(headline.split_rows(res), res["blocks"]):
+        parts = sum(float(row[label].split(", ")[-1].removesuffix(" ms")) for *_, label in headline.SPLIT_PARTS)
+        assert abs(parts - float(row["port - stock (ms a frame)"])) <= 2   # each part rounded to 1 ms
+        assert row["trials a side"] == b["trials"] == 5

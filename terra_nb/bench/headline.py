@@ -611,3 +611,84 @@ def gap_markdown(results_dir: Path | None = None) -> str:
         f, record, sentence = newest(said)
         out.append(f"{sentence} (`{f.name}`: {provenance_line(record)})")
     return "\n\n".join(out) or "No headline with a profile of its run, and no front-end record of the port's own code, yet."
+
+
+# ------------------------------------------------------------------ the headline and its split, one run
+
+SPLIT_PARTS = tuple((a, c, label.split(" (")[0]) for a, c, _, label in MM_PATH_PAIRS if (a, c) != ("port", "stock"))
+"""The three parts of the port's time over stock (`plans.MM_PATH_PAIRS` less the whole): (first,
+second, what the pair measures), from stock up to the port."""
+
+
+def split_rows(res: dict) -> list[dict]:
+    """A `headline_mm_path` result per batch: the port over stock with its verdict, then each part of
+    `SPLIT_PARTS` with its speed-up and its milliseconds a frame (differences of the two sides'
+    median frames over their trials, so the parts add up to the port's milliseconds over stock)."""
+    by = {(c["batch"], c["first"], c["second"]): c for c in res["analysis"]}
+    rows = []
+    for b in res["blocks"]:
+        frame = {s: 1000 * statistics.median(t) / b["frames"] for s, t in b["trials_s"].items()}
+        whole = by[(b["batch"], "port", "stock")]
+        row = {"rollouts": b["batch"], "trials a side": whole["trials"],
+               "port over stock": f"{interval_text(whole['speedup'], whole['interval'])}, {whole['verdict']}",
+               "port - stock (ms a frame)": f"{frame['port'] - frame['stock']:+.0f}"}
+        for a, c, label in SPLIT_PARTS:
+            part = by[(b["batch"], a, c)]
+            row[label] = f"{interval_text(part['speedup'], part['interval'])}, {frame[a] - frame[c]:+.0f} ms"
+        rows.append(row)
+    return rows
+
+
+def split_step_rows(res: dict) -> list[dict]:
+    """Per batch of a `headline_mm_path` result: each side's median decode step over its trials
+    (`trial_steps`), and what the runner's eager model input took of a step in the port's profiled
+    rollout (vLLM's multimodal path: a text-only engine does not make that call)."""
+    rows = []
+    for b in res["blocks"]:
+        steps = b.get("trial_steps") or {}
+        row = {"rollouts": b["batch"]}
+        for side in b["trials_s"]:
+            row[f"{side} (ms)"] = f"{statistics.median(t['decode_step_ms'] for t in steps[side]):.3f}" if steps.get(side) else "not clocked"
+        mm = ((b.get("step_profiles") or {}).get("port") or {}).get("mm_path_ms") or {}
+        row["vLLM's eager model input, port (ms, profiled)"] = f"{mm['model_inputs']:.3f}" if "model_inputs" in mm else "not clocked"
+        rows.append(row)
+    return rows
+
+
+def split_sentences(res: dict) -> list[str]:
+    """What one `headline_mm_path` run says, per batch: the parts whose interval lies wholly below
+    or above 1 (the rest are within the trials' noise), and the largest part in milliseconds."""
+    by = {(c["batch"], c["first"], c["second"]): c for c in res["analysis"]}
+    out = []
+    for b in res["blocks"]:
+        frame = {s: 1000 * statistics.median(t) / b["frames"] for s, t in b["trials_s"].items()}
+        ms = {label: frame[a] - frame[c] for a, c, label in SPLIT_PARTS}
+        slower = [label for a, c, label in SPLIT_PARTS if by[(b["batch"], a, c)]["interval"][1] < 1]
+        faster = [label for a, c, label in SPLIT_PARTS if by[(b["batch"], a, c)]["interval"][0] > 1]
+        resolved = (f"{and_text(slower)} measurably slower" if slower else "no part measurably slower")
+        if faster:
+            resolved += f", {and_text(faster)} measurably faster"
+        largest = max(ms, key=lambda k: ms[k])
+        out.append(f"- **{rollouts_text(b['batch'])}:** {resolved}; the largest part, {largest}, "
+                   f"{ms[largest]:+.0f} ms of the port's {frame['port'] - frame['stock']:+.0f} ms a frame over stock.")
+    return out
+
+
+def split_markdown(results_dir: Path | None = None) -> str:
+    """docs/benchmarks.md's section on the newest `headline_mm_path` result: the port against stock
+    and where its time goes, from one run (`split_rows`, `split_step_rows`, `split_sentences`)."""
+    from terra_nb.workbook.paths import RESULTS
+    from terra_nb.workbook.results import markdown_table
+
+    f, res = latest_file("*_headline_mm_path.json", results_dir or RESULTS / "pairs",
+                         "run `python -m terra_nb.bench pairs --plan headline_mm_path` on a GPU first")
+    b = res["blocks"][0]
+    return "\n\n".join([
+        f"`{f.name}` ({provenance_line(res)}; {res['preset'].capitalize()}'s shape, {res['n_ctx']} context frames, "
+        f"then {and_text([str(x['frames']) for x in res['blocks']])} frames at "
+        f"{rollouts_list_text([x['batch'] for x in res['blocks']])}; sides started in the order "
+        f"{', '.join(s['name'] for s in res['plan']['sides'])}). Speed-ups [95% intervals], and each part's "
+        f"milliseconds a frame:",
+        markdown_table(split_rows(res)), "\n".join(split_sentences(res)),
+        f"Decode steps, the median over each side's trials ({b['trials']} a side):",
+        markdown_table(split_step_rows(res))])

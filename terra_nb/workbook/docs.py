@@ -45,6 +45,7 @@ SECTIONS = (
     Section("README.md", "headline", "terra_nb.bench.headline:headline_markdown"),
     Section("docs/benchmarks.md", "runs", "terra_nb.bench.headline:runs_markdown"),
     Section("docs/benchmarks.md", "gap", "terra_nb.bench.headline:gap_markdown"),
+    Section("docs/benchmarks.md", "split", "terra_nb.bench.headline:split_markdown"),
     Section("docs/benchmarks.md", "hf-probe", "terra_nb.workbook.docs:hf_probe_markdown"),
     Section("docs/benchmarks.md", "gpu-report", "tools/gpu_report.py:docs_section"),
     Section("docs/benchmarks.md", "cpu-times", "tools/cpu_times.py:docs_section"),
