@@ -566,6 +566,9 @@ def test_the_split_adds_up_and_names_only_resolved_parts():
     # only the items' interval lies below 1; the largest part is the first of the two +200 ms parts
     assert sentence == ("- **1 rollout:** the action items measurably slower; the largest part, the action items, "
                         "+200 ms of the port's +500 ms a frame over stock.")
+    clause = headline.split_clause(dict(res, device="GPU", commit="abcdef0123"))
+    assert clause.startswith("one run that also splits the port's time (GPU, commit abcdef0, shorter videos) gave "
+                             "0.67x [0.60, 0.90]; measurably slower in it: the action items at 1 rollout (")
     step, = headline.split_step_rows(res)
     assert step["port (ms)"] == "2.000" and step["vLLM's eager model input, port (ms, profiled)"] == "0.250"
 

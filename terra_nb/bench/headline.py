@@ -674,6 +674,20 @@ def split_sentences(res: dict) -> list[str]:
     return out
 
 
+def split_clause(res: dict) -> str:
+    """One `headline_mm_path` run in a clause for the README's answer: the port over stock at each
+    batch, and the parts measurably slower there (`split_sentences`' rule)."""
+    by = {(c["batch"], c["first"], c["second"]): c for c in res["analysis"]}
+    batches = [b["batch"] for b in res["blocks"]]
+    slower = [f"{label} at {rollouts_text(n)}" for n in batches for a, c, label in SPLIT_PARTS
+              if by[(n, a, c)]["interval"][1] < 1]
+    whole = and_text([interval_text(by[(n, "port", "stock")]["speedup"], by[(n, "port", "stock")]["interval"])
+                      for n in batches])
+    return (f"one run that also splits the port's time ({res['device']}, commit {res['commit'][:7]}, shorter videos) "
+            f"gave {whole}; {'measurably slower in it: ' + and_text(slower) if slower else 'no part of it measurably slower'} "
+            f"([the split](docs/benchmarks.md#the-port-against-stock-request-by-request))")
+
+
 def split_markdown(results_dir: Path | None = None) -> str:
     """docs/benchmarks.md's section on the newest `headline_mm_path` result: the port against stock
     and where its time goes, from one run (`split_rows`, `split_step_rows`, `split_sentences`)."""

@@ -125,13 +125,15 @@ def _against_stock(cs: list[dict], gap: str | None = None, runs: list[dict] | No
 
 def answer_markdown(results_dir: Path | None = None) -> str:
     """The README's answer in plain words, one line each, from the headline's result files."""
-    from terra_nb.bench.headline import across_runs, gap_clause, gap_rows, latest, s_per_frame
-    from terra_nb.bench.records import of_same_run, same_code_runs
+    from terra_nb.bench.headline import across_runs, gap_clause, gap_rows, latest, s_per_frame, split_clause
+    from terra_nb.bench.records import loaded, newest, of_same_run, same_code_runs
     from terra_nb.bench.workload import SEED_FIGURES
 
     (stock_file, stock), (_, seed) = latest("stock", results_dir), latest("seed", results_dir)
     profile = of_same_run("*_mm_path_steps.json", stock, stock_file.parent)
     same = [r for _, r in same_code_runs(stock, "*_headline_stock.json", stock_file.parent)]
+    splits = loaded("*_headline_mm_path.json", stock_file.parent)
+    split = newest(splits)[1] if splits else None
     pair = {c["name"]: c for c in seed["analysis"]}
     eager, defaults = pair["port_seed_vs_hf"], pair["port_defaults_vs_hf"]
     frame = {side: s_per_frame(seed, eager["block"], side) for side in ("hf", "port_seed", "port_defaults")}
@@ -143,7 +145,7 @@ def answer_markdown(results_dir: Path | None = None) -> str:
     against_stock = (f"{trials} a side against stock on {stock['device']}, commit{'s' if len(same) > 1 else ''} "
                      f"{and_text([r['commit'][:7] for r in same]) if len(same) > 1 else stock['commit'][:7]}")
     return "\n".join([
-        _against_stock(across_runs(same), runs=same) if len(same) > 1 else
+        _against_stock(across_runs(same), split_clause(split) if split else None, runs=same) if len(same) > 1 else
         _against_stock(stock["analysis"], gap_clause(gap_rows(stock, profile[1])) if profile else None),
         f"- **Against HF**: the port with vLLM's defaults (CUDA graphs, prefix caching) runs at {_interval(defaults)} "
         f"HF's speed on one video, {exceeded} the seed's {eager['target']:.1f}x.",
