@@ -546,7 +546,7 @@ def _split_result(trials: dict[str, list[float]], intervals: dict[tuple[str, str
                      verdict="not resolved" if (a, c) == ("port", "stock") else None)
                 for (a, c), (v, lo, hi) in intervals.items()]
     steps = {s: [dict(decode_step_ms=x) for x in (1.0, 2.0, 3.0)] for s in trials}
-    prof = {"port": {"mm_path_ms": {"model_inputs": 0.25}}}
+    prof = {"port": {"mm_path_ms": {"model_inputs": 0.25, "embeddings_gather": 0.1}, "engine_steps": 10}}
     return dict(blocks=[dict(name="b1", batch=1, frames=2, trials=3, trials_s=trials, trial_steps=steps,
                              step_profiles=prof)], analysis=analysis)
 
@@ -568,14 +568,29 @@ def test_the_split_adds_up_and_names_only_resolved_parts():
                         "+200 ms of the port's +500 ms a frame over stock.")
     clause = headline.split_clause(dict(res, device="GPU", commit="abcdef0123"))
     assert clause.startswith("one run that also splits the port's time (GPU, commit abcdef0, shorter videos) gave "
-                             "0.67x [0.60, 0.90]; measurably slower in it: the action items at 1 rollout (")
+                             "0.67x [0.60, 0.90]; there vLLM's multimodal calls, which stock's engine never makes, "
+                             "took 2 ms a frame of the port's engine steps, against its +493 ms a frame over stock (")
+    # stock's median frame 1000 ms; the port at 0.67x [0.60, 0.90]: 1000 * (1/s - 1) ms more a frame
+    gap, = headline.gap_and_mm_calls(res)
+    assert gap["gap_ms"] == pytest.approx(1000 * (1 / 0.67 - 1))
+    assert gap["gap_range_ms"] == pytest.approx((1000 / 0.9 - 1000, 1000 / 0.6 - 1000))
+    assert gap["mm_calls_frame_ms"] == pytest.approx(2.5)   # the gather runs inside the model input: not added
+    assert headline.gap_and_mm_calls_sentences(res) == [
+        "- **1 rollout:** the port's frame took +493 ms against stock's (+111 to +667 by the interval); vLLM's "
+        "multimodal calls in the port's engine steps took 2 ms a frame (less than the gap)."]
     step, = headline.split_step_rows(res)
     assert step["port (ms)"] == "2.000" and step["vLLM's eager model input, port (ms, profiled)"] == "0.250"
 
 
 @pytest.mark.parametrize("path", sorted((RESULTS / "pairs").glob("*_headline_mm_path.json")), ids=lambda p: p.name)
 def test_the_committed_split_adds_up_to_the_port_over_stock(path):
+    from terra_nb.bench import plots
+
     res = json.loads(path.read_text())
+    fig = plots.gap_mm_calls_plot(res)
+    bars = [p.get_height() for p in fig.axes[0].patches]
+    rows = headline.gap_and_mm_calls(res)
+    assert bars == pytest.approx([r["gap_ms"] for r in rows] + [r["mm_calls_frame_ms"] for r in rows])
     for row, b in zip(headline.split_rows(res), res["blocks"]):
         parts = sum(float(row[label].split(", ")[-1].removesuffix(" ms")) for *_, label in headline.SPLIT_PARTS)
         assert abs(parts - float(row["port - stock (ms a frame)"])) <= 2   # each part rounded to 1 ms

@@ -122,3 +122,25 @@ def mm_path_plot(res: dict, title: str | None = None, save=None) -> Figure:
             ax.tick_params(labelsize=8)
     fig.suptitle(title or f"where the port's time over stock goes: {res.get('device', '')}", fontsize=9)
     return save_figure(fig, save)
+
+
+def gap_mm_calls_plot(res: dict, title: str | None = None, save=None) -> Figure:
+    """A `headline_mm_path` result (`headline.gap_and_mm_calls`): per batch, the port's milliseconds
+    a frame over stock (its interval's range as an error bar) beside what vLLM's multimodal calls
+    took a frame in the port's profiled rollout."""
+    from terra_nb.bench.headline import gap_and_mm_calls
+    from terra_nb.workbook.viz import save_figure
+
+    rows = gap_and_mm_calls(res)
+    xs = range(len(rows))
+    fig, (ax,) = _row_of_panels(1, 3.2)
+    gaps = [r["gap_ms"] for r in rows]
+    err = [[g - r["gap_range_ms"][0] for g, r in zip(gaps, rows)], [r["gap_range_ms"][1] - g for g, r in zip(gaps, rows)]]
+    ax.bar([x - 0.2 for x in xs], gaps, 0.4, yerr=err, capsize=3, color="tab:blue", label="port - stock (interval)")
+    ax.bar([x + 0.2 for x in xs], [r["mm_calls_frame_ms"] or 0 for r in rows], 0.4, color="tab:red",
+           label="vLLM's multimodal calls (port, profiled)")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xticks(list(xs), [rollouts_text(r["batch"]) for r in rows])
+    _label(ax, title or f"the port's time over stock and vLLM's multimodal calls: {res.get('device', '')}",
+           "", "ms a frame")
+    return save_figure(fig, save)
