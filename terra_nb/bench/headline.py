@@ -620,14 +620,24 @@ SPLIT_PARTS = tuple((a, c, label.split(" (")[0]) for a, c, _, label in MM_PATH_P
 second, what the pair measures), from stock up to the port."""
 
 
+def _pairs_by(res: dict) -> dict[tuple[int, str, str], dict]:
+    """A result's pairs by (batch, first side, second side)."""
+    return {(c["batch"], c["first"], c["second"]): c for c in res["analysis"]}
+
+
+def _frame_ms(block: dict) -> dict[str, float]:
+    """Each side's median frame over its trials in a block, in milliseconds."""
+    return {s: 1000 * statistics.median(t) / block["frames"] for s, t in block["trials_s"].items()}
+
+
 def split_rows(res: dict) -> list[dict]:
     """A `headline_mm_path` result per batch: the port over stock with its verdict, then each part of
     `SPLIT_PARTS` with its speed-up and its milliseconds a frame (differences of the two sides'
     median frames over their trials, so the parts add up to the port's milliseconds over stock)."""
-    by = {(c["batch"], c["first"], c["second"]): c for c in res["analysis"]}
+    by = _pairs_by(res)
     rows = []
     for b in res["blocks"]:
-        frame = {s: 1000 * statistics.median(t) / b["frames"] for s, t in b["trials_s"].items()}
+        frame = _frame_ms(b)
         whole = by[(b["batch"], "port", "stock")]
         row = {"rollouts": b["batch"], "trials a side": whole["trials"],
                "port over stock": f"{interval_text(whole['speedup'], whole['interval'])}, {whole['verdict']}",
@@ -660,10 +670,10 @@ def gap_and_mm_calls(res: dict) -> list[dict]:
     speed-up and interval (`gap_ms`, `gap_range_ms`: stock's median frame times 1/speed-up - 1), beside
     what vLLM's multimodal calls (`mm_calls_ms`) took a frame in the port's profiled rollout
     (`mm_calls_frame_ms`: calls stock's engine does not make, and every multimodal model's does)."""
-    by = {(c["batch"], c["first"], c["second"]): c for c in res["analysis"]}
+    by = _pairs_by(res)
     out = []
     for b in res["blocks"]:
-        stock = 1000 * statistics.median(b["trials_s"]["stock"]) / b["frames"]
+        stock = _frame_ms(b)["stock"]
         c = by[(b["batch"], "port", "stock")]
         gap = lambda s: stock * (1 / s - 1)   # noqa: E731  (speed-up = stock's time / the port's)
         prof = (b.get("step_profiles") or {}).get("port") or {}
@@ -691,10 +701,10 @@ def gap_and_mm_calls_sentences(res: dict) -> list[str]:
 def split_sentences(res: dict) -> list[str]:
     """What one `headline_mm_path` run says, per batch: the parts whose interval lies wholly below
     or above 1 (the rest are within the trials' noise), and the largest part in milliseconds."""
-    by = {(c["batch"], c["first"], c["second"]): c for c in res["analysis"]}
+    by = _pairs_by(res)
     out = []
     for b in res["blocks"]:
-        frame = {s: 1000 * statistics.median(t) / b["frames"] for s, t in b["trials_s"].items()}
+        frame = _frame_ms(b)
         ms = {label: frame[a] - frame[c] for a, c, label in SPLIT_PARTS}
         slower = [label for a, c, label in SPLIT_PARTS if by[(b["batch"], a, c)]["interval"][1] < 1]
         faster = [label for a, c, label in SPLIT_PARTS if by[(b["batch"], a, c)]["interval"][0] > 1]
@@ -711,7 +721,7 @@ def split_clause(res: dict) -> str:
     """One `headline_mm_path` run in a clause for the README's answer: the port over stock at each
     batch, and its milliseconds a frame over stock beside those of vLLM's multimodal calls in its
     engine steps (`gap_and_mm_calls`)."""
-    by = {(c["batch"], c["first"], c["second"]): c for c in res["analysis"]}
+    by = _pairs_by(res)
     rows = gap_and_mm_calls(res)
     whole = and_text([interval_text(by[(r["batch"], "port", "stock")]["speedup"], by[(r["batch"], "port", "stock")]["interval"])
                       for r in rows])
