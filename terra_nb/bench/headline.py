@@ -630,6 +630,13 @@ def _frame_ms(block: dict) -> dict[str, float]:
     return {s: 1000 * statistics.median(t) / block["frames"] for s, t in block["trials_s"].items()}
 
 
+def _parts_ms(block: dict) -> tuple[float, dict[str, float]]:
+    """A block's port-minus-stock milliseconds a frame and each part's of `SPLIT_PARTS` (differences of
+    the sides' median frames, `_frame_ms`: the parts add up to the whole)."""
+    frame = _frame_ms(block)
+    return frame["port"] - frame["stock"], {label: frame[a] - frame[c] for a, c, label in SPLIT_PARTS}
+
+
 def split_rows(res: dict) -> list[dict]:
     """A `headline_mm_path` result per batch: the port over stock with its verdict, then each part of
     `SPLIT_PARTS` with its speed-up and its milliseconds a frame (differences of the two sides'
@@ -637,14 +644,14 @@ def split_rows(res: dict) -> list[dict]:
     by = _pairs_by(res)
     rows = []
     for b in res["blocks"]:
-        frame = _frame_ms(b)
+        gap, ms = _parts_ms(b)
         whole = by[(b["batch"], "port", "stock")]
         row = {"rollouts": b["batch"], "trials a side": whole["trials"],
                "port over stock": f"{interval_text(whole['speedup'], whole['interval'])}, {whole['verdict']}",
-               "port - stock (ms a frame)": f"{frame['port'] - frame['stock']:+.0f}"}
+               "port - stock (ms a frame)": f"{gap:+.0f}"}
         for a, c, label in SPLIT_PARTS:
             part = by[(b["batch"], a, c)]
-            row[label] = f"{interval_text(part['speedup'], part['interval'])}, {frame[a] - frame[c]:+.0f} ms"
+            row[label] = f"{interval_text(part['speedup'], part['interval'])}, {ms[label]:+.0f} ms"
         rows.append(row)
     return rows
 
@@ -658,9 +665,9 @@ def split_step_rows(res: dict) -> list[dict]:
         steps = b.get("trial_steps") or {}
         row = {"rollouts": b["batch"]}
         for side in b["trials_s"]:
-            row[f"{side} (ms)"] = f"{statistics.median(t['decode_step_ms'] for t in steps[side]):.3f}" if steps.get(side) else "not clocked"
+            row[f"{side} (ms)"] = f"{statistics.median(t['decode_step_ms'] for t in steps[side]):.3f}" if steps.get(side) else NOT_CLOCKED
         mm = ((b.get("step_profiles") or {}).get("port") or {}).get("mm_path_ms") or {}
-        row["vLLM's eager model input, port (ms, profiled)"] = f"{mm['model_inputs']:.3f}" if "model_inputs" in mm else "not clocked"
+        row["vLLM's eager model input, port (ms, profiled)"] = f"{mm['model_inputs']:.3f}" if "model_inputs" in mm else NOT_CLOCKED
         rows.append(row)
     return rows
 
@@ -704,8 +711,7 @@ def split_sentences(res: dict) -> list[str]:
     by = _pairs_by(res)
     out = []
     for b in res["blocks"]:
-        frame = _frame_ms(b)
-        ms = {label: frame[a] - frame[c] for a, c, label in SPLIT_PARTS}
+        gap, ms = _parts_ms(b)
         slower = [label for a, c, label in SPLIT_PARTS if by[(b["batch"], a, c)]["interval"][1] < 1]
         faster = [label for a, c, label in SPLIT_PARTS if by[(b["batch"], a, c)]["interval"][0] > 1]
         resolved = (f"{and_text(slower)} measurably slower" if slower else "no part measurably slower")
@@ -713,7 +719,7 @@ def split_sentences(res: dict) -> list[str]:
             resolved += f", {and_text(faster)} measurably faster"
         largest = max(ms, key=lambda k: ms[k])
         out.append(f"- **{rollouts_text(b['batch'])}:** {resolved}; the largest part, {largest}, "
-                   f"{ms[largest]:+.0f} ms of the port's {frame['port'] - frame['stock']:+.0f} ms a frame over stock.")
+                   f"{ms[largest]:+.0f} ms of the port's {gap:+.0f} ms a frame over stock.")
     return out
 
 
@@ -723,8 +729,8 @@ def split_clause(res: dict) -> str:
     engine steps (`gap_and_mm_calls`)."""
     by = _pairs_by(res)
     rows = gap_and_mm_calls(res)
-    whole = and_text([interval_text(by[(r["batch"], "port", "stock")]["speedup"], by[(r["batch"], "port", "stock")]["interval"])
-                      for r in rows])
+    wholes = [by[(r["batch"], "port", "stock")] for r in rows]
+    whole = and_text([interval_text(c["speedup"], c["interval"]) for c in wholes])
     calls = ("" if any(r["mm_calls_frame_ms"] is None for r in rows) else
              f"; there vLLM's multimodal calls, which stock's engine never makes, took "
              f"{and_text([format(r['mm_calls_frame_ms'], '.0f') for r in rows])} ms a frame of the port's engine steps, "
