@@ -193,7 +193,7 @@ def test_port_against_stock_and_its_multimodal_path_on_real_engines(tiny_ckpt, t
     tests/test_frame_copy.py, through `settings.engine_counters`). A side sees the environment as
     it is when the run starts."""
     monkeypatch.setenv("VLLM_TERRA_NB_TEST_MARK", "set by the test")
-    shared = dict(plans.CPU_SHARED, **plans.STATS)
+    shared = dict(plans.CPU_SHARED, disable_log_stats=False)   # vLLM's counters kept
     plan = plans.mm_path_plan("tiny", shared, {1: 2}, trials=2)
     res = pairs.run_plan(plan, tiny_ckpt, tmp_path / "mm_path.json", run="test", progress=False)
     assert json.loads((tmp_path / "mm_path.json").read_text())["analysis"] == pairs.analyse(res) == res["analysis"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from terra_nb.bench import pairs, plans, quality
+from terra_nb.bench import lever_plans, pairs, plans, quality
 from terra_nb.bench.settings import setting_differences
 from terra_nb.port.vllm_model import coverage_report, made_by_quantization
 
@@ -27,7 +27,7 @@ def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
     spelled = {"kv_cache_dtype": "kv_cache_dtype", "quantization": "quantization",
                "speculative_k": "speculative", "async_scheduling": "async_scheduling",
                "compilation_config": None}  # recorded as its mode and graph mode, which FP8 leaves alone
-    plan = plans.named_plan(name)
+    plan = lever_plans.FASTER_PLANS[name]()
     sides = {s.name: s for s in plan.sides}
     for p in plan.pairs:
         a, b = sides[p.first], sides[p.second]
@@ -38,7 +38,7 @@ def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
         if runs_async(a.engine_kwargs) != runs_async(b.engine_kwargs):
             expected.add("async_scheduling")
         if a.kind != b.kind:
-            expected |= set(plans.SESSION_VS_LOOP) if "session" in (a.kind, b.kind) else {"*"}
+            expected |= set(lever_plans.SESSION_VS_LOOP) if "session" in (a.kind, b.kind) else {"*"}
         tested = set(p.under_test)
         if a.kind == b.kind or "session" in (a.kind, b.kind):
             assert tested == expected, (p.name, tested, expected)
@@ -46,10 +46,10 @@ def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
 
 
 def test_speed_lever_plans_put_their_targets_on_the_pairs_that_have_one():
-    targets = {p.name: p.target for name in plans.PLAN_NAMES if name.startswith(("faster", "guide"))
-               for p in plans.named_plan(name).pairs if p.target is not None}
+    targets = {p.name: p.target for name in lever_plans.FASTER_PLANS
+               for p in lever_plans.FASTER_PLANS[name]().pairs if p.target is not None}
     assert targets == {"port_fc8_vs_port_b1": 1.5, "port_fc16_vs_port_b1": 1.5}
-    (block,) = plans.named_plan("faster_spec_toy_greedy").blocks
+    (block,) = lever_plans.FASTER_PLANS["faster_spec_toy_greedy"]().blocks
     assert block.temperature == 0 and block.batch == 1
 
 
@@ -63,24 +63,24 @@ def test_the_guide_plans_cover_what_the_guide_needs_each_against_the_port():
     shared limits, and the sides of a plan fit one GPU together."""
     covered = set()
     for name in GUIDE:
-        plan = plans.named_plan(name)
+        plan = lever_plans.FASTER_PLANS[name]()
         sides = {s.name: s for s in plan.sides}
         blocks = {b.name: b for b in plan.blocks}
-        assert sides["port"].engine_kwargs == dict(plans.GPU_SHARED, **plans.STATS,
+        assert sides["port"].engine_kwargs == dict(plans.GPU_SHARED, **lever_plans.STATS,
                                                    gpu_memory_utilization=sides["port"].engine_kwargs["gpu_memory_utilization"])
         assert len(sides) * sides["port"].engine_kwargs["gpu_memory_utilization"] <= 0.9
         for s in plan.sides[1:]:
-            asked, tested = plans.GUIDE_SETTINGS[s.name]
+            asked, tested = lever_plans.GUIDE_SETTINGS[s.name]
             assert s.engine_kwargs == dict(sides["port"].engine_kwargs, **asked)
         for p in plan.pairs:
             b = blocks[p.block]
-            assert p.second == "port" and p.under_test == plans.GUIDE_SETTINGS[p.first][1] and b.trials == 5
+            assert p.second == "port" and p.under_test == lever_plans.GUIDE_SETTINGS[p.first][1] and b.trials == 5
             covered.add((p.first, b.batch, b.frames))
-    short, long = plans.GUIDE_VIDEOS["short"], plans.GUIDE_VIDEOS["long"]
-    need = {(s, b, short) for s in plans.GUIDE_SETTINGS for b in (1, 32, 128)}
+    short, long = lever_plans.GUIDE_VIDEOS["short"], lever_plans.GUIDE_VIDEOS["long"]
+    need = {(s, b, short) for s in lever_plans.GUIDE_SETTINGS for b in (1, 32, 128)}
     need |= {("port_fp8w", 1, long), ("port_fp8", 1, long), ("port_fp8kv", 128, long), ("port_fp8", 128, long)}
     assert need <= covered, need - covered
-    assert plans.FP8_WEIGHTS == dict(plans.FP8_WEIGHTS_ONLY, **plans.FP8_KV)
+    assert lever_plans.FP8_WEIGHTS == dict(lever_plans.FP8_WEIGHTS_ONLY, **lever_plans.FP8_KV)
 
 
 def test_each_guide_plan_fits_its_gpu_time():
@@ -89,7 +89,7 @@ def test_each_guide_plan_fits_its_gpu_time():
     per_frame_s = {1: 1.35, 32: 2.0, 128: 3.3}           # short video; frame 4 onward at 128 grows
     long_128_s = 37.0                                    # 128 rollouts x 8 frames (9 frames took ~42 s)
     for name in GUIDE:
-        plan = plans.named_plan(name)
+        plan = lever_plans.FASTER_PLANS[name]()
         total = sum(60.0 for _ in plan.sides)
         for b in plan.blocks:
             trial = long_128_s if (b.batch, b.frames) == (128, 8) else per_frame_s[b.batch] * b.frames
@@ -102,7 +102,7 @@ def test_each_guide_plan_fits_its_gpu_time():
 def test_check_pair_accepts_speculation_only_with_async_scheduling_named():
     base = dict(settings=dict(async_scheduling=True, speculative=None, dtype="bfloat16"))
     spec = dict(settings=dict(async_scheduling=False, speculative="custom_class", dtype="bfloat16"))
-    assert setting_differences(spec, base, plans.SPECULATION) == {}
+    assert setting_differences(spec, base, lever_plans.SPECULATION) == {}
     assert set(setting_differences(spec, base, ("speculative",))) == {"async_scheduling"}
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from terra_nb.bench import guide, plans
-from terra_nb.port.checkpoints import preset_config
+from terra_nb.bench import guide, lever_plans
+from terra_nb.workbook.checkpoints import preset_config
 
 
 def _file(folder, name, date, analysis, preset="terra"):
@@ -48,9 +48,9 @@ def test_a_setting_pays_only_when_its_whole_interval_clears_one(interval, trials
 def test_every_guide_setting_has_a_label_and_the_fp8_ones_a_quality_check_in_the_committed_files():
     from terra_nb.bench import faster
 
-    assert set(guide.GUIDE_LABELS) == set(plans.GUIDE_SETTINGS)
+    assert set(guide.GUIDE_LABELS) == set(lever_plans.GUIDE_SETTINGS)
     costs = guide.quality_costs(faster.load_all())
-    assert set(costs) == set(plans.GUIDE_SETTINGS)
+    assert set(costs) == set(lever_plans.GUIDE_SETTINGS)
     assert costs["port_fp8kv"]["verdict"] == "costs more" and costs["port_fp8w"]["verdict"] == "within"
 
 

@@ -23,6 +23,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from terra_nb.bench.lever_plans import FASTER_PLANS
 from terra_nb.bench.plans import PLAN_NAMES
 
 
@@ -33,7 +34,7 @@ def main(argv=None):
                        ("remake", "run a result file's plan again (the plan it recorded), into --out")):
         p = sub.add_parser(name, help=what)
         if name == "pairs":
-            p.add_argument("--plan", required=True, help="one of " + ", ".join(PLAN_NAMES))
+            p.add_argument("--plan", required=True, help="one of " + ", ".join(PLAN_NAMES + tuple(FASTER_PLANS)))
             p.add_argument("--trials", type=int, default=None,
                            help="rounds of every block instead of the plan's (recorded in the file's plan)")
         else:
@@ -125,7 +126,10 @@ def _pairs(a: argparse.Namespace) -> None:
     from terra_nb.bench.plans import named_plan
     from terra_nb.bench.workload import checkpoint
 
-    plan = named_plan(a.plan) if a.cmd == "pairs" else plan_of(json.loads(Path(a.result).read_text()))
+    if a.cmd == "pairs":
+        plan = FASTER_PLANS[a.plan]() if a.plan in FASTER_PLANS else named_plan(a.plan)
+    else:
+        plan = plan_of(json.loads(Path(a.result).read_text()))
     if getattr(a, "trials", None):
         plan = dataclasses.replace(plan, blocks=tuple(dataclasses.replace(b, trials=a.trials) for b in plan.blocks))
     res = run_plan(plan, checkpoint(Path(a.ckpt_root), plan.preset), Path(a.out), a.run, a.deadline_s, commit=a.commit,

@@ -1,7 +1,7 @@
 """The settings guide of notebook 12: which settings pay on the GPU, at which batch, and why.
 
 Every setting (`GUIDE_LABELS`: FP8 KV cache, FP8 weights, both, async scheduling off) is measured
-against the port as it ships in interleaved pairs (`plans.guide_plan`, files `results/faster/
+against the port as it ships in interleaved pairs (`lever_plans.guide_plan`, files `results/faster/
 *_guide_*.json`; earlier plans measured some cells too, `guide_measurements` takes them all), read
 off its 95% interval (`guide_verdict`), beside its quality cost on the toy model (`quality_costs`).
 Why the bytes a setting saves (the memory floor, `roofline`) do not become time comes from the
@@ -25,7 +25,7 @@ from terra_nb.port.layout import FrameLayout
 
 GUIDE_LABELS = {"port_fp8kv": "FP8 KV cache", "port_fp8w": "FP8 weights", "port_fp8": "FP8 weights + FP8 KV cache",
                 "port_sync": "async scheduling off"}
-"""The guide's settings by their side names (`plans.GUIDE_SETTINGS`), as a reader names them."""
+"""The guide's settings by their side names (`lever_plans.GUIDE_SETTINGS`), as a reader names them."""
 
 GUIDE_QUALITY = {"port_fp8kv": ("quality_toy", "bf16_fp8kv"), "port_fp8w": ("fp8_weights_toy", "bf16_fp8w"),
                  "port_fp8": ("fp8_weights_toy", "bf16_fp8w_fp8kv")}
