@@ -9,7 +9,7 @@ The subpackages, by what they are for:
   `terra_nb`):
   * `terra_nb.port`: Terra itself: config and token layout, the HF model (v1 and v2), rollouts on
     HF and on vLLM, the vLLM V1 port (the `actions` modality, the model, the plugin, the front
-    door, the 0.26/0.32 shim), frame-copy speculation, sessions;
+    door, the release shim), sessions;
   * `terra_nb.port_vlm`: TinyVLM, an ordinary image-text model ported the standard way (notebook 10);
   * `terra_nb.port_av`: TinyAV, two modalities in one prompt (notebook 13);
   * `terra_nb.port_gpt2`: TinyGPTWorld, a world model on a GPT-2 backbone (PORTING.md, "Beyond Llama");

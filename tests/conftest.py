@@ -59,7 +59,7 @@ def vllm026_src():
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
     """Folder of a seeded random checkpoint of the tiny preset, v1 (Linear action projection), fp32."""
-    from terra_nb.port.checkpoints import write_random_checkpoint
+    from terra_nb.workbook.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_v1", preset="tiny", seed=0, variant="v1")
 
@@ -67,7 +67,7 @@ def tiny_ckpt(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_ckpt_v2(tmp_path_factory):
     """Folder of a seeded random checkpoint of the tiny preset, v2 (MLP action projection), fp32."""
-    from terra_nb.port.checkpoints import write_random_checkpoint
+    from terra_nb.workbook.checkpoints import write_random_checkpoint
 
     return write_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_v2", preset="tiny", seed=0, variant="v2")
 

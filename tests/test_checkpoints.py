@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import terra_nb  # noqa: F401
-from terra_nb.port.checkpoints import (
+from terra_nb.workbook.checkpoints import (
     MARKER,
     count_parameters,
     preset_config,

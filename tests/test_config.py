@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import terra_nb  # noqa: F401  (registers llama_action with the Auto classes)
-from terra_nb.port.checkpoints import count_parameters, preset_config, preset_config_dict, weight_shapes
+from terra_nb.workbook.checkpoints import count_parameters, preset_config, preset_config_dict, weight_shapes
 from terra_nb.port.config import LlamaActionConfig
 from terra_nb.port.layout import FrameLayout
 

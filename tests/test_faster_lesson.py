@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from terra_nb.bench import faster, roofline
-from terra_nb.port.checkpoints import preset_config
+from terra_nb.workbook.checkpoints import preset_config
 
 # ------------------------------------------------------------------ the simulator
 

@@ -1,4 +1,4 @@
-"""Frame-copy speculative decoding (`terra_nb.port.frame_copy`): the proposer's rule as a pure
+"""Frame-copy speculative decoding (`terra_nb.lessons.frame_copy`): the proposer's rule as a pure
 function, the settings refused before any engine, and real engines on the CPU: greedy codes equal
 to the same engine without speculation, token for token, on the trained toy checkpoint and the
 tiny random one (several rollouts, across frames), vLLM's n-gram baseline likewise, codes per
@@ -18,15 +18,17 @@ import torch
 
 import vllm  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
-from terra_nb.port.frame_copy import (
+from terra_nb.lessons.frame_copy import (
     FrameCopyProposer,
     fix_cpu_expand,
     frame_copy_draft,
     frame_layout_of,
+    hooks,
     speculative_config,
 )
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import SamplingConfig
+from terra_nb.port.vllm_hooks import hook_problems
 from terra_nb.port.vllm_rollout import engine_kwargs, frame_request, make_llm, sampling_params, vllm_rollout
 
 P, A = 64, 6
@@ -93,30 +95,34 @@ def test_proposer_drafts_each_row_of_vllms_batch_and_counts_them():
 
 def test_bad_speculative_settings_are_refused_before_the_engine(tiny_ckpt, tmp_path):
     for k in (0, -2, 1.5, True, "4"):
-        with pytest.raises(ValueError, match="speculative_k must be an int >= 1"):
-            engine_kwargs(tiny_ckpt, speculative_k=k)
-    with pytest.raises(ValueError, match="speculative='ngram' needs speculative_k"):
-        engine_kwargs(tiny_ckpt, speculative="ngram")
-    with pytest.raises(ValueError, match="speculative must be 'frame_copy' or 'ngram'"):
-        engine_kwargs(tiny_ckpt, speculative_k=2, speculative="eagle")
-    with pytest.raises(ValueError, match="not both"):
-        engine_kwargs(tiny_ckpt, speculative_k=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+        with pytest.raises(ValueError, match="k must be an int >= 1"):
+            speculative_config(k)
+    with pytest.raises(ValueError, match="method must be 'frame_copy' or 'ngram'"):
+        speculative_config(2, "eagle")
     stock = tmp_path / "stock"
     stock.mkdir()
     (stock / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     with pytest.raises(ValueError, match=r"needs a Terra model .* \(model_type 'llama'\) has no frames"):
-        make_llm(stock, speculative_k=4)
+        speculative_config(4, checkpoint_dir=stock)
     with pytest.raises(ValueError, match="has no frames"):  # vLLM's own door: speculative_config by hand
         FrameCopyProposer(fake_vllm_config(4, SimpleNamespace(model_type="llama")))
     with pytest.raises(ValueError, match="at least 1"):
         FrameCopyProposer(fake_vllm_config(0))
-    assert engine_kwargs(tiny_ckpt, speculative_k=3)["speculative_config"] == {
-        "method": "custom_class", "model": "terra_nb.port.frame_copy.FrameCopyProposer", "num_speculative_tokens": 3}
-    assert engine_kwargs(tiny_ckpt, speculative_k=3, speculative="ngram")["speculative_config"] == {
-        "method": "ngram", "num_speculative_tokens": 3}
-    assert "speculative_config" not in engine_kwargs(tiny_ckpt)
+    assert speculative_config(3, checkpoint_dir=tiny_ckpt) == {
+        "method": "custom_class", "model": "terra_nb.lessons.frame_copy.FrameCopyProposer", "num_speculative_tokens": 3}
+    assert speculative_config(3, "ngram") == {"method": "ngram", "num_speculative_tokens": 3}
     assert frame_layout_of(json.loads((tiny_ckpt / "config.json").read_text())) == (P, A)
-    assert speculative_config("frame_copy", 2, checkpoint_dir=tiny_ckpt)["num_speculative_tokens"] == 2
+
+
+def test_the_port_passes_vllms_speculative_config_through(tiny_ckpt):
+    spec = speculative_config(3)
+    assert engine_kwargs(tiny_ckpt, speculative_config=spec)["speculative_config"] == spec
+    assert "speculative_config" not in engine_kwargs(tiny_ckpt)
+
+
+def test_the_vllm_internals_frame_copy_relies_on_are_where_it_expects_them():
+    assert {h.target.rsplit(":", 1)[1] for h in hooks()} == {"create_custom_proposer", "expand_batch_to_tokens"}
+    assert hook_problems(hooks=hooks()) == []
 
 
 # ---------------------------------------------------------------------------- engines
@@ -160,8 +166,8 @@ def runs(tiny_ckpt, sample, tmp_path_factory):
     # process fails in vLLM 0.32's kernel registration (`register_kernels` scans every module:
     # "'_lib_fn_wrapper' object has no attribute 'get'", triton_utils/dispatcher.py:139), which
     # would break the next test module that builds an engine in this pytest worker.
-    plan = [("toy", toy_ckpt, {}), ("toy_frame_copy", toy_ckpt, dict(speculative_k=TOY_K)),
-            ("tiny", tiny_ckpt, {}), ("tiny_frame_copy", tiny_ckpt, dict(speculative_k=TINY_K))]
+    plan = [("toy", toy_ckpt, {}), ("toy_frame_copy", toy_ckpt, dict(speculative_config=speculative_config(TOY_K))),
+            ("tiny", tiny_ckpt, {}), ("tiny_frame_copy", tiny_ckpt, dict(speculative_config=speculative_config(TINY_K)))]
     out = {"toy_ngram": _ngram_in_a_forked_process(tmp_path_factory.mktemp("ngram"))}
     for name, ckpt, kw in plan:
         llm = make_llm(ckpt, disable_log_stats=False, **kw)
@@ -204,7 +210,7 @@ def _ngram_run(out: str) -> None:
     from terra_nb.port.vllm_compat import shutdown_llm
 
     ckpt, ctx, acts = toy_inputs()
-    llm = make_llm(ckpt, disable_log_stats=False, speculative_k=TOY_K, speculative="ngram")
+    llm = make_llm(ckpt, disable_log_stats=False, speculative_config=speculative_config(TOY_K, "ngram"))
     codes = vllm_rollout(llm, ctx, acts, 4, GREEDY, progress=False)
     torch.save({"codes": codes, "counts": spec_counts(llm)}, out)
     shutdown_llm(llm)

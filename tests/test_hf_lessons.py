@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 import terra_nb  # noqa: F401
 from terra_nb.lessons import hf_lessons as L
-from terra_nb.port.checkpoints import count_parameters, preset_config
+from terra_nb.workbook.checkpoints import count_parameters, preset_config
 from terra_nb.port.layout import FrameLayout
 
 pytestmark = pytest.mark.usefixtures("single_thread")

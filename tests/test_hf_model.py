@@ -99,7 +99,9 @@ def test_register_is_idempotent():
 
     register()
     register()
-    cfg = terra_nb.port.checkpoints.preset_config("tiny", "v2")
+    from terra_nb.workbook.checkpoints import preset_config
+
+    cfg = preset_config("tiny", "v2")
     assert type(AutoModel.from_config(cfg)) is LlamaActionV2ForCausalLM
 
 

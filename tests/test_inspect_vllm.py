@@ -14,7 +14,7 @@ import torch
 
 import terra_nb  # noqa: F401
 from terra_nb.lessons import inspect_vllm as I
-from terra_nb.port.checkpoints import preset_config
+from terra_nb.workbook.checkpoints import preset_config
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 

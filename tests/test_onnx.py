@@ -7,7 +7,7 @@ import torch
 
 import onnxruntime  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
-from terra_nb.port.checkpoints import preset_config_dict  # noqa: E402
+from terra_nb.workbook.checkpoints import preset_config_dict  # noqa: E402
 from terra_nb.port.config import LlamaActionConfig  # noqa: E402
 from terra_nb.port.layout import FrameLayout, rule_of  # noqa: E402
 from terra_nb.port.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM  # noqa: E402

@@ -337,3 +337,9 @@ def test_the_ports_hold_no_workbook_setting():
             text = path.read_text()
             assert not [n for n in names if n in text], f"{folder.name}/{path.name} reads the workbook's environment"
             assert "SHUTDOWN_TIMEOUT" not in text, f"{folder.name}/{path.name} shortens the engine's stop"
+    # Terra's port: no random-weight writer, no speculation lesson, no test-only readers
+    port = Path(terra_nb.port.__file__).parent
+    assert not {"checkpoints.py", "frame_copy.py"} & {p.name for p in port.glob("*.py")}
+    for path in sorted(port.glob("*.py")):
+        text = path.read_text()
+        assert not [n for n in ("frame_copy", "prefix_cache_counters", "speculative_k") if n in text], path.name

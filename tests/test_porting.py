@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from terra_nb.lessons import porting
-from terra_nb.port.checkpoints import write_random_checkpoint
+from terra_nb.workbook.checkpoints import write_random_checkpoint
 from terra_nb.workbook.paths import REPO
 
 

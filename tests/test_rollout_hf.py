@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import terra_nb  # noqa: F401
-from terra_nb.port.checkpoints import preset_config_dict
+from terra_nb.workbook.checkpoints import preset_config_dict
 from terra_nb.port.config import LlamaActionConfig
 from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from terra_nb.port.checkpoints import preset_config
+from terra_nb.workbook.checkpoints import preset_config
 from terra_nb.port.layout import FrameLayout
 from terra_nb.bench import roofline
 

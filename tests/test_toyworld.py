@@ -221,7 +221,7 @@ def test_gif_and_strip(tmp_path, tok):
 def test_toy_checkpoint_is_small_and_loads_every_weight():
     from transformers import AutoModelForCausalLM
 
-    from terra_nb.port.checkpoints import preset_config_dict
+    from terra_nb.workbook.checkpoints import preset_config_dict
     from terra_nb.toyworld import toy_checkpoint_dir
 
     d = toy_checkpoint_dir()

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from terra_nb.port.checkpoints import preset_config_dict
+from terra_nb.workbook.checkpoints import preset_config_dict
 from terra_nb.toyworld import training_record
 from terra_nb.toyworld.train import DEFAULTS, main, train
 

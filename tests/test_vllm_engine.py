@@ -17,7 +17,7 @@ from terra_nb.lessons.parity import prefix_cache_steps
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.layout import SEED_PLACEHOLDER, build_prompt
 from terra_nb.port.rollout import SamplingConfig, hf_rollout
-from terra_nb.port.vllm_compat import prefix_cache_counters
+from vllm_metrics import prefix_cache_counters
 from terra_nb.port.vllm_release import PROMETHEUS_PREFIX_COUNTERS_EXACT
 from terra_nb.port.vllm_rollout import RolloutStats, frame_request, sampling_params, vllm_rollout
 

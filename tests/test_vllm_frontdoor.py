@@ -18,7 +18,7 @@ from transformers import LlamaConfig
 
 from terra_nb.port import layout as L
 from terra_nb.port import vllm_frontdoor as F
-from terra_nb.port.checkpoints import preset_config
+from terra_nb.workbook.checkpoints import preset_config
 from terra_nb.port.layout import FrameLayout, TerraInputError
 from vllm.v1.engine.input_processor import InputProcessor
 from terra_nb.port.vllm_patch import RequestValidationError

@@ -381,7 +381,7 @@ def test_fuzzed_bad_requests_are_refused_by_the_rule_they_break_and_the_engine_s
 def test_each_fault_breaks_one_rule_of_a_good_request():
     """The fuzzer's own check (no engine): a good case passes the layout's own checks (prompt and
     actions, in the form the request sends them), and each fault names a rule the matcher knows."""
-    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.workbook.checkpoints import preset_config
     from terra_nb.port.layout import FrameLayout, validate_actions, validate_prompt
 
     layout, rng = FrameLayout.from_config(preset_config("tiny")), random.Random(7)

@@ -18,7 +18,7 @@ import json, types
 import vllm
 from vllm.multimodal.inputs import PlaceholderRange
 from vllm.v1.core.sched.scheduler import Scheduler
-from terra_nb.port.checkpoints import preset_config
+from terra_nb.workbook.checkpoints import preset_config
 from terra_nb.port import vllm_scheduling
 
 original = Scheduler._try_schedule_encoder_inputs
@@ -66,7 +66,7 @@ def _route(model_type: str = "llama_action", encoder_decoder: bool = False, extr
     """The wrapper around a stand-in for vLLM's method that records each request it was given and
     answers "nothing to schedule" as a release does: (inputs, tokens, budget, *extra)."""
     from terra_nb.port import vllm_scheduling
-    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.workbook.checkpoints import preset_config
 
     seen = []
 

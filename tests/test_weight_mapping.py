@@ -10,7 +10,7 @@ import vllm  # noqa: F401  (declared dependency: a broken install must fail, not
 
 import terra_nb  # noqa: F401
 from terra_nb.lessons import weight_mapping as W
-from terra_nb.port.checkpoints import preset_config, weight_shapes
+from terra_nb.workbook.checkpoints import preset_config, weight_shapes
 from terra_nb.port.layout import FrameLayout
 from terra_nb.workbook.data import load_sample
 

@@ -22,7 +22,7 @@ def main() -> int:
 
     import terra_nb  # noqa: F401  (registers the HF classes)
     from terra_nb.lessons.weight_mapping import compare_logprobs, hf_prompt_logprobs, vllm_prompt_logprobs
-    from terra_nb.port.checkpoints import write_random_checkpoint
+    from terra_nb.workbook.checkpoints import write_random_checkpoint
     from terra_nb.port.vllm_rollout import make_llm
     from terra_nb.workbook.data import load_sample
 

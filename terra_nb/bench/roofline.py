@@ -13,7 +13,7 @@ its floor; it cannot go under the floor.
 """
 from __future__ import annotations
 
-from terra_nb.port.checkpoints import head_dim, weight_shapes
+from terra_nb.workbook.checkpoints import head_dim, weight_shapes
 from terra_nb.port.layout import FrameLayout
 
 HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from terra_nb.port.checkpoints import write_random_checkpoint
+from terra_nb.workbook.checkpoints import write_random_checkpoint
 
 SEED_FIGURES = {"seed HF (11.03 s)": 11.03, "seed vLLM 0.6 eager (4.25 s)": 4.25}
 """The seed's two figures, seconds per frame of a 22-frame video after 3 context frames (GPU not stated)."""

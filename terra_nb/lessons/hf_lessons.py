@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from terra_nb.port.checkpoints import weight_shapes
+from terra_nb.workbook.checkpoints import weight_shapes
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.interleave import interleave_segments, segments_length
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs

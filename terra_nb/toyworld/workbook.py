@@ -68,7 +68,7 @@ def resolve_checkpoint(preset: str, checkpoint: str = "auto") -> str:
 def workbook_inputs(preset: str = "tiny", checkpoint: str = "auto", device: str = "cpu", n_frames: int = 6,
                     n_context: int = 3, random_dir: Path | None = None) -> WorkbookInputs:
     """The model and input of notebooks 06 and 08 (see the module docstring)."""
-    from terra_nb.port.checkpoints import write_random_checkpoint
+    from terra_nb.workbook.checkpoints import write_random_checkpoint
     from terra_nb.workbook.data import Sample, load_sample
     from terra_nb.workbook.paths import CHECKPOINTS as CKPT_DIR
 

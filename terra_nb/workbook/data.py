@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from terra_nb.port.checkpoints import preset_config, preset_config_dict
+from terra_nb.workbook.checkpoints import preset_config, preset_config_dict
 from terra_nb.port.layout import FrameLayout
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"

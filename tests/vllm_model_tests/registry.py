@@ -258,8 +258,8 @@ CHECKPOINT_ROOT = Path(tempfile.gettempdir()) / f"terra_nb_vllm_model_tests-{os.
 
 # architecture -> (folder, how to write it)
 CHECKPOINTS = {
-    "LlamaActionForCausalLM": ("terra_v1", "terra_nb.port.checkpoints", {"preset": "tiny", "seed": 0, "variant": "v1"}),
-    "LlamaActionV2ForCausalLM": ("terra_v2", "terra_nb.port.checkpoints", {"preset": "tiny", "seed": 0, "variant": "v2"}),
+    "LlamaActionForCausalLM": ("terra_v1", "terra_nb.workbook.checkpoints", {"preset": "tiny", "seed": 0, "variant": "v1"}),
+    "LlamaActionV2ForCausalLM": ("terra_v2", "terra_nb.workbook.checkpoints", {"preset": "tiny", "seed": 0, "variant": "v2"}),
     "TinyVLMForConditionalGeneration": ("tiny_vlm", "terra_nb.port_vlm.checkpoints", {}),
     "TinyAVForConditionalGeneration": ("tiny_av", "terra_nb.port_av.checkpoints", {}),
 }

