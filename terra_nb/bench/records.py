@@ -1,15 +1,9 @@
-"""The committed result files: finding the newest of a kind, the one provenance line each result
-keeps, and the earlier measurements, read as they were frozen.
+"""The committed result files: the newest of a kind (`latest`), the runs of one port code
+(`same_code_runs`), the provenance line under every result, and the earlier measurements.
 
-`latest(pattern, folder)` picks the newest file of a kind (by the date it records, then name).
-`provenance(res)` is the line a reader sees under a result: device, versions, commit.
-
-**Earlier measurements** (`results/earlier/`): before the interleaved pairs (`pairs`), engines were
-timed one after the other, each in its own process, one or two trials a point. Those files still
-show what the pairs do not measure (the memory floor across 1 to 256 rollouts, tensor parallelism,
-sessions against stock's frame loop, where a frame step's time goes), but they rank no engine: the
-figures here are read from the files as they were written (`curve`, `step_profiles`, rows), never
-recomputed, and every table names its file's provenance.
+**Earlier measurements** (`results/earlier/`, notebook 11): engines timed one after the other, one
+or two trials a point. They show what the pairs do not measure (the memory floor from 1 to 256
+rollouts, where a frame step's time goes) but rank no engine; their figures are read as written.
 """
 from __future__ import annotations
 
@@ -24,23 +18,17 @@ def results_dir() -> Path:
     return RESULTS
 
 
+def _date_then_name(fr) -> tuple[str, str]:
+    """How result files are ordered in time: by recorded date, then by name."""
+    return str(fr[1].get("date", "")), fr[0].name
+
+
 def latest(pattern: str, folder: Path | None = None, hint: str = "") -> tuple[Path, dict]:
     """The newest file under `folder` (default `results/`) whose name matches `pattern`, by its
     recorded date, then its name; and its contents."""
     files = loaded(pattern, folder)
     if not files:
         raise FileNotFoundError(f"no {pattern} in {folder or results_dir()}" + (f": {hint}" if hint else ""))
-    return newest(files)
-
-
-def _date_then_name(fr) -> tuple[str, str]:
-    """How result files are ordered in time: by recorded date, then by name."""
-    return str(fr[1].get("date", "")), fr[0].name
-
-
-def newest(files):
-    """Of `(path, contents, ...)` tuples of result files, the one with the newest recorded date,
-    then the last name."""
     return max(files, key=_date_then_name)
 
 
@@ -48,14 +36,6 @@ def loaded(pattern: str, folder: Path | None) -> list[tuple[Path, dict]]:
     """Every file under `folder` (default `results/`) matching `pattern`, with its contents, by name."""
     folder = Path(folder) if folder is not None else results_dir()
     return [(f, json.loads(f.read_text())) for f in sorted(folder.glob(pattern))]
-
-
-def of_same_run(pattern: str, res: dict, folder: Path | None = None) -> tuple[Path, dict] | None:
-    """The newest file under `folder` (default `results/`) matching `pattern` that ran `res`'s commit
-    on its device (another plan of the same GPU run), and its contents; None where there is none."""
-    same = [(f, r) for f, r in loaded(pattern, folder)
-            if (r.get("commit"), r.get("device")) == (res.get("commit"), res.get("device"))]
-    return newest(same) if same else None
 
 
 PORT_SOURCE = ("terra_nb/port",)
@@ -94,7 +74,7 @@ def same_code_runs(res: dict, pattern: str, folder: Path | None = None) -> list[
 
 
 def provenance(res: dict) -> str:
-    """'NVIDIA H100 80GB HBM3, vLLM 0.26.0, torch 2.11.0+cu130, commit 807ef4d': where and with what a
+    """'NVIDIA H100 80GB HBM3, vLLM 0.26.0, torch 2.11.0+cu130, commit <hash>': where and with what a
     result was measured (the commit whose code ran, never a machine's stale working-tree name)."""
     v = res.get("versions") or res.get("env") or {}
     parts = [res.get("device") or (res.get("env") or {}).get("device") or "device not recorded"]
@@ -109,18 +89,10 @@ def block(res: dict, name: str) -> dict:
     return next(b for b in res["blocks"] if b["name"] == name)
 
 
-def pair_rows(res: dict) -> list[dict]:
-    """An interleaved result's pairs as table rows: the work, the trials a side, and the speed-up of
-    the first side over the second with its 95% interval."""
-    return [{"rollouts": c["batch"], "frames": f"{res['n_ctx']} + {c['frames']}", "trials a side": c["trials"],
-             "speed-up of": f"{c['first']} over {c['second']}", "speed-up": c["speedup"],
-             "95% interval": "[{:.2f}, {:.2f}]".format(*c["interval"])} for c in res["analysis"]]
-
-
 # ---------------------------------------------------------------- earlier measurements
 
 def earlier(kind: str) -> tuple[Path, dict]:
-    """The newest `results/earlier/*_<kind>.json` (e.g. `curve`, `tp`, `sessions`), and its contents."""
+    """The newest `results/earlier/*_<kind>.json` (e.g. `curve`, `sessions`), and its contents."""
     return latest(f"*_{kind}.json", results_dir() / "earlier")
 
 
@@ -137,22 +109,6 @@ def curve_rows(res: dict) -> list[dict]:
         row["memory floor frames/s"] = c.get("floor_frames_per_s")
         row.update({f"{k}, share of floor": f"{c[f'{k}_of_floor']:.0%}" for k in keys if c.get(f"{k}_of_floor")})
         out.append(row)
-    return out
-
-
-def tp_rows(res: dict) -> list[dict]:
-    """Tensor parallelism as an earlier file recorded it: per batch, the port's frames per second at
-    TP=1 and TP=2 and their ratio (above 1, TP=2 makes more frames a second); prefill alone in
-    prompt tokens per second."""
-    by = {(r["tp"], r.get("batch") or "prefill"): r for r in res["rows"] if r.get("tp")}
-    out = []
-    for (tp, batch), one in sorted(by.items(), key=lambda kv: (kv[0][1] == "prefill", str(kv[0][1]).zfill(6))):
-        two = by.get((2, batch))
-        if tp != 1 or two is None:
-            continue
-        key = "frames_per_s" if batch != "prefill" else "prefill_tokens_per_s"
-        out.append({"rollouts": batch, "measure": key.replace("_", " "), "TP=1": round(one[key], 2),
-                    "TP=2": round(two[key], 2), "TP=2 ÷ TP=1": round(two[key] / one[key], 3)})
     return out
 
 
@@ -185,7 +141,7 @@ def decode_floor_share(res: dict, batch: int | str, engine: str = "stock_llama")
     profiled step, half of the frame being decoded), in ms, beside the measured step (`share`: 1 =
     at the floor)."""
     from terra_nb.bench.roofline import bandwidth_of, decode_step_floor_s
-    from terra_nb.port.checkpoints import preset_config
+    from terra_nb.workbook.checkpoints import preset_config
     from terra_nb.port.layout import FrameLayout
 
     p = res["step_profiles"][str(batch)][engine]

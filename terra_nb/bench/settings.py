@@ -1,15 +1,12 @@
 """What an engine really ran with, read back from it, and the rule that a comparison changes one thing.
 
-The keyword arguments a side *asks* for (often `{}`) are not what it runs with: vLLM fills in the
-rest from its usage context: `vllm.LLM` and `AsyncLLM.from_engine_args` get different
-scheduler limits on the same GPU, `VLLM_*` variables change kernels and processes. `effective_settings`
-reads the values back from the engine's `vllm_config` (and its workers, for the attention backend
-vLLM chose), and every `VLLM_*` variable of the process. `check_pair` refuses a comparison whose two
-sides differ in any setting other than the one it tests, naming each difference.
-
-Two kinds of values: **settings** (what decides the work: scheduler limits, dtypes, graph mode,
-...), compared between sides; and **observed** values that follow from the settings and the model
-(KV-cache blocks: the port's extra embeddings leave a few fewer), recorded, not compared.
+The arguments a side *asks* for (often `{}`) are not what it runs with: vLLM fills in the rest from
+its usage context (`vllm.LLM` and `AsyncLLM` get different scheduler limits on the same GPU), and
+`VLLM_*` variables change kernels and processes. `effective_settings` reads the values back from the
+engine's `vllm_config`, its workers (the attention backend vLLM chose) and the process's `VLLM_*`
+variables; `check_pair` refuses two sides that differ in anything but what their pair tests, naming
+each difference. **Settings** decide the work and are compared; **observed** values follow from
+settings and model (KV-cache blocks: the port's extra embeddings leave a few fewer) and are not.
 """
 from __future__ import annotations
 
@@ -25,9 +22,7 @@ class UnequalSettings(ValueError):
 
 def _name(value) -> str | None:
     """An enum's name, a string as it is, None as None (JSON-friendly)."""
-    if value is None:
-        return None
-    return getattr(value, "name", None) or str(value)
+    return None if value is None else getattr(value, "name", None) or str(value)
 
 
 def vllm_env() -> dict[str, str]:
@@ -46,9 +41,7 @@ def _attention_backends(worker) -> list[str]:
 
 def vllm_config_of(engine):
     """The `VllmConfig` of a `vllm.LLM` or an `AsyncLLM`."""
-    if hasattr(engine, "llm_engine"):
-        return engine.llm_engine.vllm_config
-    return engine.vllm_config
+    return engine.llm_engine.vllm_config if hasattr(engine, "llm_engine") else engine.vllm_config
 
 
 def engine_kind(engine) -> str:
@@ -57,18 +50,13 @@ def engine_kind(engine) -> str:
 
 
 def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
-    """`{"settings": ..., "observed": ...}` of a live vLLM engine, read back from it.
-
-    settings: scheduler limits, chunked prefill, async scheduling, KV-cache dtype, block size,
-    prefix caching, memory share, model dtype and length, eager mode, CUDA-graph mode, compilation
-    mode, attention backend asked for and chosen, model runner (V1/V2), speculative decoding,
-    quantization, whether vLLM feeds the model multimodal inputs (its runner then embeds the tokens
-    eagerly, before the compiled graph), whether the engine takes the port's scheduler fast path for
-    decoding Terra requests (`port.vllm_scheduling.enabled`: installed by the port's plugin in this
-    process, and not turned off in the engine's `additional_config`), tensor parallelism, where the
-    engine core runs, and every `VLLM_*` variable (`env`: as read before the engine started, see
-    `vllm_env`; default: now).
-    observed: KV-cache blocks and the engine class."""
+    """`{"settings": ..., "observed": ...}` of a live vLLM engine, read back from it: the scheduler,
+    cache, model and compilation settings, the attention backend asked for and chosen, the model
+    runner, speculation, quantization, whether vLLM feeds the model multimodal inputs (its runner
+    then embeds the tokens eagerly, before the compiled graph), whether the port's scheduler fast
+    path is on (`port.vllm_scheduling.enabled`), where the engine core runs, and every `VLLM_*`
+    variable (`env`: read before the engine started, `vllm_env`; default: now). Observed: KV-cache
+    blocks and the engine class."""
     from vllm import envs
 
     from terra_nb.port import vllm_scheduling

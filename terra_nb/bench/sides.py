@@ -1,15 +1,13 @@
-"""The sides a comparison can put against each other, each an engine that runs one trial on demand.
+"""The sides a comparison puts against each other, each an engine that runs one trial on demand.
 
-A side is built once (its engine started and warmed up), then asked for trials: `trial(batch,
-frames, temperature, seed)` generates `frames` frames after the sample's context for `batch`
-rollouts at once and returns the seconds it took (clock synchronised with the device). Every side
-does the same work for the same arguments, so two sides' seconds compare directly:
+A side is built once (its engine started), then asked for trials: `trial(batch, frames, temperature,
+seed)` generates `frames` frames after the sample's context for `batch` rollouts at once and returns
+the seconds it took (the clock synchronised with the device). Every side does the same work:
 
 | kind | what a trial runs |
 |---|---|
 | `port` | our port's frame loop (`vllm_rollout`: one `generate` per frame for all rollouts) |
 | `stock` | stock vLLM Llama of the same shape, the same frame loop on plain token prompts |
-| `port_tokens` | our port's engine on stock's plain token prompts: no action items, no multimodal work per request |
 | `session` | our port with one streaming-input session per rollout (`session_rollout`) |
 | `hf` | HF `generate` as the seed ran it: one call per frame, batch 1 |
 
@@ -18,10 +16,15 @@ does the same work for the same arguments, so two sides' seconds compare directl
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 
-KINDS = ("port", "stock", "port_tokens", "session", "hf")
+KINDS = ("port", "stock", "session", "hf")
+
+HF_FLASH_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+"""The SDPA kernels an HF side may use to keep cuDNN's attention out: on an H200 (torch 2.11, cuDNN
+9.19) SDPA picks cuDNN for HF's decode step, which builds an execution plan for every key length new
+to the process (`tools/hf_probe.py`: a step at a new length 5.7x one at a length seen before). A
+video's decode steps are all new lengths, so HF's first video pays it at every step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +53,13 @@ class Side:
         self.env = vllm_env()  # before the engine adds its own per-process variables
         self.spec, self.ckpt, self.n_ctx = spec, ckpt, n_ctx
         self.sample = sample_for(preset, n_ctx)
-        self.engine = None
-        self.start_s = 0.0
+        self.engine, self.start_s = self.build(ckpt, **spec.engine_kwargs)
+
+    def build(self, ckpt: Path, **engine_kwargs):
+        """The side's engine and the seconds it took to start."""
+        from terra_nb.bench.engines import port_engine
+
+        return port_engine(ckpt, **engine_kwargs)
 
     def settings(self) -> dict:
         from terra_nb.bench.settings import effective_settings
@@ -61,50 +69,16 @@ class Side:
     def context(self, batch: int):
         return self.sample.context[: self.n_ctx].expand(batch, -1, -1).contiguous()
 
-    frame_loop = False
-    """Whether a trial is a frame loop on a `vllm.LLM` (one `generate` a frame): its trials are then
-    clocked frame by frame (`step_profile.clocked_frame_loop`), into `last_steps`."""
-
-    last_steps: dict | None = None
-    """The last trial's median frame, decode step and overhead (`step_profile.trial_summary`)."""
-
     def trial(self, batch: int, frames: int, temperature: float, seed: int) -> float:
-        from terra_nb.bench import step_profile
         from terra_nb.bench.timing import timed
         from terra_nb.port.rollout import SamplingConfig
 
-        sampling = SamplingConfig(temperature=temperature, seed=seed)
-        if not self.frame_loop:
-            return timed(lambda: self.run(batch, frames, sampling))
-        with step_profile.clocked_frame_loop(self.engine) as frames_of:
-            seconds = timed(lambda: self.run(batch, frames, sampling))
-        self.last_steps = step_profile.trial_summary(frames_of(self.codes), self.codes)
-        return seconds
-
-    @functools.cached_property
-    def codes(self) -> int:
-        """Codes a frame: the checkpoint's image tokens (read once, not at every trial)."""
-        from terra_nb.port.config import LlamaActionConfig
-        from terra_nb.port.layout import FrameLayout
-
-        return FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(self.ckpt))).image_tokens
+        return timed(lambda: self.run(batch, frames, SamplingConfig(temperature=temperature, seed=seed)))
 
     def run(self, batch: int, frames: int, sampling) -> None:
-        raise NotImplementedError
+        from terra_nb.port.vllm_rollout import vllm_rollout
 
-    def step_profile(self, batch: int, frames: int, temperature: float, seed: int) -> dict:
-        """Where a frame step's time goes on this side (`step_profile`), on one more untimed rollout:
-        the frame loop's `generate` calls and engine steps, or a session's streamed outputs."""
-        from terra_nb.bench import step_profile
-        from terra_nb.port.rollout import SamplingConfig
-
-        if self.spec.kind == "hf":
-            raise ValueError(f"side {self.spec.name!r}: HF has no engine steps to profile")
-        codes = self.codes
-        roll = lambda: self.run(batch, frames, SamplingConfig(temperature=temperature, seed=seed))  # noqa: E731
-        if self.spec.kind == "session":
-            return step_profile.session_step_profile(self.engine, roll, codes, batch)
-        return step_profile.frame_loop_step_profile(self.engine, roll, codes, batch)
+        vllm_rollout(self.engine, self.context(batch), self.sample.actions, frames, sampling, progress=False)
 
     def counters(self) -> dict[str, float]:
         """vLLM's running totals of generated tokens and speculative decoding (`engine_counters`);
@@ -119,72 +93,35 @@ class Side:
         shutdown(self.engine)
 
 
-class PortSide(Side):
-    frame_loop = True
-
-    def __init__(self, spec, ckpt, preset, n_ctx):
-        super().__init__(spec, ckpt, preset, n_ctx)
-        from terra_nb.bench.engines import port_engine
-
-        self.engine, self.start_s = port_engine(ckpt, **spec.engine_kwargs)
-
-    def run(self, batch, frames, sampling):
-        from terra_nb.port.vllm_rollout import vllm_rollout
-
-        vllm_rollout(self.engine, self.context(batch), self.sample.actions, frames, sampling, progress=False)
-
-
 class StockSide(Side):
-    frame_loop = True
+    """Stock vLLM Llama: the port's frame loop on plain token prompts (`stock_rollout`)."""
 
-    def __init__(self, spec, ckpt, preset, n_ctx):
-        super().__init__(spec, ckpt, preset, n_ctx)
+    def build(self, ckpt, **engine_kwargs):
+        from terra_nb.bench.engines import stock_engine
         from terra_nb.port.config import LlamaActionConfig
         from terra_nb.port.layout import FrameLayout, build_prompt
 
         self.layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(ckpt)))
-        self.prompt = build_prompt(self.sample.context[:n_ctx], self.layout)
-        self.engine, self.start_s = self.build(ckpt, **spec.engine_kwargs)
-
-    def build(self, ckpt, **kw):
-        from terra_nb.bench.engines import stock_engine
-
-        return stock_engine(ckpt, **kw)
+        self.prompt = build_prompt(self.sample.context[: self.n_ctx], self.layout)
+        return stock_engine(ckpt, **engine_kwargs)
 
     def run(self, batch, frames, sampling):
-        stock_rollout(self.engine, self.prompt, self.layout, batch, frames, sampling)
+        from terra_nb.port.vllm_rollout import step_params
 
-
-class PortTokensSide(StockSide):
-    """Our port's model doing stock's work: the same token prompts, action slots holding the
-    placeholder id and no actions, so no request carries a multimodal item. Against `port` it
-    shows what the action items cost (front end, `embed_multimodal`); against `stock`, what the
-    port's model costs. Given `limit_mm_per_prompt={"actions": 0}`, vLLM runs the same model as a
-    text-only one (`vllm_release.supports_multimodal_inputs` is False: token ids go into the
-    compiled graph instead of an embedding computed eagerly before it), which isolates vLLM's
-    multimodal path itself.
-
-    Terra's front door refuses these prompts (action slots without actions, several frames in a
-    plain prompt), so this side's engine is built with the door open: the timing needs the work,
-    the codes it generates are never read."""
-
-    def build(self, ckpt, **kw):
-        from terra_nb.bench.engines import port_engine
-        from terra_nb.port import vllm_frontdoor
-
-        llm, start_s = port_engine(ckpt, **kw)
-        # the door caches "not a Terra model" (None) per input processor; the benchmark alone sets it
-        llm.llm_engine.input_processor.__dict__[vllm_frontdoor._MARK] = None
-        return llm, start_s
+        prompts = [list(self.prompt) for _ in range(batch)]
+        slots = [self.layout.placeholder_id] * self.layout.action_tokens
+        for k in range(frames):   # every step re-submits each prompt grown by its last frame and six slots
+            outs = self.engine.generate([{"prompt_token_ids": p} for p in prompts],
+                                        step_params(sampling, self.layout, batch, k), use_tqdm=False)
+            prompts = [p + list(out.outputs[0].token_ids) + slots for p, out in zip(prompts, outs)]
 
 
 class SessionSide(Side):
-    def __init__(self, spec, ckpt, preset, n_ctx):
-        super().__init__(spec, ckpt, preset, n_ctx)
+    def build(self, ckpt, **engine_kwargs):
         from terra_nb.bench.engines import port_engine
         from terra_nb.port.session_rollout import make_session_engine
 
-        self.engine, self.start_s = port_engine(ckpt, make_session_engine, **spec.engine_kwargs)
+        return port_engine(ckpt, make_session_engine, **engine_kwargs)
 
     def run(self, batch, frames, sampling):
         from terra_nb.port.session_rollout import session_rollout_sync
@@ -198,16 +135,13 @@ class SessionSide(Side):
 
 
 class HFSide(Side):
-    """HF `generate` in the seed's way (`seed_video`: one call per frame on the whole prompt so far),
-    under an SDPA kernel limit when the spec names one (e.g. `HF_FLASH_BACKENDS`)."""
+    """HF `generate` in the seed's way: one call per frame on the whole prompt so far (a frame's codes,
+    its own KV cache), batch 1, under an SDPA kernel limit when the spec names one."""
 
-    def __init__(self, spec, ckpt, preset, n_ctx):
-        super().__init__(spec, ckpt, preset, n_ctx)
+    def build(self, ckpt, **engine_kwargs):
         from terra_nb.bench.engines import load_hf
-        from terra_nb.port.layout import FrameLayout
 
-        self.engine, self.start_s = load_hf(ckpt)
-        self.layout = FrameLayout.from_config(self.engine.config)
+        return load_hf(ckpt)
 
     def settings(self):
         from terra_nb.bench.settings import hf_settings
@@ -218,12 +152,19 @@ class HFSide(Side):
         import torch
 
         from terra_nb.bench.timing import sdpa_backends
+        from terra_nb.port.layout import FrameLayout
+        from terra_nb.port.rollout import hf_generate_kwargs
 
         if batch != 1:
             raise ValueError(f"side {self.spec.name!r}: HF runs the seed's video at batch 1, not {batch}")
         torch.manual_seed(sampling.seed)
-        with sdpa_backends(self.spec.sdpa):
-            seed_video(self.engine, self.sample, self.n_ctx, frames, self.layout, sampling)
+        layout, device = FrameLayout.from_config(self.engine.config), next(self.engine.parameters()).device
+        ids = self.sample.context[: self.n_ctx].reshape(1, -1).to(device)
+        kw = dict(actions=self.sample.actions[None].to(device), max_new_tokens=layout.image_tokens,
+                  **hf_generate_kwargs(sampling, layout))
+        with sdpa_backends(self.spec.sdpa), torch.inference_mode():
+            for _ in range(frames):
+                ids = self.engine.generate(input_ids=ids, **kw)
 
     def close(self):
         import gc
@@ -236,45 +177,7 @@ class HFSide(Side):
             torch.cuda.empty_cache()
 
 
-def stock_rollout(llm, ctx_prompt: list[int], layout, batch: int, frames: int, sampling) -> None:
-    """The port's frame-by-frame loop on plain token prompts: every step re-submits each prompt
-    grown by its last frame and six placeholder ids, with the port's sampling parameters."""
-    from terra_nb.port.vllm_rollout import step_params
-
-    prompts = [list(ctx_prompt) for _ in range(batch)]
-    slots = [layout.placeholder_id] * layout.action_tokens
-    for k in range(frames):
-        params = step_params(sampling, layout, batch, k)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        prompts = [p + list(out.outputs[0].token_ids) + slots for p, out in zip(prompts, outs)]
-
-
-def seed_video(model, sample, n_ctx: int, frames: int, layout, sampling):
-    """One video as the seed made it with HF: one `generate` call per frame (a frame's codes, its own
-    KV cache), each on the whole prompt so far; returns the prompt with all frames `[1, n]`."""
-    import torch
-
-    from terra_nb.port.rollout import hf_generate_kwargs
-
-    device = next(model.parameters()).device
-    ids = sample.context[:n_ctx].reshape(1, -1).to(device)
-    actions = sample.actions[None].to(device)
-    kw = hf_generate_kwargs(sampling, layout)
-    with torch.inference_mode():
-        for _ in range(frames):
-            ids = model.generate(input_ids=ids, actions=actions, max_new_tokens=layout.image_tokens, **kw)
-    return ids
-
-
-HF_FLASH_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-"""The SDPA kernels an HF side may use to keep cuDNN's attention out: on an H200 (torch 2.11, cuDNN
-9.19) SDPA picks cuDNN for HF's decode step, and cuDNN builds an execution plan for every key length
-it has not seen in the process (`tools/hf_probe.py` measured a step at a new length 5.7x one at a length seen
-before). A video's decode steps are all new lengths, so HF's first video pays it at every step."""
-
-
-SIDE_CLASSES = {"port": PortSide, "stock": StockSide, "port_tokens": PortTokensSide, "session": SessionSide,
-                "hf": HFSide}
+SIDE_CLASSES = {"port": Side, "stock": StockSide, "session": SessionSide, "hf": HFSide}
 
 
 def build_side(spec: SideSpec, ckpt: Path, preset: str, n_ctx: int) -> Side:

@@ -2,8 +2,7 @@
 
 One orientation everywhere: a **speed-up of A over B** is how many times faster A did the same work
 than B, `median(B's seconds) / median(A's seconds)`. Above 1, A (the side named first) is faster;
-below 1, slower. Both sides of a comparison run the same work (batch, frames, context), so the
-ratio of seconds per trial is also the ratio of frames per second and of seconds per frame.
+below 1, slower. Both sides run the same work, so this is also the ratio of frames per second.
 
 An interval says how far the speed-up could move if the trials were drawn again: a percentile
 bootstrap of the ratio of medians. Interleaved trials (A B A B ...) are resampled as pairs (trial i
@@ -72,9 +71,8 @@ def rounds_speedup(runs: list[tuple[list[float], list[float]]]) -> float:
 def runs_interval(runs: list[tuple[list[float], list[float]]], level: float = LEVEL, resamples: int = RESAMPLES,
                   seed: int = 0) -> tuple[float, float]:
     """The `level` interval of `rounds_speedup` by a two-level bootstrap: draw runs with
-    replacement, then each drawn run's rounds with replacement. A run's own interval covers the
-    noise between its rounds; this one also covers the noise between runs (a new process on a new
-    machine), which the resampling of runs carries."""
+    replacement, then each drawn run's rounds. A run's own interval covers the noise between its
+    rounds; this one also covers the noise between runs (a new process on a new machine)."""
     rng = random.Random(seed)
     draws = []
     for _ in range(resamples):
@@ -86,6 +84,24 @@ def runs_interval(runs: list[tuple[list[float], list[float]]], level: float = LE
     draws.sort()
     tail = (1 - level) / 2
     return draws[int(tail * (resamples - 1))], draws[int(round((1 - tail) * (resamples - 1)))]
+
+
+def verdict(interval: tuple[float, float], target: float) -> str:
+    """`met` when the whole interval is at or above `target` (a speed-up the first side must reach),
+    `missed` when it is wholly below, else `not resolved` (the trials cannot tell)."""
+    lo, hi = interval
+    if lo >= target:
+        return MET
+    if hi < target:
+        return MISSED
+    return UNRESOLVED
+
+
+def beside_one(interval: tuple[float, float]) -> int:
+    """Where an interval of a speed-up lies against 1 (the two sides equally fast): +1 wholly above
+    (the first side measurably faster), -1 wholly below (measurably slower), 0 when it holds 1."""
+    lo, hi = interval
+    return 1 if lo > 1 else -1 if hi < 1 else 0
 
 
 def interval_text(speedup: float, interval) -> str:
@@ -108,17 +124,6 @@ def rollouts_list_text(batches: list[int]) -> str:
     return and_text([str(b) for b in batches]) + (" rollout" if list(batches) == [1] else " rollouts")
 
 
-def verdict(interval: tuple[float, float], target: float) -> str:
-    """`met` when the whole interval is at or above `target` (a speed-up the first side must reach),
-    `missed` when it is wholly below, else `not resolved` (the trials cannot tell)."""
-    lo, hi = interval
-    if lo >= target:
-        return MET
-    if hi < target:
-        return MISSED
-    return UNRESOLVED
-
-
 @dataclass(frozen=True)
 class Comparison:
     """A speed-up with its interval (and, given a target, its verdict), from two sides' trials."""
@@ -132,10 +137,6 @@ class Comparison:
     @property
     def verdict(self) -> str | None:
         return None if self.target is None else verdict(self.interval, self.target)
-
-    def text(self) -> str:
-        """'1.02x [0.98, 1.05]': the speed-up of `first` over `second` and its interval."""
-        return interval_text(self.value, self.interval)
 
 
 def compare(first: str, first_s: list[float], second: str, second_s: list[float],

@@ -17,9 +17,14 @@ import torch
 from terra_nb.port.layout import FrameLayout
 from terra_nb.port.rollout import SamplingConfig, hf_generate_kwargs
 from terra_nb.workbook.data import load_sample
-from terra_nb.bench.profiling import sync as _sync
 
 __all__ = ["hf_timing_traps"]
+
+
+def _sync() -> None:
+    """Wait for the GPU's queued work (a no-op on the CPU), so that the clock brackets it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _seconds(fn) -> float:
