@@ -1,5 +1,5 @@
-"""Speed levers: the plans that measure FP8 and frame copy, the block counters, the
-quality bars, and the port's weight check under vLLM's online FP8 quantization."""
+"""Speed levers: the guide's plans, the block counters, the quality bars, the committed files, and
+the port's weight check under vLLM's online FP8 quantization."""
 from __future__ import annotations
 
 import pytest
@@ -7,53 +7,26 @@ import torch
 from torch import nn
 
 from terra_nb.bench import lever_plans, pairs, plans, quality
-from terra_nb.bench.settings import setting_differences
 from terra_nb.port.vllm_model import coverage_report, made_by_quantization
+from terra_nb.workbook.paths import RESULTS
 
 
-# ------------------------------------------------------------------ plans
+# ------------------------------------------------------------------ the guide's plans
 
-def runs_async(kwargs: dict) -> bool:
-    """Async scheduling as vLLM decides it on a GPU: on unless asked off; off with speculative decoding."""
-    return kwargs.get("async_scheduling", True) and "speculative_k" not in kwargs
-
-
-@pytest.mark.parametrize("name", ["faster_spec_terra", "faster_spec_toy",
-                                  "faster_spec_toy_greedy", "guide_fp8", "guide_sync", "guide_long", "smoke_guide"])
+@pytest.mark.parametrize("name", sorted(lever_plans.FASTER_PLANS))
 def test_each_pair_tests_exactly_what_its_sides_were_asked_to_change(name):
     """A pair's `under_test` must name the settings in which its sides' asked arguments differ
     (spelled as `effective_settings` records them), no more: else `check_pair` would wave through
     a difference nobody meant, or refuse the plan on the machine."""
-    spelled = {"kv_cache_dtype": "kv_cache_dtype", "quantization": "quantization",
-               "speculative_k": "speculative", "async_scheduling": "async_scheduling",
+    spelled = {"kv_cache_dtype": "kv_cache_dtype", "quantization": "quantization", "async_scheduling": "async_scheduling",
                "compilation_config": None}  # recorded as its mode and graph mode, which FP8 leaves alone
     plan = lever_plans.FASTER_PLANS[name]()
     sides = {s.name: s for s in plan.sides}
     for p in plan.pairs:
-        a, b = sides[p.first], sides[p.second]
-        asked = {k for k in set(a.engine_kwargs) | set(b.engine_kwargs) if a.engine_kwargs.get(k) != b.engine_kwargs.get(k)}
-        expected = {spelled[k] for k in asked if k != "async_scheduling" and spelled[k]}
-        if ("speculative_k" in a.engine_kwargs) != ("speculative_k" in b.engine_kwargs):
-            expected.add("model_runner")  # vLLM 0.26 runs a custom proposer on model runner V1
-        if runs_async(a.engine_kwargs) != runs_async(b.engine_kwargs):
-            expected.add("async_scheduling")
-        if a.kind != b.kind:
-            expected |= set(lever_plans.SESSION_VS_LOOP) if "session" in (a.kind, b.kind) else {"*"}
-        tested = set(p.under_test)
-        if a.kind == b.kind or "session" in (a.kind, b.kind):
-            assert tested == expected, (p.name, tested, expected)
-        assert all(s.engine_kwargs["disable_log_stats"] is False for s in (a, b))
-
-
-def test_speed_lever_plans_put_their_targets_on_the_pairs_that_have_one():
-    targets = {p.name: p.target for name in lever_plans.FASTER_PLANS
-               for p in lever_plans.FASTER_PLANS[name]().pairs if p.target is not None}
-    assert targets == {"port_fc8_vs_port_b1": 1.5, "port_fc16_vs_port_b1": 1.5}
-    (block,) = lever_plans.FASTER_PLANS["faster_spec_toy_greedy"]().blocks
-    assert block.temperature == 0 and block.batch == 1
-
-
-GUIDE = ("guide_fp8", "guide_sync", "guide_long", "guide_mid")
+        a, b = sides[p.first].engine_kwargs, sides[p.second].engine_kwargs
+        asked = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+        assert set(p.under_test) == {spelled[k] for k in asked if spelled[k]}, p.name
+        assert a["disable_log_stats"] is False and b["disable_log_stats"] is False
 
 
 def test_the_guide_plans_cover_what_the_guide_needs_each_against_the_port():
@@ -62,16 +35,15 @@ def test_the_guide_plans_cover_what_the_guide_needs_each_against_the_port():
     weights) at 128; five trials a side; a side asks for nothing but its setting and the plan's
     shared limits, and the sides of a plan fit one GPU together."""
     covered = set()
-    for name in GUIDE:
+    for name in ("guide_fp8", "guide_sync", "guide_long", "guide_mid"):
         plan = lever_plans.FASTER_PLANS[name]()
         sides = {s.name: s for s in plan.sides}
         blocks = {b.name: b for b in plan.blocks}
-        assert sides["port"].engine_kwargs == dict(plans.GPU_SHARED, **lever_plans.STATS,
-                                                   gpu_memory_utilization=sides["port"].engine_kwargs["gpu_memory_utilization"])
-        assert len(sides) * sides["port"].engine_kwargs["gpu_memory_utilization"] <= 0.9
+        share = sides["port"].engine_kwargs["gpu_memory_utilization"]
+        assert sides["port"].engine_kwargs == dict(plans.GPU_SHARED, **lever_plans.STATS, gpu_memory_utilization=share)
+        assert len(sides) * share <= 0.9
         for s in plan.sides[1:]:
-            asked, tested = lever_plans.GUIDE_SETTINGS[s.name]
-            assert s.engine_kwargs == dict(sides["port"].engine_kwargs, **asked)
+            assert s.engine_kwargs == dict(sides["port"].engine_kwargs, **lever_plans.GUIDE_SETTINGS[s.name][0])
         for p in plan.pairs:
             b = blocks[p.block]
             assert p.second == "port" and p.under_test == lever_plans.GUIDE_SETTINGS[p.first][1] and b.trials == 5
@@ -83,27 +55,14 @@ def test_the_guide_plans_cover_what_the_guide_needs_each_against_the_port():
     assert lever_plans.FP8_WEIGHTS == dict(lever_plans.FP8_WEIGHTS_ONLY, **lever_plans.FP8_KV)
 
 
-def test_each_guide_plan_fits_its_gpu_time():
-    """Engine starts plus warm-up and five rounds, from trial times measured on an H100 (Terra
-    shape, bf16: results/faster, results/pairs) scaled to the frames, within 13.5 minutes a GPU."""
-    per_frame_s = {1: 1.35, 32: 2.0, 128: 3.3}           # short video; frame 4 onward at 128 grows
-    long_128_s = 37.0                                    # 128 rollouts x 8 frames (9 frames took ~42 s)
-    for name in GUIDE:
-        plan = lever_plans.FASTER_PLANS[name]()
-        total = sum(60.0 for _ in plan.sides)
-        for b in plan.blocks:
-            trial = long_128_s if (b.batch, b.frames) == (128, 8) else per_frame_s[b.batch] * b.frames
-            for side in b.sides:
-                slow = 1 / 0.55 if side == "port_sync" else 1.0
-                total += (b.trials + 0.5) * trial * slow
-        assert total <= 13.5 * 60, (name, total)
+@pytest.mark.parametrize("name", ["guide_fp8", "guide_sync", "guide_long", "guide_mid"])
+def test_the_committed_guide_files_ran_the_plans_of_today(name):
+    """The H200 file a guide plan wrote records that plan, side for side and pair for pair: the
+    notebook's tables are what `pairs --plan NAME` would measure again."""
+    import json
 
-
-def test_check_pair_accepts_speculation_only_with_async_scheduling_named():
-    base = dict(settings=dict(async_scheduling=True, speculative=None, dtype="bfloat16"))
-    spec = dict(settings=dict(async_scheduling=False, speculative="custom_class", dtype="bfloat16"))
-    assert setting_differences(spec, base, lever_plans.SPECULATION) == {}
-    assert set(setting_differences(spec, base, ("speculative",))) == {"async_scheduling"}
+    assert pairs.plan_of(json.loads((RESULTS / "faster" / f"h200_{name}.json").read_text())) == \
+        lever_plans.FASTER_PLANS[name]()
 
 
 def test_counter_deltas_are_per_block_with_codes_per_step():
@@ -172,8 +131,6 @@ def test_fp8_scales_are_not_missing_weights_but_a_missing_weight_still_is():
 
 
 # ------------------------------------------------------------------ the committed GPU results
-
-from terra_nb.workbook.paths import RESULTS  # noqa: E402
 
 def _kind(path) -> str | None:
     import json

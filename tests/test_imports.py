@@ -166,7 +166,7 @@ def test_the_benchmark_imports_flow_down_its_package_docstring():
             if f"terra_nb.bench.{name}" in known:
                 place.setdefault(f"terra_nb.bench.{name}", i)
     assert {"terra_nb.bench.records", "terra_nb.bench.pairs", "terra_nb.bench.headline",
-            "terra_nb.bench.sides", "terra_nb.bench.faster"} <= place.keys()
+            "terra_nb.bench.sides", "terra_nb.bench.guide"} <= place.keys()
     up = [f"{a} imports {b}" for a in place for b in g[a] if b in place and place[b] > place[a]]
     assert not up, "imports up the list in bench/__init__.py: " + "; ".join(up)
 

@@ -1,14 +1,10 @@
-"""The settings guide of notebook 12: which settings pay on the GPU, at which batch, and why.
+"""Notebook 12's figures: which settings pay on a GPU, what they cost in quality, why, and frame copy's result.
 
-Every setting (`GUIDE_LABELS`: FP8 KV cache, FP8 weights, both, async scheduling off) is measured
-against the port as it ships in interleaved pairs (`lever_plans.guide_plan`, files `results/faster/
-*_guide_*.json`; earlier plans measured some cells too, `guide_measurements` takes them all), read
-off its 95% interval (`guide_verdict`), beside its quality cost on the toy model (`quality_costs`).
-Why the bytes a setting saves (the memory floor, `roofline`) do not become time comes from the
-step profile (`python -m terra_nb.bench profile`, files `*_step_profile_*.json`): where one decode
-step's time goes on the host and on the GPU (`step_rows`, `step_breakdown_plot`).
-
-Pure functions of the files, no engine.
+Every setting of `GUIDE_LABELS` against the port as it ships, from the interleaved files of
+`results/faster/` (`lever_plans`), per GPU (`guide_measurements`), read off its 95% interval
+(`guide_verdict`), with its quality on the toy model (`quality_costs`); a decode step against the
+memory floor from a step profile (`step_rows`, `step_breakdown_plot`); frame copy's break-even
+(`break_even`). Pure functions of the files, no engine.
 """
 from __future__ import annotations
 
@@ -19,34 +15,54 @@ from pathlib import Path
 import numpy as np
 
 from terra_nb.bench import roofline
-from terra_nb.bench.faster import faster_dir
-from terra_nb.bench.stats import interval_text, rollouts_text
+from terra_nb.bench.records import block, provenance
+from terra_nb.bench.stats import beside_one, interval_text
 from terra_nb.port.layout import FrameLayout
 
 GUIDE_LABELS = {"port_fp8kv": "FP8 KV cache", "port_fp8w": "FP8 weights", "port_fp8": "FP8 weights + FP8 KV cache",
                 "port_sync": "async scheduling off"}
-"""The guide's settings by their side names (`lever_plans.GUIDE_SETTINGS`), as a reader names them."""
+"""The settings by their side names (`lever_plans.GUIDE_SETTINGS`), as a reader names them."""
 
 GUIDE_QUALITY = {"port_fp8kv": ("quality_toy", "bf16_fp8kv"), "port_fp8w": ("fp8_weights_toy", "bf16_fp8w"),
                  "port_fp8": ("fp8_weights_toy", "bf16_fp8w_fp8kv")}
-"""Where each setting's quality cost on the toy model is checked: (file kind, the quality check's
-candidate against bf16). Async scheduling changes when the host works, not the model's arithmetic."""
+"""Where each FP8 setting's quality on the toy model is checked: (file kind, the check's candidate
+against bf16). Async scheduling changes when the host works, not the model's arithmetic."""
+
+PAYS, COSTS, NO_DIFFERENCE = "pays", "costs", "no difference measured"
 
 
-def guide_measurements(folder: Path | None = None) -> dict[tuple[str, int, int], dict]:
+def faster_dir() -> Path:
+    from terra_nb.workbook.paths import RESULTS
+
+    return RESULTS / "faster"
+
+
+def load(kind: str, folder: Path | None = None) -> dict:
+    """The one `results/faster/*_<kind>.json`, its path under `"path"`."""
+    paths = sorted(Path(folder or faster_dir()).glob(f"*_{kind}.json"))
+    if len(paths) != 1:
+        raise FileNotFoundError(f"expected one results/faster/*_{kind}.json, found {[p.name for p in paths]}")
+    return dict(json.loads(paths[0].read_text()), path=paths[0])
+
+
+def pair(res: Mapping, first: str, second: str, block_name: str) -> dict:
+    """The file's `analysis` entry of `first` over `second` in a block."""
+    return next(c for c in res["analysis"] if (c["first"], c["second"], c["block"]) == (first, second, block_name))
+
+
+# ------------------------------------------------------------------ the guide
+
+def guide_measurements(folder: Path | None = None) -> dict[tuple[str, str, int, int], dict]:
     """Every Terra-shape speed-up of a guide setting over the port as it ships in the interleaved
-    files of `results/faster/` (the guide's plans write `*_guide_*.json`; earlier plans measured
-    some cells too): (side, rollouts, frames) -> its `analysis` entry with `file` and `provenance`,
-    the newest file's where several measured it."""
-    from terra_nb.bench.records import provenance
-
-    out: dict[tuple[str, int, int], dict] = {}
+    files of `results/faster/`: (device, side, rollouts, frames) -> its `analysis` entry with `file`
+    and `provenance`, the newest file's where several measured it."""
+    out: dict[tuple[str, str, int, int], dict] = {}
     for path in sorted(Path(folder or faster_dir()).glob("*.json")):
         res = json.loads(path.read_text())
         if res.get("kind") != "interleaved" or res.get("preset") != "terra":
             continue
         for c in res["analysis"]:
-            key = (c["first"], c["batch"], c["frames"])
+            key = (res["device"], c["first"], c["batch"], c["frames"])
             if c["second"] != "port" or c["first"] not in GUIDE_LABELS:
                 continue
             if key not in out or (res["date"], path.name) > (out[key]["date"], out[key]["file"]):
@@ -55,68 +71,59 @@ def guide_measurements(folder: Path | None = None) -> dict[tuple[str, int, int],
 
 
 def guide_verdict(c: Mapping) -> str:
-    """A setting read off its 95% interval: `pays` wholly above 1, `costs` wholly below, else
-    `no difference measured` (one trial a side: `one trial, no interval`)."""
+    """`pays` when the 95% interval lies wholly above 1, `costs` wholly below, else `no difference
+    measured`; one trial a side has no interval."""
     if c["trials"] < 2:
         return "one trial, no interval"
-    lo, hi = c["interval"]
-    return "pays" if lo > 1 else "costs" if hi < 1 else "no difference measured"
+    return {1: PAYS, -1: COSTS, 0: NO_DIFFERENCE}[beside_one(c["interval"])]
 
 
-def guide_rows(meas: Mapping, grid: Sequence[tuple[int, int]]) -> list[dict]:
-    """One row per workload (rollouts, frames after the context): the rows of `grid` first, then any
-    other workload some file measured; per setting its speed-up over the port as it ships with its
-    interval and verdict, or `not yet measured`."""
-    extra = sorted({(b, f) for _, b, f in meas} - set(grid))
+def devices(meas: Mapping) -> list[str]:
+    """The GPUs that measured something, the one with the most measurements first."""
+    gpus = [d for d, *_ in meas]
+    return sorted(set(gpus), key=lambda d: (-gpus.count(d), d))
+
+
+def guide_rows(meas: Mapping, device: str) -> list[dict]:
+    """One GPU's table: a row per workload (rollouts, frames after the context) it measured; per
+    setting its speed-up over the port as it ships, interval and verdict, or `not measured`."""
     rows = []
-    for b, f in list(grid) + extra:
+    for b, f in sorted({(b, f) for d, _, b, f in meas if d == device}, key=lambda w: (w[1], w[0])):
         row = {"rollouts": b, "frames": f}
         for side, label in GUIDE_LABELS.items():
-            c = meas.get((side, b, f))
-            row[label] = f"{interval_text(c['speedup'], c['interval'])}: {guide_verdict(c)}" if c else "not yet measured"
+            c = meas.get((device, side, b, f))
+            row[label] = f"{interval_text(c['speedup'], c['interval'])}: {guide_verdict(c)}" if c else "not measured"
         rows.append(row)
     return rows
 
 
+def by_verdict(meas: Mapping, verdict: str, side: str | None = None, device: str | None = None) -> list[dict]:
+    """The measurements with `verdict`, of one setting and one GPU where given, each with its key."""
+    return [dict(c, device=d, side=s) for (d, s, b, f), c in meas.items()
+            if guide_verdict(c) == verdict and side in (None, s) and device in (None, d)]
+
+
 def quality_costs(files: Mapping[str, Mapping]) -> dict[str, dict]:
-    """Each FP8 setting's quality cost on the toy model (`GUIDE_QUALITY`): top-1 agreement with HF
-    float32 in points below bf16's, path error over bf16's, and the bar's verdict."""
+    """Each FP8 setting's quality check on the toy model (`GUIDE_QUALITY`: top-1 agreement with HF
+    float32 in points below bf16's, path error over bf16's, the bar's verdict), and a `text`."""
     out = {}
     for side, (kind, candidate) in GUIDE_QUALITY.items():
         check = next((c for c in files.get(kind, {}).get("checks", []) if c["candidate"] == candidate), None)
         if check is None or check.get("verdict") == "not measured":
             out[side] = dict(text="not measured")
             continue
-        out[side] = dict(check, text=f"{check['agreement_points_below']:.2f} points of top-1 agreement, path error "
-                                     f"{check['path_error_ratio']:.2f}x bf16's: {check['verdict']}")
+        out[side] = dict(check, text=f"{check['agreement_points_below']:.2f} points of top-1 agreement below bf16, "
+                                     f"path error {check['path_error_ratio']:.2f}x bf16's: {check['verdict']}")
     out["port_sync"] = dict(text="none: the same arithmetic, scheduled differently", verdict="within")
     return out
 
 
-def guide_advice(meas: Mapping, quality: Mapping, batches: Sequence[int] = (1, 32, 128)) -> list[dict]:
-    """Per batch, what to use on this GPU: the settings that paid on some video there (with the
-    videos where they did not), each with its quality cost; else the port as it ships."""
-    rows = []
-    for b in batches:
-        measured = {k: c for k, c in meas.items() if k[1] == b}
-        if not measured:
-            rows.append({"rollouts": b, "use": "not yet measured", "measured": ""})
-            continue
-        paid = sorted({side for (side, _, _), c in measured.items() if guide_verdict(c) == "pays"})
-        use = "; ".join(f"{GUIDE_LABELS[s]} (quality: {quality.get(s, {}).get('text', 'not measured')})" for s in paid)
-        rows.append({"rollouts": b, "use": use or "the port as it ships: no setting measured faster",
-                     "measured": "; ".join(f"{GUIDE_LABELS[s]}, {f} frames: {guide_verdict(c)}"
-                                           for (s, _, f), c in sorted(measured.items()))})
-    return rows
-
+# ------------------------------------------------------------------ why: a decode step beside the memory floor
 
 def step_profile_files(folder: Path | None = None) -> dict[str, dict]:
-    """The GPU step profiles (`python -m terra_nb.bench profile`, `*_step_profile_*.json`) by name
-    after `step_profile_`, with their path; {} before one was measured."""
-    out = {}
-    for path in sorted(Path(folder or faster_dir()).glob("*_step_profile_*.json")):
-        out[path.stem.split("_step_profile_", 1)[1]] = dict(json.loads(path.read_text()), path=path)
-    return out
+    """The step profiles (`*_step_profile_<name>.json`) by name, with their path."""
+    return {p.stem.split("_step_profile_", 1)[1]: dict(json.loads(p.read_text()), path=p)
+            for p in sorted(Path(folder or faster_dir()).glob("*_step_profile_*.json"))}
 
 
 def _kernels_by_batch(profile: Mapping) -> dict[str, dict]:
@@ -125,62 +132,64 @@ def _kernels_by_batch(profile: Mapping) -> dict[str, dict]:
 
 
 def step_rows(profile: Mapping, config) -> list[dict]:
-    """Per batch of a step profile: the wall time of a decode step, the GPU's kernel time in it, and
-    the memory floor (weights and every rollout's KV cache at the profile's context, over the
-    device's data-sheet bandwidth)."""
-    layout = FrameLayout.from_config(config)
-    spec, rows = profile["spec"], []
+    """Per batch of a step profile: a decode step's wall time, the GPU's kernel time in it, the
+    memory floor (the weights and every rollout's KV cache at the profile's context, over the
+    device's data-sheet bandwidth), and the step and the kernels as multiples of that floor."""
+    layout, spec = FrameLayout.from_config(config), profile["spec"]
     kernels = _kernels_by_batch(profile)
+    rows = []
     for st in (st for st in profile["steps"] if "error" not in st):
         ctx = spec["n_ctx"] * layout.frame_len + spec["decode_steps"] / 2
-        floor = roofline.decode_step_floor_s(config, st["batch"], ctx, roofline.bandwidth_of(profile["env"]["device"]))
-        gpu_us = (kernels.get(str(st["batch"])) or {}).get("device_us_per_step")
+        floor_ms = 1e3 * roofline.decode_step_floor_s(config, st["batch"], ctx, roofline.bandwidth_of(profile["env"]["device"]))
+        gpu_ms = ((kernels.get(str(st["batch"])) or {}).get("device_us_per_step") or 0) / 1e3
         rows.append({"rollouts": st["batch"], "ms a step": round(st["wall_ms_per_step"], 3),
-                     "GPU kernels (ms)": round(gpu_us / 1e3, 3) if gpu_us else "not recorded",
-                     "memory floor (ms)": round(1e3 * floor, 3),
-                     "GPU busy": f"{gpu_us / 1e3 / st['wall_ms_per_step']:.0%}" if gpu_us else "",
-                     "step over floor": f"{st['wall_ms_per_step'] / (1e3 * floor):.1f}x"})
+                     "memory floor (ms)": round(floor_ms, 3),
+                     "step, x the memory floor": round(st["wall_ms_per_step"] / floor_ms, 2),
+                     "GPU kernels (ms)": round(gpu_ms, 3) if gpu_ms else "not recorded",
+                     "kernels, x the memory floor": round(gpu_ms / floor_ms, 2) if gpu_ms else ""})
     return rows
 
 
 STEP_PART_LABELS = {"scheduler": "scheduler", "input_preparation": "input preparation", "forward": "model forward (launch)",
                     "sampling": "sampling", "waiting_for_gpu": "waiting for the GPU", "output_processing": "output processing",
                     "front_end_rest": "rest of the front end"}
+_COLORS = dict(zip([*STEP_PART_LABELS, "matmul", "attention", "other"], [f"C{i}" for i in range(10)]))
 
 
 def step_breakdown_plot(profile: Mapping, config, title: str = "", save=None):
-    """Per batch of a step profile, two stacked bars of one decode step: the host's time cut into its
-    parts (`profiling.step_parts`) and the GPU's kernel time by kind (`kernel_profile`), beside
-    the memory floor (a line: what the bytes alone would take)."""
+    """Per batch of a step profile, two stacked bars of one decode step: the host's time in its parts
+    (`profiling.step_parts`) and the GPU's kernel time by kind, beside the memory floor (a line)."""
     from matplotlib.figure import Figure
 
+    from terra_nb.bench.stats import rollouts_text
     from terra_nb.workbook.viz import save_figure
 
     steps = [st for st in profile["steps"] if "error" not in st]
     kernels = _kernels_by_batch(profile)
     floors = {r["rollouts"]: r["memory floor (ms)"] for r in step_rows(profile, config)}
     fig = Figure(figsize=(4.2 * len(steps), 3.8), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(steps)))
-    colors = dict(zip(list(STEP_PART_LABELS) + ["matmul", "attention", "other"],
-                      ["tab:blue", "tab:cyan", "tab:orange", "tab:olive", "lightgrey", "tab:purple", "tab:pink",
-                       "tab:red", "tab:green", "tab:brown"]))
-    for ax, st in zip(axes, steps):
-        bottom = 0.0
-        for part, ms in st["parts_ms_per_step"].items():
-            if ms:
-                ax.bar(0, ms, bottom=bottom, color=colors[part], label=STEP_PART_LABELS[part])
-                bottom += ms
+    for ax, st in zip(np.atleast_1d(fig.subplots(1, len(steps))), steps):
         by_kind = (kernels.get(str(st["batch"])) or {}).get("device_us_per_step_by_kind") or {}
-        bottom = 0.0
-        for kind, us in by_kind.items():
-            ax.bar(1, us / 1e3, bottom=bottom, color=colors[kind], label=f"GPU: {kind} kernels")
-            bottom += us / 1e3
+        for x, parts in ((0, st["parts_ms_per_step"]), (1, {k: us / 1e3 for k, us in by_kind.items()})):
+            bottom = 0.0
+            for part, ms in parts.items():
+                if ms:
+                    ax.bar(x, ms, bottom=bottom, color=_COLORS[part],
+                           label=STEP_PART_LABELS[part] if x == 0 else f"GPU: {part} kernels")
+                    bottom += ms
         ax.axhline(floors[st["batch"]], color="k", ls="--", lw=1, label="memory floor")
         ax.set_xticks([0, 1], ["host (CPU)", "GPU kernels" if by_kind else "GPU: not recorded"])
-        ax.set_title(f"{rollouts_text(st['batch'])}: {st['wall_ms_per_step']:.2f} ms a step",
-                     fontsize=9)
+        ax.set_title(f"{rollouts_text(st['batch'])}: {st['wall_ms_per_step']:.2f} ms a step", fontsize=9)
         ax.set_ylabel("ms per decode step")
-    axes[-1].legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.axes[-1].legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if title:
         fig.suptitle(title, fontsize=8)
     return save_figure(fig, save)
+
+
+# ------------------------------------------------------------------ frame copy
+
+def break_even(res: Mapping, side: str, base: str, block_name: str) -> float:
+    """The codes a step `side` (a speculative engine) must average to match `base`: a step of it
+    costs this many of `base`'s. Its speed-up is codes per step (vLLM's counters) over that cost."""
+    return block(res, block_name)["counters"][side]["codes_per_step"] / pair(res, side, base, block_name)["speedup"]

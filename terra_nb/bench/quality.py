@@ -1,21 +1,13 @@
 """What a faster setting costs in quality, measured on the trained toy model (notebook 12).
 
-Speed from FP8 is only worth having if the model still makes the same video. On the trained toy
-model (its logits are decisive, so a changed choice is a real change, not a tie broken the other
-way) every variant of the engine is scored two ways against HF in float32, the port's reference:
+Each engine variant (`VARIANTS`) is scored against HF in float32, the port's reference, on the toy
+model, whose logits are decisive (a changed choice is a real change, not a tie broken the other way):
+**teacher-forced**, the share of codes on the held-out clips whose top-1 agrees with HF's and the
+largest logprob gap (`lessons.parity.teacher_forced_parity`); **free-running**, the path error of
+greedy rollouts on the ordinary and the counterfactual clips (`toyworld.score.action_following_score`).
+`quality_checks` reads the bars off the result.
 
-- **teacher-forced**: HF and the variant score the same ground-truth clips (context + true frames,
-  with their actions) position by position (`lessons.parity.teacher_forced_parity`): the share of
-  codes whose top-1 agrees with float32 HF's, and the largest logprob gap over the ids returned;
-- **free-running**: the variant drives `toyworld.score.action_following_score`'s held-out clips
-  greedily, and the path recovered from its frames is compared with the commanded one (`ade_m`,
-  mean position error in metres), on the ordinary clips and on counterfactual ones (the same
-  context, different manoeuvres: only the actions say where to go).
-
-`quality_checks` then reads the issue's bars off the result: FP8 KV's path error within 5% of
-bf16's, its teacher-forced agreement no more than 1 point below bf16's.
-
-    python -m terra_nb.bench quality --out results/quality/<gpu>_<date>_fp8_toy.json
+    python -m terra_nb.bench quality --out results/faster/<machine>_quality_toy.json
 """
 from __future__ import annotations
 
@@ -121,7 +113,7 @@ def measure_quality(variants: dict[str, dict] | None = None, n_clips: int = 8, n
 
 
 def quality_checks(res: dict, candidate: str = "bf16_fp8kv", base: str = "bf16") -> dict:
-    """The issue's bars for `candidate` against `base`: path error within `PATH_ERROR_MARGIN` of
+    """The bars for `candidate` against `base`: path error within `PATH_ERROR_MARGIN` of
     base's (ordinary clips), teacher-forced agreement at most `AGREEMENT_POINTS` points below."""
     v = res["variants"]
     if "error" in v.get(candidate, {"error": "not run"}) or "error" in v.get(base, {"error": "not run"}):

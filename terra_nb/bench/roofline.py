@@ -1,17 +1,15 @@
 """The memory floor of a rollout: the time no engine change can beat.
 
-Each decode step (one new code for every rollout) reads from GPU memory every weight it multiplies
-by (all but the embedding tables, which it only gathers rows of) and every rollout's KV cache so
-far. Those bytes over the memory bandwidth are the least time the step can take. Terra's decode is
-far below the GPU's compute at these batches, so this floor, not arithmetic, bounds it: at batch 1
-the weights dominate (about 3 GB a step in bf16, mostly the 262,145-code output layer), at 128
-rollouts deep into the 25-frame window the KV caches do.
-
-What this is for: an engine change that removes work outside the model (the frame loop's
-re-submitted prompts, the sessions) can at most close the gap between a measured rollout and
-its floor; it cannot go under the floor.
+Each decode step (one new code for every rollout) reads every weight it multiplies by (all but the
+embedding tables, of which it only gathers rows) and every rollout's KV cache so far. Those bytes
+over the memory bandwidth are the least time the step can take: Terra's decode is far below the
+GPU's compute at these batches, so this floor, not arithmetic, bounds it. At batch 1 the weights
+dominate (about 3 GB a step in bf16, mostly the 262,145-code output layer), at 128 rollouts deep
+into the 25-frame window the KV caches do.
 """
 from __future__ import annotations
+
+import math
 
 from terra_nb.workbook.checkpoints import head_dim, weight_shapes
 from terra_nb.port.layout import FrameLayout
@@ -32,7 +30,7 @@ def bandwidth_of(device: str) -> float:
 def streamed_weight_bytes(config, dtype_bytes: int = 2) -> int:
     """Bytes of the weights one decode step reads in full: every weight but the embedding tables."""
     shapes = weight_shapes(config)
-    return dtype_bytes * sum(_numel(s) for name, s in shapes.items() if "embed" not in name)
+    return dtype_bytes * sum(math.prod(s) for name, s in shapes.items() if "embed" not in name)
 
 
 def kv_bytes_per_token(config, dtype_bytes: int = 2) -> int:
@@ -76,9 +74,3 @@ def floor_frames_per_s(config, batch: int, n_ctx: int, n_frames: int, device: st
     """Frames per second (all rollouts together) at the memory floor on `device`."""
     return batch * n_frames / rollout_floor_s(config, batch, n_ctx, n_frames, bandwidth_of(device), dtype_bytes)
 
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -1,34 +1,18 @@
-"""Where one frame step's time goes: stock vLLM's frame loop beside one engine session per rollout.
+"""Where one frame step's time goes: a frame loop (`vllm_rollout`, stock's `stock_rollout`) beside one
+engine session per rollout (`session_rollout`).
 
-Both generate the same frames, `P` codes each, one decode step per code; what differs is what
-happens between two frames:
+Both generate `P` codes a frame, one decode step per code; they differ between two frames. A frame
+loop sends each frame as one `LLM.generate` of every rollout's whole prompt grown by a frame: it is
+clocked around its `generate` calls and every engine `step` inside them. A session sends a 7-token
+chunk per rollout: it is clocked from its outputs' arrival (per frame the *gap* from the previous
+frame's last code to this frame's first, then the time per code). Either way a frame's **overhead**
+is its wall time minus `P - 1` decode steps; frames that open a round are left out.
 
-* **frame loop** (`vllm_rollout`, or stock Llama's `stock_rollout`): each frame is one
-  `LLM.generate` of every rollout's whole prompt grown by a frame. The front end processes each
-  prompt again, the engine core hashes its blocks and prefills its newest frame (582 tokens).
-  Measured with a clock around the `generate` calls and around every engine `step` inside them.
-* **session** (`session_rollout`): each frame is one 7-token chunk per rollout. Measured from the
-  arrival of the session's outputs: per rollout and frame, the *gap* from the previous frame's
-  last code to this frame's first (chunk sent, checked, 7 tokens prefilled, first code sampled),
-  then the time per code after it.
-
-Both give a frame's wall time and its decode step (the median engine step of a frame for the loop;
-the time per code after the first for a session), and so the frame's **overhead**: wall time minus
-`P - 1` decode steps, what the step spends on anything but generating codes. Frames that open a
-round (their prompt is the whole window) are left out of both.
-
-The frame loop also clocks **vLLM's multimodal path** (`MM_PATH_CALLS`): the calls vLLM's
-scheduler and model runner make in every engine step for a model that takes multimodal inputs
-(the scheduler's only for requests that carry items). Their milliseconds per engine step
-(`mm_path_ms`) are what a text-only model does not spend; on a text-only engine they read 0.
-
-The clocks wrap methods of one engine instance for the duration of a `with` block (instance
-attributes shadowing the class's methods), so they cost one `perf_counter` per call and vanish
-afterwards. Every timed trial of a frame loop carries the two cheap ones, `generate` and the engine
-step, the same on every side (`clocked_frame_loop`, `trial_summary`): each trial then also gives
-its median decode step and overhead a frame, so a gap between two sides' trials can be read as
-per-step or per-frame over all the trials. The multimodal clocks run only on the separate
-profiled rollout: they wrap calls only a multimodal engine makes.
+The frame loop also clocks **vLLM's multimodal path** (`MM_PATH_CALLS`), what a text-only model does
+not spend, in ms per engine step (`mm_path_ms`). Clocks are instance attributes shadowing an
+engine's methods inside a `with` block: one `perf_counter` per call, gone afterwards. Every timed
+trial carries the two cheap ones (`clocked_frame_loop`, `trial_summary`); the multimodal clocks run
+only on a separate profiled rollout.
 """
 from __future__ import annotations
 
@@ -39,9 +23,6 @@ from typing import Callable
 
 from terra_nb.bench.profiling import ENGINE_CORE, MODEL_RUNNER, step_targets
 
-__all__ = ["MM_PATH_CALLS", "clocked_calls", "clocked_frame_loop", "clocked_stream", "frame_loop_step_profile",
-           "session_step_profile", "trial_summary"]
-
 MM_PATH_CALLS = {
     "encoder_inputs_search": [(ENGINE_CORE + ".scheduler", "_try_schedule_encoder_inputs")],
     "encoder_inputs_release": [(ENGINE_CORE + ".scheduler", "_free_encoder_inputs")],
@@ -49,17 +30,13 @@ MM_PATH_CALLS = {
                           (MODEL_RUNNER + ".model_state.encoder_runner", "gather_mm_embeddings")],  # V2
     "model_inputs": [(MODEL_RUNNER, "_preprocess"), (MODEL_RUNNER + ".model_state", "get_mm_embeddings")],
 }
-"""vLLM's multimodal path in an engine step: name -> candidates (path of the object from the
-`vllm.LLM`, method), the first the engine has (model runner V1, then V2).
-`encoder_inputs_search`: the scheduler's walk over a running request's multimodal items (called
-once per request and step); `encoder_inputs_release`: its check, after each step, of which of a
-request's items the encoder cache may let go (once per request and step); `embeddings_gather`:
-the runner's collection of the embeddings the step needs (a walk over every request's items; V2
-skips it when every request is decoding);
-`model_inputs`: the runner's making of the model's input, which holds the gather, the encoder and
-the embedding of every token, run eagerly before the compiled graph. A text-only model passes
-token ids into the graph instead: V1's call is then a slice, V2 makes none. A name with no
-candidate on the engine (the core in another process) is left out."""
+"""vLLM's multimodal path in an engine step: name -> candidates (path from the `vllm.LLM`, method),
+the first the engine has (model runner V1, then V2). The scheduler's walk over a running request's
+items (`encoder_inputs_search`) and its check of which the encoder cache may free
+(`encoder_inputs_release`), each once per request and step; the runner's gather of the step's
+embeddings (`embeddings_gather`) and its making of the model's input (`model_inputs`: the gather,
+the encoder and every token's embedding, run eagerly before the compiled graph; a text-only model
+passes token ids instead)."""
 
 
 @contextlib.contextmanager
