@@ -42,3 +42,13 @@ def test_the_earlier_tables_render_from_the_committed_files():
     _, sessions = records.earlier("sessions")
     assert records.step_rows(sessions) and all(r["rollouts"] in sessions["step_profiles"] for r in records.step_rows(sessions))
     assert [r["rollouts"] for r in records.curve_rows(sessions)] == [c["batch"] for c in sessions["curve"]]
+
+
+def test_step_rows_show_each_engines_split_and_its_ceiling():
+    loop = dict(mode="frame loop", batch=128, wall_ms=3500.0, decode_step_ms=5.6, overhead_ms=280.0, overhead_share=0.08)
+    sess = dict(mode="session", batch=128, wall_ms=3400.0, decode_step_ms=5.7, overhead_ms=119.5, overhead_share=0.035,
+                gap_ms=165.0)
+    assert records.overhead_ceiling(loop) == pytest.approx(3500 / 3220)
+    rows = records.step_rows(dict(step_profiles={"128": {"stock_llama": loop, "session": sess}}))
+    assert [(r["engine"], r["overhead share"], r["ceiling: wall ÷ decode"]) for r in rows] == [
+        ("stock, frame loop", "8.0%", 1.087), ("the port, a session a rollout", "3.5%", 1.036)]

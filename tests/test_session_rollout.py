@@ -93,35 +93,6 @@ def test_greedy_sessions_equal_the_frame_loop_across_a_round_boundary(engine, ti
     assert not torch.equal(out[0], out[1])
 
 
-# ---------------------------------------------------------------------------- step profile
-def test_step_profiles_split_a_frame_step_on_both_engines_without_changing_a_code(engine, tiny_llm):
-    """`workbook.step_profile` on the real engines: the frame loop's `generate` calls and engine
-    steps, the session's streamed outputs; the clocks leave the codes and the engines as they were."""
-    from terra_nb.bench.step_profile import frame_loop_step_profile, session_step_profile
-
-    ctx, acts = random_inputs(2, 3, 3 + 4 - 1, seed=11)
-    got = {}
-    loop = frame_loop_step_profile(tiny_llm, lambda: got.setdefault(
-        "loop", vllm_rollout(tiny_llm, ctx, acts, 4, GREEDY, progress=False)), P, batch=2)
-    sess = session_step_profile(engine, lambda: got.setdefault(
-        "session", session_rollout_sync(engine, ctx, acts, 4, GREEDY, progress=False)), P, batch=2)
-    assert torch.equal(got["loop"], got["session"]), first_difference(got["loop"], got["session"])
-    assert "generate" not in vars(tiny_llm) and "step" not in vars(tiny_llm.llm_engine)
-    assert "generate" not in vars(engine)
-    # the loop: 3 frames after its first call, each at least P engine steps (a prefill, P-1 decodes)
-    assert loop["mode"] == "frame loop" and loop["frames"] == 3 and loop["engine_steps"] >= P
-    # A frame's P - 1 decode steps fit in its wall time; the two are medians over different samples
-    # (steps, frames), so under load one may lead the other by a few per cent (6.43 against 6.27 ms
-    # once on a fresh clone): a quarter of slack, far below what a wrong step count would give (P x).
-    assert 0 <= loop["front_end_ms"] < loop["wall_ms"] and 0 < loop["decode_step_ms"] < 1.25 * loop["wall_ms"] / (P - 1)
-    # the session: every rollout's frames after its first; the gap lies inside the frame's wall time
-    assert sess["mode"] == "session" and sess["frames"] == 2 * 3
-    assert 0 < sess["gap_ms"] < sess["wall_ms"] and 0 < sess["decode_step_ms"] < 1.25 * sess["wall_ms"] / (P - 1)
-    for prof in (loop, sess):
-        assert [f["index"] for f in prof["by_frame"]] == [1, 2, 3]  # per frame after the window's
-        assert prof["overhead_ms"] == pytest.approx(prof["wall_ms"] - (P - 1) * prof["decode_step_ms"], abs=0.05)  # ms rounded to 3 places
-
-
 def test_open_loop_sessions_do_not_wait_for_each_other(engine):
     """Without a policy each session sends its next chunk as soon as its own frame is out: rollout 0
     finishes all its frames while rollout 1's first output is held back. (Waiting for the whole

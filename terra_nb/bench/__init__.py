@@ -11,7 +11,7 @@ One job a module; imports flow down this list, never up (tests/test_imports.py c
 - `settings`: what an engine really ran with, read back from it; the like-for-like check of a pair.
 - `workload`: the checkpoints, the sample a trial starts from, the seed's setting.
 - `engines`: building and ending each engine.
-- `profiling`, `step_profile`, `roofline`: measuring tools and the memory floor.
+- `profiling`, `roofline`: the decode-step profile and the memory floor.
   `timing`: the synchronised clock, SDPA limits. (HF's decode step at new vs seen lengths, a one-off
   probe, is `tools/hf_probe.py`.)
 - `records`: the committed result files: the newest of a kind, the provenance line, and the earlier

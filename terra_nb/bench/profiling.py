@@ -54,11 +54,11 @@ def _attr_path(obj, path: str):
     return obj
 
 
-def step_targets(llm, phases: dict[str, list[tuple[str, str]]] | None = None) -> dict[str, tuple[object, str]]:
-    """`phases` (default `STEP_PHASES`) resolved on a `vllm.LLM`: each phase's first candidate whose
-    object has the method (phases with none are left out)."""
+def step_targets(llm) -> dict[str, tuple[object, str]]:
+    """`STEP_PHASES` resolved on a `vllm.LLM`: each phase's first candidate whose object has the
+    method (phases with none are left out)."""
     out = {}
-    for phase, candidates in (STEP_PHASES if phases is None else phases).items():
+    for phase, candidates in STEP_PHASES.items():
         for path, name in candidates:
             obj = _attr_path(llm, path)
             if obj is not None and callable(getattr(obj, name, None)):

@@ -5,7 +5,9 @@ embedding tables, of which it only gathers rows) and every rollout's KV cache so
 over the memory bandwidth are the least time the step can take: Terra's decode is far below the
 GPU's compute at these batches, so this floor, not arithmetic, bounds it. At batch 1 the weights
 dominate (about 3 GB a step in bf16, mostly the 262,145-code output layer), at 128 rollouts deep
-into the 25-frame window the KV caches do.
+into the 25-frame window the KV caches do. An engine change that removes work outside the model
+(the frame loop's re-submitted prompts, the sessions) can at most close the gap between a measured
+rollout and its floor, never go under it.
 """
 from __future__ import annotations
 
