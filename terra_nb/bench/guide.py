@@ -9,7 +9,7 @@ memory floor from a step profile (`step_rows`, `step_breakdown_plot`); frame cop
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
