@@ -67,7 +67,7 @@ def test_the_interval_is_the_95_percent_one_at_both_ends():
     assert stats.bootstrap_interval([1.0], second, paired=False) == (2.0, 8.0)
     assert stats.bootstrap_interval([1.0], second, level=0.90, paired=False) == (3.0, 7.0)
     # and what a comparison reports is that interval
-    assert stats.compare("a", [1.0], "b", second).interval == (2.0, 8.0)
+    assert stats.compare([1.0], second)["interval"] == (2.0, 8.0)
 
 
 @pytest.mark.parametrize("interval,target,expected", [

@@ -295,7 +295,7 @@ def test_recorded_time_measured_the_notebooks_present_code(path):
     stale = [s for s in cpu_times.stale_notebooks() if s.startswith(path.stem + ":")]
     assert not stale, (f"{stale}: docs/benchmarks.md's time for it measured other code. Commit, `make reproduce`, "
                        "then `python tools/cpu_times.py record outputs/summary.json --load-before ...` and "
-                       "`python -m terra_nb.workbook.docs`")
+                       "`python -m terra_nb.bench.docs`")
 
 
 # ---- every notebook's stored outputs ----

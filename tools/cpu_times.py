@@ -1,7 +1,7 @@
 """The CPU time table of docs/benchmarks.md, from a recorded `make reproduce` run rather than typed figures.
 
     python tools/cpu_times.py record outputs/summary.json   # -> results/cpu_reproduce.json
-    python -m terra_nb.workbook.docs                        # docs/benchmarks.md's table from that file
+    python -m terra_nb.bench.docs                           # docs/benchmarks.md's table from that file
 
 `record --merge` adds (or replaces) only the notebooks of a run restricted to them (`make reproduce
 REPRODUCE_ARGS="--only 12"`), each with its own commit, date and load, and keeps every other
@@ -157,7 +157,7 @@ def _duration(seconds: float) -> str:
 
 
 def docs_section(path: Path = RECORD) -> str:
-    """docs/benchmarks.md's CPU time table (terra_nb.workbook.docs); the record keeps the load averages."""
+    """docs/benchmarks.md's CPU time table (terra_nb.bench.docs); the record keeps the load averages."""
     if not path.exists():
         return "No CPU run is recorded yet (`python tools/cpu_times.py record outputs/summary.json`)."
     d = json.loads(path.read_text())

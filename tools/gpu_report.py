@@ -351,7 +351,7 @@ def report_paragraph(stem: str, d: dict) -> str:
 
 
 def docs_section(results_dir: Path = REPO / "results") -> str:
-    """docs/benchmarks.md's GPU section: one paragraph per committed report (terra_nb.workbook.docs)."""
+    """docs/benchmarks.md's GPU section: one paragraph per committed report (terra_nb.bench.docs)."""
     reports = {p.stem: json.loads(p.read_text()) for p in sorted(results_dir.glob("gpu_report_*.json"))}
     if not reports:
         return "No GPU report is committed yet (`results/gpu_report_<gpu>.json`)."

@@ -4,13 +4,11 @@
     python -m terra_nb.bench remake results/pairs/<file>.json --out <new file>
     python -m terra_nb.bench quality --out results/faster/<machine>_quality_toy.json
     python -m terra_nb.bench profile --engine port --out <file>.json
-    python -m terra_nb.bench headline
 
-`pairs` runs a named plan (`plans.PLANS`, `lever_plans.FASTER_PLANS`): every side alive in its own
-process, trials in turn, settings read back and checked, one result file rewritten after every
-round. `remake` runs a result file's own plan again. `quality` scores the toy model under each
-engine variant; `profile` profiles one engine (port or stock) section by section; `headline`
-prints the README's headline block. The package's `__init__` lists what each module does.
+`pairs` runs a named plan (`plans.PLANS`, `lever_plans.FASTER_PLANS`) into one result file,
+rewritten after every round; `remake` runs a result file's own plan again. `quality` scores the toy
+model under each engine variant; `profile` splits one engine's decode step. The README's
+and docs' sections that render the results: `python -m terra_nb.bench.docs`.
 """
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-COMMIT_HELP = "the commit whose code ran, where the machine's git is stale (pairs.with_commit)"
+COMMIT_HELP = "the commit whose code ran, where the machine's git is stale"
 
 
 def main(argv=None):
@@ -39,20 +37,18 @@ def main(argv=None):
             p.add_argument("result")
         p.add_argument("--ckpt-root", default="checkpoints")
         p.add_argument("--out", required=True, help="the result file, rewritten after every round")
-        p.add_argument("--run", help="how this run was started, kept in the file: machine and command, "
-                       "e.g. '2xH100: bash tools/gpu.sh bg pairs'")
+        p.add_argument("--run", help="how this run was started (machine: command), kept in the file")
         p.add_argument("--deadline-s", type=float, default=None, help="skip rounds that would start after this many seconds")
         p.add_argument("--trial-timeout-s", type=float, default=None,
                        help="stop the run when a side gives no answer to a trial for this many seconds")
         p.add_argument("--commit", help=COMMIT_HELP)
-    q = sub.add_parser("quality", help="the toy model's quality under each engine variant (bench/quality.py: fp32, "
-                       "bf16, FP8 KV, FP8 weights) against HF float32, teacher-forced and free-running")
+    q = sub.add_parser("quality", help="the toy model's quality under each engine variant (bench/quality.py)")
     q.add_argument("--out", required=True)
-    q.add_argument("--variants", default=None, help="comma-separated names of quality.VARIANTS (default: all a GPU "
-                   "runs, or quality.CPU_VARIANTS on the CPU)")
+    q.add_argument("--variants", default=None, help="comma-separated names of quality.VARIANTS (default: all it can)")
     q.add_argument("--clips", type=int, default=8)
     q.add_argument("--commit", help=COMMIT_HELP)
-    pr = sub.add_parser("profile", help="cProfile + torch.profiler of one engine (port or stock), write JSON")
+    pr = sub.add_parser("profile", help="where one decode step's time goes on one engine (port or stock): the host's "
+                        "parts and the GPU's kernels (bench/profiling.py), write JSON")
     pr.add_argument("--engine", choices=("port", "stock"), required=True)
     pr.add_argument("--preset", default="terra")
     pr.add_argument("--ckpt-root", default="checkpoints")
@@ -64,18 +60,13 @@ def main(argv=None):
     for f in dataclasses.fields(ProfileSpec):   # --batch, --decode-steps, --n-ctx, ...
         kind = (lambda v: v.lower() in ("1", "true", "yes")) if f.type in (bool, "bool") else type(f.default)
         pr.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
-    sub.add_parser("headline", help="print the README's headline block, from results/pairs/*_headline_*.json")
     a = ap.parse_args(argv)
     if a.cmd in ("pairs", "remake"):
         _pairs(a)
     elif a.cmd == "quality":
         _quality(a)
-    elif a.cmd == "profile":
-        _profile(a)
     else:
-        from terra_nb.bench.headline import headline_markdown
-
-        print(headline_markdown())
+        _profile(a)
 
 
 def _pairs(a: argparse.Namespace) -> None:
@@ -99,9 +90,7 @@ def _pairs(a: argparse.Namespace) -> None:
         print(json.dumps(res["errors"], indent=2))
 
 
-def _profile(a: argparse.Namespace) -> None:
-    """`profile`: the result written to `--out`, with `--commit` as the commit whose code ran (the
-    device's own stale name kept beside it)."""
+def _profile(a: argparse.Namespace) -> None:   # `--commit` names the code that ran, the device's stale name kept
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the step clocks reach into the engine core

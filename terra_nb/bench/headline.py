@@ -104,10 +104,9 @@ def stock_markdown(results_dir: Path | None = None) -> str:
         rollouts_text(r["batch"]): f"**{interval_text(r['speedup'], r['interval'])}** ({r['trials']})" for r in rows}})
     return "\n\n".join([
         f"**The port against stock vLLM:** {stock_verdict(rows, [r for _, r in runs])}",
-        "Every committed run of the port against stock vLLM Llama, oldest first: the port's speed-up [95% interval] "
-        "(trials a side). Pooled: the runs of the newest run's machine and work whose commits hold the same "
-        "`terra_nb/port` (`git diff`); the median ratio of two trials run back to back, one a side, its interval "
-        "drawn over runs, then their trials. The others ran beside other plans or on another GPU.",
+        "Every committed run, oldest first: the port's speed-up [95% interval] (trials a side). Pooled: the runs of "
+        "the newest run's machine and work whose commits hold the same `terra_nb/port`; the others ran beside other "
+        "plans or on another GPU.",
         markdown_table(table)])
 
 
@@ -128,14 +127,13 @@ def seed_markdown(results_dir: Path | None = None) -> str:
     f, seed = latest("seed", results_dir)
     (eager, defaults), frame = _seed_pairs(seed), {s: s_per_frame(seed, "seed", s) for s in ("hf", "port_seed", "port_defaults")}
     return (f"`{f.name}` ({provenance(seed)}), {block(seed, 'seed')['frames']} frames after {seed['n_ctx']}, "
-            f"{eager['trials']} trials a side: HF took {frame['hf']:.2f} s a frame (the seed's {max(SEED_FIGURES.values()):.2f} s), "
-            f"the port run as the seed ran vLLM 0.6 {frame['port_seed']:.2f} s (the seed's {min(SEED_FIGURES.values()):.2f} "
-            f"s): {interval_text(eager['speedup'], eager['interval'])}, against the seed's {eager['target']:.1f}x. With "
-            f"CUDA graphs the same port took {frame['port_defaults']:.2f} s a frame "
-            f"({interval_text(defaults['speedup'], defaults['interval'])}): {_graphs_share(seed):.0%} of the eager port's time is launching kernels from "
-            "Python, step by step. At one video the seed's ratio compares two loops bound by the host's CPU, so it moves "
-            "with the host and the library versions. HF's later frames cost more (it re-reads a prompt one frame longer "
-            "every call), so these short videos favour HF.")
+            f"{eager['trials']} trials a side: HF took {frame['hf']:.2f} s a frame (the seed's "
+            f"{max(SEED_FIGURES.values()):.2f} s), the port run as the seed ran vLLM 0.6 {frame['port_seed']:.2f} s (the "
+            f"seed's {min(SEED_FIGURES.values()):.2f} s): {interval_text(eager['speedup'], eager['interval'])}, against "
+            f"the seed's {eager['target']:.1f}x. With CUDA graphs the same port took {frame['port_defaults']:.2f} s a "
+            f"frame ({interval_text(defaults['speedup'], defaults['interval'])}): {_graphs_share(seed):.0%} of the eager "
+            "port's time is launching kernels from Python, step by step. At one video the seed's ratio compares two "
+            "loops bound by the host's CPU: it moves with the host and the library versions.")
 
 
 # ------------------------------------------------------------------ the README

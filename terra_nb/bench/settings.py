@@ -26,8 +26,8 @@ def _name(value) -> str | None:
 
 
 def vllm_env() -> dict[str, str]:
-    """Every `VLLM_*` variable set in this process (e.g. `VLLM_ENABLE_V1_MULTIPROCESSING=0`). Read it
-    before an engine starts: vLLM then adds per-process names of its own (`VLLM_DIST_IDENT`, ...)."""
+    """Every `VLLM_*` variable set in this process. Read it before an engine starts: vLLM then adds
+    per-process names of its own (`VLLM_DIST_IDENT`, ...)."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")}
 
 
@@ -39,68 +39,42 @@ def _attention_backends(worker) -> list[str]:
     return sorted({m.get_attn_backend().get_name() for m in model.modules() if hasattr(m, "get_attn_backend")})
 
 
-def vllm_config_of(engine):
-    """The `VllmConfig` of a `vllm.LLM` or an `AsyncLLM`."""
-    return engine.llm_engine.vllm_config if hasattr(engine, "llm_engine") else engine.vllm_config
-
-
-def engine_kind(engine) -> str:
-    """'LLM' (the frame loop's `vllm.LLM`) or 'AsyncLLM' (sessions)."""
-    return "LLM" if hasattr(engine, "llm_engine") else "AsyncLLM"
-
-
-def effective_settings(engine, env: dict[str, str] | None = None) -> dict:
-    """`{"settings": ..., "observed": ...}` of a live vLLM engine, read back from it: the scheduler,
+def effective_settings(llm, env: dict[str, str] | None = None) -> dict:
+    """`{"settings": ..., "observed": ...}` of a live `vllm.LLM`, read back from it: the scheduler,
     cache, model and compilation settings, the attention backend asked for and chosen, the model
     runner, speculation, quantization, whether vLLM feeds the model multimodal inputs (its runner
     then embeds the tokens eagerly, before the compiled graph), whether the port's scheduler fast
     path is on (`port.vllm_scheduling.enabled`), where the engine core runs, and every `VLLM_*`
-    variable (`env`: read before the engine started, `vllm_env`; default: now). Observed: KV-cache
-    blocks and the engine class."""
+    variable (`env`: read before the engine started; default: now). Observed: KV-cache blocks."""
     from vllm import envs
 
     from terra_nb.port import vllm_scheduling
     from terra_nb.port.vllm_release import supports_multimodal_inputs
 
-    c = vllm_config_of(engine)
+    c = llm.llm_engine.vllm_config
     sched, cache, model, comp = c.scheduler_config, c.cache_config, c.model_config, c.compilation_config
-    if engine_kind(engine) == "AsyncLLM":  # its collective_rpc is a coroutine on the engine's own loop
-        chosen = "not read (AsyncLLM: the engine core is another process)"
-    else:
-        try:  # the backend each layer got; a worker out of reach (a process of its own) says so
-            chosen = engine.collective_rpc(_attention_backends)[0]
-        except Exception as e:  # noqa: BLE001  (recorded, never fatal: the setting is then unknown)
-            chosen = f"unknown ({type(e).__name__})"
+    try:  # the backend each layer got; a worker out of reach (a process of its own) says so
+        chosen = llm.collective_rpc(_attention_backends)[0]
+    except Exception as e:  # noqa: BLE001  (recorded, never fatal: the setting is then unknown)
+        chosen = f"unknown ({type(e).__name__})"
     runner_v2 = getattr(c, "use_v2_model_runner", None)
     settings = dict(
-        max_num_seqs=sched.max_num_seqs,
-        max_num_batched_tokens=sched.max_num_batched_tokens,
-        enable_chunked_prefill=sched.enable_chunked_prefill,
-        async_scheduling=sched.async_scheduling,
-        kv_cache_dtype=str(cache.cache_dtype),
-        block_size=cache.block_size,
-        enable_prefix_caching=cache.enable_prefix_caching,
-        gpu_memory_utilization=cache.gpu_memory_utilization,
-        dtype=str(model.dtype).removeprefix("torch."),
-        max_model_len=model.max_model_len,
-        enforce_eager=model.enforce_eager,
-        cudagraph_mode=_name(comp.cudagraph_mode),
+        max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
+        enable_chunked_prefill=sched.enable_chunked_prefill, async_scheduling=sched.async_scheduling,
+        kv_cache_dtype=str(cache.cache_dtype), block_size=cache.block_size,
+        enable_prefix_caching=cache.enable_prefix_caching, gpu_memory_utilization=cache.gpu_memory_utilization,
+        dtype=str(model.dtype).removeprefix("torch."), max_model_len=model.max_model_len,
+        enforce_eager=model.enforce_eager, cudagraph_mode=_name(comp.cudagraph_mode),
         compilation_mode=_name(getattr(comp, "mode", None)),
         attention_backend_asked=_name(getattr(getattr(c, "attention_config", None), "backend", None)),
-        attention_backend=chosen,
-        model_runner=None if runner_v2 is None else ("V2" if runner_v2 else "V1"),
+        attention_backend=chosen, model_runner=None if runner_v2 is None else ("V2" if runner_v2 else "V1"),
         speculative=None if c.speculative_config is None else str(c.speculative_config),
-        quantization=getattr(model, "quantization", None),
-        multimodal_inputs=supports_multimodal_inputs(model),
-        scheduler_fast_path=vllm_scheduling.enabled(c),
-        tensor_parallel_size=c.parallel_config.tensor_parallel_size,
-        log_stats=getattr(getattr(engine, "llm_engine", engine), "log_stats", None),
-        engine_core=("child process" if engine_kind(engine) == "AsyncLLM" or envs.VLLM_ENABLE_V1_MULTIPROCESSING
-                     else "this process"),
-        vllm_env=vllm_env() if env is None else env,
-    )
-    observed = dict(num_kv_blocks=cache.num_gpu_blocks, engine_class=engine_kind(engine))
-    return dict(settings=settings, observed=observed)
+        quantization=getattr(model, "quantization", None), multimodal_inputs=supports_multimodal_inputs(model),
+        scheduler_fast_path=vllm_scheduling.enabled(c), tensor_parallel_size=c.parallel_config.tensor_parallel_size,
+        log_stats=llm.llm_engine.log_stats,
+        engine_core="child process" if envs.VLLM_ENABLE_V1_MULTIPROCESSING else "this process",
+        vllm_env=vllm_env() if env is None else env)
+    return dict(settings=settings, observed=dict(num_kv_blocks=cache.num_gpu_blocks))
 
 
 COUNTERS = ("generation_tokens", "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
@@ -109,11 +83,9 @@ COUNTERS = ("generation_tokens", "spec_decode_num_drafts", "spec_decode_num_draf
 
 
 def engine_counters(engine) -> dict[str, float]:
-    """vLLM's running totals of a `vllm.LLM` (`COUNTERS`: tokens generated, speculative drafts,
-    draft tokens, accepted draft tokens), summed over its engines; {} when the engine keeps no
-    statistics (built with vLLM's default `disable_log_stats=True`), for an `AsyncLLM` and for HF.
-    The difference of two readings is what happened in between: codes per request step =
-    generated / (generated - accepted)."""
+    """vLLM's running totals of a `vllm.LLM` (`COUNTERS`), summed over its engines; {} when it keeps
+    no statistics (vLLM's default `disable_log_stats=True`) and for HF. The difference of two readings
+    is what happened in between: codes per request step = generated / (generated - accepted)."""
     llm_engine = getattr(engine, "llm_engine", None)
     if llm_engine is None or not getattr(llm_engine, "log_stats", False):
         return {}
@@ -125,18 +97,17 @@ def engine_counters(engine) -> dict[str, float]:
     return out
 
 
-def hf_settings(model, sdpa: tuple[str, ...] | None, cache: str = "dynamic") -> dict:
+def hf_settings(model, sdpa: tuple[str, ...] | None) -> dict:
     """The same record for an HF side: dtype, device, the SDPA kernels allowed, the KV cache."""
     return dict(settings=dict(engine="transformers", dtype=str(model.dtype).removeprefix("torch."),
                               device=str(next(model.parameters()).device), sdpa=list(sdpa) if sdpa else "any",
-                              kv_cache=cache),
-                observed={})
+                              kv_cache="dynamic"), observed={})
 
 
 def setting_differences(a: dict, b: dict, under_test=()) -> dict[str, tuple]:
-    """The settings two sides' records (`effective_settings`) disagree on, outside `under_test`
-    (names of settings the comparison changes on purpose; `ALL`: none is checked). A setting one
-    side lacks counts as a difference. `vllm_env` is compared variable by variable."""
+    """The settings two sides' records disagree on, outside `under_test` (names of settings the
+    comparison changes on purpose; `ALL`: none is checked). A setting one side lacks counts as a
+    difference; `vllm_env` is compared variable by variable."""
     if under_test == ALL:
         return {}
     sa, sb = dict(a["settings"]), dict(b["settings"])

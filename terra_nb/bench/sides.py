@@ -1,14 +1,13 @@
 """The sides a comparison puts against each other, each an engine that runs one trial on demand.
 
-A side is built once (its engine started), then asked for trials: `trial(batch, frames, temperature,
-seed)` generates `frames` frames after the sample's context for `batch` rollouts at once and returns
-the seconds it took (the clock synchronised with the device). Every side does the same work:
+A side is built once, then asked for trials: `trial(batch, frames, temperature, seed)` generates
+`frames` frames after the sample's context for `batch` rollouts at once and returns the seconds it
+took (the clock synchronised with the device). Every side does the same work:
 
 | kind | what a trial runs |
 |---|---|
 | `port` | our port's frame loop (`vllm_rollout`: one `generate` per frame for all rollouts) |
 | `stock` | stock vLLM Llama of the same shape, the same frame loop on plain token prompts |
-| `session` | our port with one streaming-input session per rollout (`session_rollout`) |
 | `hf` | HF `generate` as the seed ran it: one call per frame, batch 1 |
 
 `pairs` runs each side in a process of its own.
@@ -18,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-KINDS = ("port", "stock", "session", "hf")
+KINDS = ("port", "stock", "hf")
 
 HF_FLASH_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 """The SDPA kernels an HF side may use to keep cuDNN's attention out: on an H200 (torch 2.11, cuDNN
@@ -66,9 +65,6 @@ class Side:
 
         return effective_settings(self.engine, self.env)
 
-    def context(self, batch: int):
-        return self.sample.context[: self.n_ctx].expand(batch, -1, -1).contiguous()
-
     def trial(self, batch: int, frames: int, temperature: float, seed: int) -> float:
         from terra_nb.bench.timing import timed
         from terra_nb.port.rollout import SamplingConfig
@@ -78,11 +74,11 @@ class Side:
     def run(self, batch: int, frames: int, sampling) -> None:
         from terra_nb.port.vllm_rollout import vllm_rollout
 
-        vllm_rollout(self.engine, self.context(batch), self.sample.actions, frames, sampling, progress=False)
+        context = self.sample.context[: self.n_ctx].expand(batch, -1, -1).contiguous()
+        vllm_rollout(self.engine, context, self.sample.actions, frames, sampling, progress=False)
 
     def counters(self) -> dict[str, float]:
-        """vLLM's running totals of generated tokens and speculative decoding (`engine_counters`);
-        {} for an engine that keeps none (HF, sessions)."""
+        """vLLM's running totals of generated tokens and speculative decoding (`engine_counters`)."""
         from terra_nb.bench.settings import engine_counters
 
         return engine_counters(self.engine)
@@ -114,24 +110,6 @@ class StockSide(Side):
             outs = self.engine.generate([{"prompt_token_ids": p} for p in prompts],
                                         step_params(sampling, self.layout, batch, k), use_tqdm=False)
             prompts = [p + list(out.outputs[0].token_ids) + slots for p, out in zip(prompts, outs)]
-
-
-class SessionSide(Side):
-    def build(self, ckpt, **engine_kwargs):
-        from terra_nb.bench.engines import port_engine
-        from terra_nb.port.session_rollout import make_session_engine
-
-        return port_engine(ckpt, make_session_engine, **engine_kwargs)
-
-    def run(self, batch, frames, sampling):
-        from terra_nb.port.session_rollout import session_rollout_sync
-
-        session_rollout_sync(self.engine, self.context(batch), self.sample.actions, frames, sampling, progress=False)
-
-    def close(self):
-        from terra_nb.port.session_rollout import shutdown_async_engine
-
-        shutdown_async_engine(self.engine)
 
 
 class HFSide(Side):
@@ -167,17 +145,10 @@ class HFSide(Side):
                 ids = self.engine.generate(input_ids=ids, **kw)
 
     def close(self):
-        import gc
-
-        import torch
-
-        self.engine = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self.engine = None   # the side's process ends next, and its memory with it
 
 
-SIDE_CLASSES = {"port": Side, "stock": StockSide, "session": SessionSide, "hf": HFSide}
+SIDE_CLASSES = {"port": Side, "stock": StockSide, "hf": HFSide}
 
 
 def build_side(spec: SideSpec, ckpt: Path, preset: str, n_ctx: int) -> Side:

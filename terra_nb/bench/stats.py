@@ -1,8 +1,7 @@
 """The analysis of a comparison, as pure functions of its trials: speed-ups, bootstrap intervals, verdicts.
 
-One orientation everywhere: a **speed-up of A over B** is how many times faster A did the same work
-than B, `median(B's seconds) / median(A's seconds)`. Above 1, A (the side named first) is faster;
-below 1, slower. Both sides run the same work, so this is also the ratio of frames per second.
+One orientation everywhere: a **speed-up of A over B** is `median(B's seconds) / median(A's seconds)`:
+above 1, A (the side named first) did the same work faster.
 
 An interval says how far the speed-up could move if the trials were drawn again: a percentile
 bootstrap of the ratio of medians. Interleaved trials (A B A B ...) are resampled as pairs (trial i
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import random
 import statistics
-from dataclasses import dataclass
 
 MET, MISSED, UNRESOLVED = "met", "missed", "not resolved"
 LEVEL = 0.95
@@ -124,23 +122,8 @@ def rollouts_list_text(batches: list[int]) -> str:
     return and_text([str(b) for b in batches]) + (" rollout" if list(batches) == [1] else " rollouts")
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """A speed-up with its interval (and, given a target, its verdict), from two sides' trials."""
-    first: str
-    second: str
-    value: float
-    interval: tuple[float, float]
-    trials: int
-    target: float | None = None
-
-    @property
-    def verdict(self) -> str | None:
-        return None if self.target is None else verdict(self.interval, self.target)
-
-
-def compare(first: str, first_s: list[float], second: str, second_s: list[float],
-            target: float | None = None) -> Comparison:
-    """The speed-up of `first` over `second` with its 95% interval (and verdict against `target`)."""
-    return Comparison(first, second, speedup(first_s, second_s), bootstrap_interval(first_s, second_s),
-                      min(len(first_s), len(second_s)), target)
+def compare(first_s: list[float], second_s: list[float], target: float | None = None) -> dict:
+    """The speed-up of the first side over the second, its 95% interval, its verdict against `target`."""
+    interval = bootstrap_interval(first_s, second_s)
+    return dict(speedup=speedup(first_s, second_s), interval=interval,
+                verdict=None if target is None else verdict(interval, target))

@@ -1,10 +1,5 @@
-"""What every side of a comparison runs on: the checkpoint, the sample it starts from, the seed's setting.
-
-A trial (`sides.Side.trial`) generates frames after the sample's context frames; the checkpoint is
-a seeded random one of the preset's shape (the Terra shape for GPU figures, `tiny` on the CPU) or
-the trained toy model (`TOY`). Stock vLLM Llama runs on the same backbone with the action path and
-the learned position table left out (`stock_llama_checkpoint`).
-"""
+"""What every side of a comparison runs on: the checkpoint (a seeded random one of a preset's shape,
+or the trained toy model), the sample a trial starts from, stock's checkpoint, the seed's setting."""
 from __future__ import annotations
 
 import json
@@ -19,8 +14,7 @@ SEED_FIGURES = {"seed HF (11.03 s)": 11.03, "seed vLLM 0.6 eager (4.25 s)": 4.25
 
 SEED_TEMPERATURE = 1.0
 SEED_ENGINE = dict(enforce_eager=True, enable_prefix_caching=False, max_num_seqs=5)
-"""The seed's engine: vLLM 0.6 with `enforce_eager=True`, `max_num_seqs=5`, and prefix caching off
-(its default then)."""
+"""The seed's engine: vLLM 0.6 eager, at most 5 sequences, prefix caching off (its default then)."""
 
 TOY = "toy"
 """The preset name of the trained toy-world checkpoint (`data/toy/model`, the tiny shape, float32):
@@ -37,9 +31,8 @@ def checkpoint(root: Path, preset: str, seed: int = 0, variant: str = "v1") -> P
         from terra_nb.toyworld.score import toy_checkpoint_dir
 
         return toy_checkpoint_dir()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     return write_random_checkpoint(root / f"{preset}_{variant}", preset=preset, seed=seed, variant=variant,
-                                   device=device)
+                                   device="cuda" if torch.cuda.is_available() else "cpu")
 
 
 def sample_for(preset: str, n_ctx: int = 3):
@@ -56,11 +49,9 @@ def sample_for(preset: str, n_ctx: int = 3):
 
 
 def stock_llama_checkpoint(terra_dir: Path, out: Path) -> Path:
-    """The same backbone as a plain `LlamaForCausalLM` (no action path, no learned PE): the ceiling.
-
-    Written once and reused while `out/source.json` names the same source checkpoint (its path,
-    config and weights file); a different source (another preset in the same folder) rewrites it,
-    so stock never runs on another model's weights."""
+    """The same backbone as a plain `LlamaForCausalLM` (no action path, no learned position table),
+    written once and reused while `out/source.json` names the same source checkpoint (path, config,
+    weights file), so stock never runs on another model's weights."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 

@@ -1,6 +1,6 @@
 """The toy world's standing in docs/toy-world.md, rendered from the records that hold its figures.
 
-    python -m terra_nb.workbook.docs          # rewrites it (with every other generated section)
+    python -m terra_nb.bench.docs             # rewrites it (with every other generated section)
 
 Nothing here measures: every number comes from a committed record, so the page cannot drift
 from them (tests/test_docs.py compares the section with what this renders).
