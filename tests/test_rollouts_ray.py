@@ -8,6 +8,7 @@ node's engine core: keep it last.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,20 +38,29 @@ def free_port() -> int:
 
 
 def start_node(args: list[str], log: Path) -> subprocess.Popen:
-    """`ray start --block ...` in a session of its own (its daemons share its process group); returns
-    once the node is up (Ray prints that it will block)."""
+    """`ray start --block ...` in a session of its own (its daemons share its process group)."""
     ray = Path(sys.executable).with_name("ray")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen([str(ray), "start", "--block", "--num-cpus=1", f"--resources={{\"{CPU_ENGINE}\": 1}}",
+    return subprocess.Popen([str(ray), "start", "--block", "--num-cpus=1", f"--resources={{\"{CPU_ENGINE}\": 1}}",
                              "--object-store-memory=100000000", "--disable-usage-stats", *args],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_until(ready, nodes: list[subprocess.Popen], log: Path, what: str) -> None:
     deadline = time.monotonic() + 180
-    while "block forever" not in log.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_node(proc)
-            pytest.fail(f"ray start {' '.join(args)} did not come up:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    return proc
+    while not ready():
+        if any(p.poll() is not None for p in nodes) or time.monotonic() > deadline:
+            pytest.fail(f"{what} did not come up:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+def listening(address: str) -> bool:
+    try:
+        host, port = address.rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def stop_node(proc: subprocess.Popen) -> None:
@@ -65,18 +75,21 @@ def stop_node(proc: subprocess.Popen) -> None:
 def cluster():
     """The head's GCS address and the two `ray start` processes (head, worker)."""
     tmp = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths live under it
-    port = free_port()
-    head = start_node(["--head", f"--node-ip-address={HEAD_IP}", f"--port={port}", "--include-dashboard=false",
-                       f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-                       f"--temp-dir={tmp}"], tmp / "head.log")
-    nodes = [head]
+    address = f"{HEAD_IP}:{free_port()}"
+    nodes = [start_node(["--head", f"--node-ip-address={HEAD_IP}", f"--port={address.split(':')[1]}",
+                         "--include-dashboard=false", f"--ray-client-server-port={free_port()}",
+                         f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={tmp}"], tmp / "head.log")]
     try:
-        nodes.append(start_node([f"--address={HEAD_IP}:{port}", f"--node-ip-address={WORKER_IP}",
+        wait_until(lambda: listening(address), nodes, tmp / "head.log", "the head's GCS")  # the worker joins it
+        nodes.append(start_node([f"--address={address}", f"--node-ip-address={WORKER_IP}",
                                  f"--dashboard-agent-listen-port={free_port()}"], tmp / "worker.log"))
-        yield f"{HEAD_IP}:{port}", nodes
+        for log in ("head.log", "worker.log"):
+            wait_until(lambda: "block forever" in (tmp / log).read_text(), nodes, tmp / log, log[:-4] + " node")
+        yield address, nodes
     finally:
         for proc in reversed(nodes):
             stop_node(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -111,17 +124,19 @@ def test_one_rank_a_node_and_rollouts_equal_one_engine(cluster, engine, hf):
     assert (seeded[0].frames != run.frames).float().mean() > 0.5
 
 
-def test_a_killed_node_engine_loses_its_rollouts_and_the_rest_come_back(cluster, engine, hf):
-    """Last in the module: the engine does not survive it."""
+def test_a_killed_rank_loses_its_rollouts_and_the_rest_come_back(cluster, engine, hf):
+    """Last in the module: the engine does not survive it. Rollout 0 on rank 0 (the head), the others
+    on rank 1 (the worker node), two at a time; rank 1's process is killed as rollout 0 finishes."""
     ctx, acts = random_inputs(6, 3, 3, seed=11)
-    [core] = engine_cores(cluster[1][1])  # rank 1: the worker node's
+    [core] = engine_cores(cluster[1][1])
 
-    def kill_rank_1(b, frames):  # as the first rollout finishes
-        if core.is_running():
+    def kill_rank_1(b, frames):
+        if b == 0 and core.is_running():
             core.kill()
 
-    run = dp_rollouts(engine, ctx, acts, 3, GREEDY, max_in_flight=2, on_rollout=kill_rank_1, progress=False)
-    assert run.done and run.lost and sorted(run.done + list(run.lost)) == list(range(6)), (run.done, run.lost)
+    run = dp_rollouts(engine, ctx, acts, 3, GREEDY, pin=[0] + [1] * 5, max_in_flight=2, on_rollout=kill_rank_1,
+                      progress=False)
+    assert 0 in run.done and {2, 3, 4, 5} <= set(run.lost) and sorted(run.done + list(run.lost)) == list(range(6))
     assert torch.equal(run.frames[run.done], hf_codes(hf, ctx[run.done], acts[run.done], 3))
     for b, why in run.lost.items():
         assert "rank 1's engine core (a Ray actor) died" in why and (run.frames[b] == LOST).all()
