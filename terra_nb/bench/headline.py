@@ -204,9 +204,9 @@ def headline_markdown(results_dir: Path | None = None) -> str:
 # ------------------------------------------------------------------ where the port's time over stock goes
 
 MM_CALLS = ("encoder_inputs_search", "encoder_inputs_release", "model_inputs")
-"""vLLM's multimodal calls in an engine step that stock's engine never makes (`step_profile.MM_PATH_CALLS`):
-the scheduler's search and release of a request's items, the runner's eager model input (its gather
-of the items' embeddings runs inside it, so it is not added again)."""
+"""vLLM's multimodal calls in an engine step (of the profile's `mm_path_ms`) that stock's engine never
+makes: the scheduler's search and release of a request's items, the runner's eager model input (its
+gather of the items' embeddings runs inside it, so it is not added again)."""
 
 
 def gap_rows(res: dict) -> list[dict]:
