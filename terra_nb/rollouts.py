@@ -82,7 +82,7 @@ class DPRun:
         return [b for b in range(self.frames.shape[0]) if b not in self.lost]
 
     def sessions_per_rank(self) -> dict[int, int]:
-        return dict(sorted(Counter(r for rs in self.ranks for r in rs).items()))
+        return dict(sorted(Counter(r for rs in self.ranks for r in rs if r is not None).items()))
 
 
 # ---------------------------------------------------------------------------- set-up checks
@@ -141,6 +141,10 @@ def ray_device_key() -> str:
 
 def connect_ray(address: str, timeout: float = 5.0) -> None:
     """Join the Ray cluster whose head's GCS is at `address` ("HOST:PORT"), or say why not."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("ray_address needs Ray: pip install ray (the dev extra has it)") from None
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"ray_address must be HOST:PORT, the head node's `ray start --head --port`, got {address!r}")
@@ -149,8 +153,6 @@ def connect_ray(address: str, timeout: float = 5.0) -> None:
     except OSError as e:
         raise ValueError(f"no Ray cluster reachable at {address} ({e.strerror or e}): start one with "
                          f"`ray start --head --port {port}` and `ray start --address {address}` on every other node") from None
-    import ray
-
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(address=address, logging_level="WARNING", ignore_reinit_error=True)
 
@@ -182,7 +184,7 @@ def ray_engine_args(address: str, ranks: int, world_size: int) -> dict:
     except BaseException:
         ray.shutdown()
         raise
-    os.environ["VLLM_RAY_DP_PACK_STRATEGY"] = "fill"
+    os.environ.setdefault("VLLM_RAY_DP_PACK_STRATEGY", "fill")
     _reread_vllm_envs()
     return dict(data_parallel_backend="ray", data_parallel_address=here,
                 data_parallel_size_local=min(ranks, places.get(here, 0)))
@@ -395,7 +397,7 @@ def shipped_sample(layout: FrameLayout):
     raise ValueError(f"no shipped sample has frames of {layout.image_tokens} codes")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def cli() -> argparse.ArgumentParser:
     from terra_nb.toyworld.score import toy_checkpoint_dir
 
     p = argparse.ArgumentParser(prog="python -m terra_nb.rollouts", description=(
@@ -414,21 +416,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="rollout b samples from a generator seeded by (seed, b)")
     p.add_argument("--max-in-flight", type=int, default=None, help="rollouts at once (default: all)")
     p.add_argument("--out", type=Path, help="write codes, ranks and lost rollouts here (torch.save)")
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv=None) -> DPRun:
-    args = parse_args(argv)
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    if args.rollouts < 1:
-        raise SystemExit(f"--rollouts must be >= 1, got {args.rollouts}")
-    layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(args.checkpoint)))
-    sample = shipped_sample(layout)
-    context = sample.context.expand(args.rollouts, -1, -1)
-    rollout_inputs(context, sample.actions, args.frames, layout)  # bad input fails before any engine starts
-    start = time.perf_counter()
-    engine = make_dp_engine(args.checkpoint, args.data_parallel_size, ray_address=args.ray_address,
-                            tensor_parallel_size=args.tensor_parallel_size)
+    parser = cli()
+    args = parser.parse_args(argv)
+    try:  # every bad argument is refused before an engine starts
+        sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        for flag, value in (("--rollouts", args.rollouts), ("--max-in-flight", args.max_in_flight)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(args.checkpoint)))
+        sample = shipped_sample(layout)
+        context = sample.context.expand(args.rollouts, -1, -1)
+        rollout_inputs(context, sample.actions, args.frames, layout)
+        start = time.perf_counter()
+        engine = make_dp_engine(args.checkpoint, args.data_parallel_size, ray_address=args.ray_address,
+                                tensor_parallel_size=args.tensor_parallel_size)
+    except ValueError as e:
+        parser.error(str(e))
     print(f"{args.data_parallel_size} engine cores up in {time.perf_counter() - start:.0f} s", flush=True)
     try:
         run = dp_rollouts(engine, context, sample.actions, args.frames, sampling, max_in_flight=args.max_in_flight)

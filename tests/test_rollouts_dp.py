@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 
 import psutil
 import pytest
 import torch
 
 from terra_nb.port.rollout import SamplingConfig, hf_rollout
-from terra_nb.rollouts import LOST, dp_rollouts, make_dp_engine, shutdown_dp_engine
+from terra_nb.port.session_rollout import session_rollout_sync
+from terra_nb.rollouts import LOST, check_local_room, dp_rollouts, make_dp_engine, shutdown_dp_engine
+from terra_nb.rollouts import main as rollouts_main
 from terra_nb.toyworld.score import load_toy_model, toy_checkpoint_dir
 
 GREEDY = SamplingConfig(temperature=0)
@@ -55,7 +58,33 @@ def test_bad_setups_are_refused_before_any_engine_starts():
             make_dp_engine(toy_checkpoint_dir(), size)
     with pytest.raises(ValueError, match="tensor_parallel_size must be a whole number"):
         make_dp_engine(toy_checkpoint_dir(), 2, tensor_parallel_size=0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # a port that nothing listens on
+        with pytest.raises(ValueError, match="no Ray cluster reachable at 127.0.0.1"):
+            make_dp_engine(toy_checkpoint_dir(), 2, ray_address=f"127.0.0.1:{s.getsockname()[1]}")
+    with pytest.raises(ValueError, match="ray_address must be HOST:PORT"):
+        make_dp_engine(toy_checkpoint_dir(), 2, ray_address="head-node")
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
+
+
+@pytest.mark.parametrize("argv, why", [(["--rollouts", "0"], "--rollouts must be >= 1"),
+                                       (["--max-in-flight", "0"], "--max-in-flight must be >= 1"),
+                                       (["--frames", "46"], "actions"), (["--temperature", "-1"], "temperature"),
+                                       (["-n", "0"], "data_parallel_size must be a whole number >= 1, got 0")])
+def test_the_command_refuses_bad_arguments_before_any_engine_starts(argv, why, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        rollouts_main(argv)
+    assert exit_.value.code == 2 and why in capsys.readouterr().err
+
+
+def test_more_ranks_than_gpus_are_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_local_room(2, 1, 0)
+    with pytest.raises(ValueError, match="3 ranks x 1 GPUs each need 3 GPUs; this host has 2"):
+        check_local_room(3, 1, 0)
+    with pytest.raises(ValueError, match="2 ranks x 2 GPUs each need 4 GPUs"):
+        check_local_room(2, 2, 0)
 
 
 @pytest.mark.engine
@@ -76,10 +105,11 @@ def test_greedy_rollouts_spread_over_both_ranks_and_equal_one_engine(engine, hf)
 @pytest.mark.engine
 def test_seeded_rollouts_equal_whichever_rank_serves_them(engine):
     ctx, acts = random_inputs(4, 3, 3, seed=2)
-    runs = [dp_rollouts(engine, ctx, acts, 3, SEEDED, pin=pin, progress=False) for pin in (0, 1, [1, 0, 0, 1], None)]
-    assert [r.ranks for r in runs[:3]] == [[[0]] * 4, [[1]] * 4, [[1], [0], [0], [1]]]
+    runs = [dp_rollouts(engine, ctx, acts, 3, SEEDED, pin=pin, progress=False) for pin in (0, 1, None)]
+    assert [r.ranks for r in runs[:2]] == [[[0]] * 4, [[1]] * 4]
     for r in runs[1:]:
         assert torch.equal(r.frames, runs[0].frames)
+    assert torch.equal(session_rollout_sync(engine, ctx, acts, 3, SEEDED, progress=False), runs[0].frames)  # same seeds
     greedy = dp_rollouts(engine, ctx, acts, 3, GREEDY, progress=False)
     assert (runs[0].frames != greedy.frames).float().mean() > 0.5  # it did sample
     assert not torch.equal(runs[0].frames[0], runs[0].frames[1])    # and each rollout drew its own noise

@@ -104,11 +104,9 @@ def engine_cores(node: subprocess.Popen) -> list[psutil.Process]:
     return [p for p in psutil.Process(node.pid).children(recursive=True) if "EngineCoreActor" in " ".join(p.cmdline())]
 
 
-def test_ranks_the_cluster_cannot_place_are_refused_before_any_engine_starts(cluster):
+def test_more_ranks_than_the_cluster_places_are_refused_before_any_engine_starts(cluster):
     with pytest.raises(ValueError, match=r"3 ranks asked, but the Ray cluster at .* can place 2"):
         make_dp_engine(toy_checkpoint_dir(), 3, ray_address=cluster[0])
-    with pytest.raises(ValueError, match="no Ray cluster reachable at 127.0.0.1"):
-        make_dp_engine(toy_checkpoint_dir(), 2, ray_address=f"127.0.0.1:{free_port()}")
     assert [engine_cores(node) for node in cluster[1]] == [[], []]
 
 
