@@ -31,6 +31,7 @@ from terra_nb.workbook.paths import REPO
 
 GREEDY = SamplingConfig(temperature=0)
 MAX_FRAMES = 6  # the server's --max-frames: a rollout of 7 is refused before the engine
+IDLE_S = 6.0    # the server's --idle-timeout: long enough for every other test's client, short to wait for
 P = 64
 
 
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def server():
     share = {"gpu_memory_utilization": 0.3, "enforce_eager": True} if torch.cuda.is_available() else {}
-    srv = ServerThread(toy_data_dir() / "model", max_frames=MAX_FRAMES, engine_args=share).start()
+    srv = ServerThread(toy_data_dir() / "model", max_frames=MAX_FRAMES, idle_timeout=IDLE_S, engine_args=share).start()
     yield srv
     srv.stop()
 
@@ -246,6 +247,104 @@ def test_bad_inputs_are_refused_by_rule_and_the_server_serves_on(server, client,
         list(client.rollout(ctx, ctx_actions, 2))
     assert err.value.rule == "actions_missing"
     assert client.health()["sessions"]["open"] == 0
+
+
+def test_malformed_starts_and_rollouts_get_a_named_error_on_a_well_formed_connection(server, toy):
+    """Values of the wrong JSON type where arrays belong, and JSON nested too deeply to read: each a
+    named error (the connection stays open and serves a good start after them; POST answers 400
+    with a JSON error), none reaching the engine."""
+    ctx, ctx_actions = toy
+    start = {"type": "start", "context": ctx.tolist(), "actions": ctx_actions.tolist(), "sampling": {"temperature": 0}}
+    rollout = {"context": start["context"], "actions": start["actions"] * 2, "n_frames": 2}
+    deep = "[" * 100_000 + "]" * 100_000
+    wrong = [("actions", None, "wrong_action_shape"), ("actions", "straight on", "wrong_action_shape"),
+             ("actions", {"x": 1}, "wrong_action_shape"), ("context", {"frames": 1}, "frames_shape")]
+
+    def cases(message: dict) -> list[tuple[str, str]]:
+        """(text, rule): `message` with a field of the wrong type, or nested too deeply, or all too deep."""
+        too_deep = json.dumps(message)[:-1] + ', "image": ' + deep + "}"
+        return [(json.dumps({**message, field: value}), rule) for field, value, rule in wrong] + \
+            [(deep, "bad_message"), (too_deep, "bad_message")]
+
+    with ws_connect(server) as ws:
+        for text, rule in cases(start):
+            ws.send(text)
+            error = json.loads(ws.recv(timeout=60))
+            assert error["type"] == "error" and error["rule"] == rule and not error["ends_session"], (text[:80], error)
+        ws.send(json.dumps(start))
+        assert json.loads(ws.recv(timeout=120))["type"] == "frame"
+    for text, rule in cases(rollout):
+        response = httpx.post(server.url + "/v1/rollouts", content=text, timeout=30)
+        assert response.status_code == 400 and response.headers["content-type"] == "application/json", response.text
+        assert response.json()["error"]["rule"] == rule, (text[:80], response.text)
+
+
+def vllm_refuses(**settings) -> bool:
+    from vllm import SamplingParams
+
+    try:
+        SamplingParams(**settings)
+    except Exception:  # noqa: BLE001 - whatever vLLM raises for a bad value
+        return True
+    return False
+
+
+def test_sampling_vllm_refuses_is_refused_before_the_engine(server, client, toy):
+    """A temperature above vLLM's bound (where the installed vLLM has one), a negative seed, a top_k
+    beyond what the front end can send to the engine core: `bad_sampling` naming the key, the
+    session not ended and the engine not asked; the same connection then serves a good start."""
+    ctx, ctx_actions = toy
+    start = {"type": "start", "context": ctx.tolist(), "actions": ctx_actions.tolist()}
+    refused = {"seed": -1, "top_k": 10**20, "top_p": 0}
+    if vllm_refuses(temperature=2.5):
+        refused["temperature"] = 2.5
+    served = client.health()["sessions"]["served"]
+    with ws_connect(server) as ws:
+        for key, value in refused.items():
+            ws.send(json.dumps({**start, "sampling": {key: value}}))
+            error = json.loads(ws.recv(timeout=60))
+            assert error["rule"] == "bad_sampling" and error["param"] == f"sampling.{key}", error
+            assert not error["ends_session"] and f"{key}={value!r}" in error["message"], error
+            body = {"context": start["context"], "actions": start["actions"], "n_frames": 1, "sampling": {key: value}}
+            response = httpx.post(server.url + "/v1/rollouts", json=body, timeout=30)
+            assert response.status_code == 400 and response.json()["error"]["param"] == f"sampling.{key}"
+        assert client.health()["sessions"]["served"] == served  # refused before a place, before the engine
+        ws.send(json.dumps({**start, "sampling": {"temperature": 2.0, "seed": 0, "top_k": 2**63}}))  # vLLM's edges
+        frame = json.loads(ws.recv(timeout=120))
+        assert frame["type"] == "frame", frame
+
+
+def test_a_place_is_taken_at_start_and_idle_connections_are_closed(server, client, toy):
+    """More connections than the server has places, each sending nothing, hold none: a real start
+    is served beside them. Each is closed after the idle timeout with `idle_timeout`, and so is a
+    started session left waiting between frames, whose place and KV blocks come back."""
+    from websockets.exceptions import ConnectionClosed
+
+    ctx, ctx_actions = toy
+    start = json.dumps({"type": "start", "context": ctx.tolist(), "actions": ctx_actions.tolist(),
+                        "sampling": {"temperature": 0}})
+    places = client.health()["sessions"]["max"]
+    opened = time.monotonic()
+    idle = [ws_connect(server) for _ in range(places + 1)]
+    assert client.health()["sessions"]["open"] == 0  # connected, not started: no place taken
+    waiting = ws_connect(server)
+    waiting.send(start)  # a start beside more idle connections than places: served
+    assert json.loads(waiting.recv(timeout=120))["type"] == "frame", "a start refused beside idle connections"
+    waited_from = time.monotonic()
+    assert client.health()["sessions"]["open"] == 1
+    for k, conn in enumerate([idle[0], waiting, *idle[1:]]):  # in the order they fall idle
+        told = json.loads(conn.recv(timeout=IDLE_S + 60))
+        if k < 2:  # timed: the first idle connection, then the session waiting for its step
+            after = time.monotonic() - (waited_from if conn is waiting else opened)
+            print(f"{'a session between frames' if conn is waiting else 'a connection without a start'} "
+                  f"closed after {after:.2f} s (--idle-timeout {IDLE_S:g})")
+            assert IDLE_S - 0.5 < after < IDLE_S + 10, after
+        assert told["rule"] == "idle_timeout" and told["ends_session"] and f"{IDLE_S:g} s" in told["message"], told
+        with pytest.raises(ConnectionClosed) as closed:
+            conn.recv(timeout=10)
+        assert closed.value.rcvd.code == 1000
+    health = client.health()
+    assert health["sessions"]["open"] == 0 and health["requests"] == 0, health
 
 
 # ---------------------------------------------------------------------------- disconnects

@@ -1,10 +1,13 @@
 """The server as an operator runs it: `python -m terra_nb.serve` in a process of its own, with
 vLLM's default multiprocess engine (an engine-core process and its workers), on the toy model.
 
-* **Stop signals.** SIGTERM (what systemd, Docker and Kubernetes send), SIGINT (Ctrl-C) and SIGHUP
-  (a closed terminal) to the server's process alone, with sessions open: every session gets its
-  "end" message, and the server's whole process tree (server, `VLLM::EngineCore`, its workers) is
-  gone within 30 s, the port free again.
+* **Stop signals.** SIGTERM (what systemd, Docker and Kubernetes send) to the server's process
+  alone, with sessions open: every session gets its "end" message, and the server's whole process
+  tree (server, `VLLM::EngineCore`, its workers) is gone within 30 s, the port free again. SIGINT
+  and SIGHUP take the same handler (tests/test_serve_protocol.py sends them to it). SIGTERM while
+  the engine starts stops the start, the engine's processes too.
+* **Deaths.** `kill -9` on the server: its engine's processes go with it. The engine killed under
+  open sessions: each is told (`engine_dead`), and the server exits with status 1.
 * **Capacity.** An engine that schedules 2 sequences at once (`max_num_seqs=2`) and a server that
   follows it: with 2 sessions open a third start is refused with `server_full` at once, a POST gets
   503 with `Retry-After`, and the 2 sessions stream on; `/health` tells open, running and refused
@@ -31,6 +34,7 @@ from terra_nb.toyworld.tokenizer import toy_data_dir
 pytestmark = pytest.mark.engine
 
 GONE_WITHIN_S = 30
+CORE_GONE_WITHIN_S = 5
 START_TIMEOUT_S = 600
 
 
@@ -135,22 +139,34 @@ def step(ws, actions) -> dict:
     return json.loads(ws.recv(timeout=300))
 
 
+def engine_tree(server: ServerProcess) -> list[psutil.Process]:
+    """The server's process tree, which must hold vLLM's engine core."""
+    tree = server.tree()
+    names = " ".join(p.name() for p in tree)
+    assert any("EngineCore" in p.name() for p in tree), f"no engine core under the server ({names})"
+    return tree
+
+
+def gone(tree: list[psutil.Process], why: str, server: ServerProcess) -> float:
+    """Wait until every process of `tree` has exited (at most `GONE_WITHIN_S`): the seconds it took."""
+    began = time.monotonic()
+    while alive(tree) and time.monotonic() - began < GONE_WITHIN_S:
+        time.sleep(0.1)
+    left = alive(tree)
+    assert not left, f"{len(left)} of the server's processes left {GONE_WITHIN_S} s after {why}: {left}\n" \
+                     f"{server.output()}"
+    return time.monotonic() - began
+
+
 def stop_and_check(server: ServerProcess, sig: int, sessions: list) -> None:
     """Send `sig` to the server's process alone (as `kill` does): every session is told, and the
     whole tree is gone within `GONE_WITHIN_S`, its port free."""
-    tree = server.tree()
-    names = " ".join(p.name() for p in tree)
-    assert len(tree) >= 2, f"no engine process under the server ({names}): not vLLM's multiprocess engine"
+    tree = engine_tree(server)
     os.kill(server.proc.pid, sig)
     for ws in sessions:
         end = json.loads(ws.recv(timeout=GONE_WITHIN_S))
         assert end["type"] == "end" and end["reason"] == "server shutting down", end
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while alive(tree) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = alive(tree)
-    assert not left, f"{len(left)} of the server's processes ({names}) left {GONE_WITHIN_S} s after " \
-                     f"{signal.Signals(sig).name}: {left}\n{server.output()}"
+    gone(tree, signal.Signals(sig).name, server)
     assert server.proc.wait(5) == 0, server.output()
     assert port_is_free(server.port), f"port {server.port} still held after {signal.Signals(sig).name}"
 
@@ -201,13 +217,81 @@ def test_sigterm_at_capacity_refuses_the_extra_session_at_once_then_stops_every_
         server.cleanup()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
-def test_sigint_and_sighup_stop_every_process(tmp_path, toy_start, sig):
+def test_kill_9_on_the_server_takes_its_engine_with_it(tmp_path, toy_start):
+    """SIGKILL leaves the server no say; the engine core was started to die with it (prctl's
+    PR_SET_PDEATHSIG): gone within a few seconds. Its worker follows the engine core by vLLM's own
+    rule (it watches a pipe from it, then shuts down), and with it the rest of the tree."""
     server = ServerProcess(tmp_path, "--engine-arg", "max_num_seqs=2")
     try:
         server.wait_ready()
         ws, _ = open_session(server.url, toy_start)
-        stop_and_check(server, sig, [ws])
+        tree = engine_tree(server)
+        core = [p for p in tree if "EngineCore" in p.name()]
+        os.kill(server.proc.pid, signal.SIGKILL)
+        began = time.monotonic()
+        while alive(core) and time.monotonic() - began < CORE_GONE_WITHIN_S:
+            time.sleep(0.05)
+        assert not alive(core), f"the engine core outlived kill -9 on the server by {CORE_GONE_WITHIN_S} s"
+        core_s = time.monotonic() - began
+        took = gone(tree, "kill -9 on the server", server)
+        print(f"after kill -9 on the server: its engine core gone in {core_s:.2f} s, every process in {took:.2f} s")
+    finally:
+        server.cleanup()
+
+
+def test_a_dead_engine_tells_every_session_and_the_server_exits_non_zero(tmp_path, toy_start):
+    """The engine core killed under a session between frames and a rollout mid-stream: the session
+    gets `engine_dead` and its connection closes with 1011, the rollout's stream ends with the same
+    error line (HTTP 200 was sent with its first frame), and the server exits with status 1, every
+    process of it gone, so that a supervisor starts it again."""
+    from websockets.exceptions import ConnectionClosed
+
+    server = ServerProcess(tmp_path, "--engine-arg", "max_num_seqs=2")
+    try:
+        server.wait_ready()
+        ws, first = open_session(server.url, toy_start)
+        body = {k: toy_start[k] for k in ("context", "actions", "sampling")}
+        body["actions"] = body["actions"] + [toy_start["actions"][-1]] * 60
+        tree = engine_tree(server)
+        with httpx.stream("POST", server.url + "/v1/rollouts", json={**body, "n_frames": 60}, timeout=60) as rollout:
+            lines = rollout.iter_lines()
+            assert json.loads(next(lines))["type"] == "frame"
+            os.kill(next(p.pid for p in tree if "EngineCore" in p.name()), signal.SIGKILL)
+            killed = time.monotonic()
+            last = [json.loads(line) for line in lines][-1]
+        assert last["type"] == "error" and last["rule"] == "engine_dead", last
+        told = json.loads(ws.recv(timeout=GONE_WITHIN_S))
+        assert told["type"] == "error" and told["rule"] == "engine_dead" and told["ends_session"], told
+        assert "GET /health" in told["message"], told
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=GONE_WITHIN_S)
+        assert closed.value.rcvd.code == 1011
+        assert server.proc.wait(GONE_WITHIN_S) == 1, server.output()
+        print(f"the server exited (status 1) {time.monotonic() - killed:.2f} s after its engine core was killed")
+        gone(tree, "the engine's death", server)
+        assert "terra_nb.serve: the engine died" in server.output(), server.output()
+    finally:
+        server.cleanup()
+
+
+def test_sigterm_while_the_engine_starts_stops_the_start(tmp_path):
+    """SIGTERM once the engine core's process exists, before /health answers: the start stops, every
+    process goes, the server never listens, and it exits with status 0."""
+    server = ServerProcess(tmp_path)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not any("EngineCore" in p.name() for p in server.tree()[1:]):
+            assert server.proc.poll() is None and time.monotonic() < deadline, server.output()
+            time.sleep(0.1)
+        time.sleep(1)  # the front end now waits for the engine core (vLLM's start-up handshake)
+        tree = server.tree()
+        os.kill(server.proc.pid, signal.SIGTERM)
+        took = gone(tree, "SIGTERM while starting", server)
+        print(f"every process of the server was gone {took:.2f} s after SIGTERM while starting")
+        assert server.proc.wait(5) == 0, server.output()
+        assert "terra_nb.serve: stopped by SIGTERM" in server.output(), server.output()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(server.url + "/health", timeout=2)
     finally:
         server.cleanup()
 

@@ -1,5 +1,7 @@
 """The server's protocol without an engine: strict fields, one context limit, frames counted as the
-session counts them, the capacity rule, and docs/serving.md against the code's own tables."""
+session counts them, the capacity rule, wrong types and sampling refused by rule (vLLM's own
+sampling rules), the stop signals' handlers, the command line, and docs/serving.md against the
+code's own tables."""
 from __future__ import annotations
 
 import re
@@ -11,7 +13,7 @@ from terra_nb.port.layout import FrameLayout, TerraInputError
 from terra_nb.port.rounds import first_round, next_round, plan_rounds
 from terra_nb.serve.app import CapacityError, session_capacity
 from terra_nb.serve.protocol import (ENDS_SESSION, FIELDS, PROTOCOL_RULES, SAMPLING_DEFAULTS, ProtocolError,
-                                     error_message, message_type, parse_rollout, parse_start, parse_step)
+                                     error_message, loads, message_type, parse_rollout, parse_start, parse_step)
 from terra_nb.toyworld.tokenizer import toy_data_dir
 from terra_nb.workbook.paths import REPO
 
@@ -96,3 +98,124 @@ def test_the_reference_lists_every_rule_field_and_default():
     for key, value in SAMPLING_DEFAULTS.items():
         shown = "null" if value is None else str(value)
         assert re.search(rf'^\| `"{key}"` \|[^|]*\| `{shown}` \|', DOCS, re.M), (key, shown)
+
+
+def section(heading: str) -> str:
+    return DOCS.split(heading + "\n", 1)[1].split("\n#", 1)[0]
+
+
+def test_a_wrong_type_gets_the_rule_the_reference_names():
+    """docs/serving.md's table of wrong types, row by row: null, a string, an object, a boolean (or
+    what else a field does not take) get the row's first rule; the second rule's case where the row
+    names one."""
+    table = section("## Errors").split("| Field | Of the wrong type", 1)[1].split("\n\n", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z_]+)` \| (.*) \|$", table, re.M))
+    assert set(rows) == set(FIELDS["start"]) | set(FIELDS["rollout"]), rows
+    body = {"context": CTX, "actions": ACTIONS, "n_frames": 1}
+    seconds = {"context": [[1.5] * LAYOUT.image_tokens], "actions": [[["x", 0, 0]] * 6]}
+    for field, cell in rows.items():
+        rules = re.findall(r"`([a-z_]+)`", cell)
+        wrong = {"sampling": ["x", [1], True], "image": [None, "x", {"a": 1}, 1]}  # sampling null: the defaults
+        for value in wrong.get(field, [None, "x", {"a": 1}, True]):
+            got = refusal(parse_rollout, {**body, field: value}, LAYOUT, MAX_MODEL_LEN, True, 10) if field != "type" \
+                else refusal(message_type, {**START, field: value}, ("start",))
+            assert got["rule"] == rules[0], (field, value, got)
+        if field in seconds:
+            assert refusal(parse_rollout, {**body, field: seconds[field]}, LAYOUT, MAX_MODEL_LEN, True, 10)["rule"] == \
+                rules[1], field
+
+
+def test_json_nested_too_deeply_is_a_bad_message():
+    error = refusal(loads, "[" * 100_000 + "]" * 100_000)
+    assert error["rule"] == "bad_message" and "too deeply" in error["message"]
+
+
+def vllm_refuses(**settings) -> bool:
+    from vllm import SamplingParams
+
+    try:
+        SamplingParams(**settings)
+    except Exception:  # noqa: BLE001 - whatever vLLM raises for a bad value
+        return True
+    return False
+
+
+@pytest.mark.parametrize("key, accepted, refused", [
+    ("temperature", 2.0, 2.5), ("temperature", 0, -0.1), ("seed", 0, -1), ("top_k", 2**64 - 1, 2**64),
+    ("top_k", 0, -1), ("top_p", 1.0, 0.0),
+])
+def test_sampling_follows_vllms_own_rules_naming_the_key(key, accepted, refused):
+    """What the installed vLLM refuses (its `SamplingParams`, or its front end's encoding) is
+    `bad_sampling` at `sampling.<key>`; the edge values docs/serving.md states pass."""
+    start = {**START, "sampling": {key: accepted}}
+    assert parse_start(start, LAYOUT, MAX_MODEL_LEN, True).sampling.__dict__[key] == accepted
+    if key == "temperature" and refused > 2 and not vllm_refuses(temperature=refused):
+        pytest.skip(f"this vLLM takes temperature {refused}")
+    error = refusal(parse_start, {**START, "sampling": {key: refused}}, LAYOUT, MAX_MODEL_LEN, True)
+    assert error["rule"] == "bad_sampling" and error["param"] == f"sampling.{key}", error
+    assert f"{key}={refused!r}" in error["message"] and "parameter=" not in error["message"], error
+
+
+def test_every_stop_signal_asks_uvicorn_to_exit_and_none_is_raised_again():
+    """SIGTERM, SIGINT, SIGHUP to this process inside `TerraServer.capture_signals`: each sets
+    uvicorn's `should_exit` (the graceful shutdown), and the handlers before are back after."""
+    import os
+    import signal
+
+    import uvicorn
+
+    from terra_nb.serve.server import STOP_SIGNALS, TerraServer
+
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        server = TerraServer(uvicorn.Config(app=None))
+        with server.capture_signals():
+            os.kill(os.getpid(), sig)
+            for _ in range(100):  # the handler runs between bytecodes of this thread
+                if server.should_exit:
+                    break
+        assert server.should_exit, signal.Signals(sig).name
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before
+
+
+def test_a_stop_signal_while_starting_kills_the_processes_being_started():
+    """`StopWhileStarting`: SIGTERM while a child process runs (as the engine core does while vLLM
+    waits for it) kills that child and raises `KeyboardInterrupt`, naming the signal."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    from terra_nb.serve.server import STOP_SIGNALS, StopWhileStarting
+
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    child.start()
+    stops = StopWhileStarting(force_exit_s=60)
+    try:
+        stops.install()
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        child.join(10)
+        assert child.exitcode == -signal.SIGKILL and stops.signal == "SIGTERM"
+    finally:
+        stops.stopped()  # or its timer would end this test run
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        child.kill()
+
+
+def test_the_command_line_states_its_defaults():
+    """Host, port and the idle timeout: defaults in --help and in docs/serving.md."""
+    from terra_nb.serve.__main__ import parser
+
+    args = parser().parse_args(["--model", "m"])
+    assert (args.host, args.port) == ("127.0.0.1", 8000) and args.idle_timeout == 60
+    assert parser().parse_args(["--model", "m", "--idle-timeout", "0.5"]).idle_timeout == 0.5
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--model", "m", "--idle-timeout", "0"])
+    text = parser().format_help()
+    assert "default: 127.0.0.1" in text and "default: 8000" in text and "default: 60 s" in text, text
+    assert "`127.0.0.1:8000`" in DOCS and "`--idle-timeout` seconds (default 60)" in DOCS
+    assert "GET /health" in section("# The world-model server: a protocol reference")

@@ -17,9 +17,12 @@ server of its own on vLLM's `AsyncLLM` and the web stack vLLM installs (FastAPI,
 
 Every message is checked by the port's rules before the engine (`protocol`), unknown fields
 included; a bad one gets an error naming its rule, on that connection only. The server admits as
-many sessions as its engine schedules at once (`max_num_seqs`) and refuses one more at once
-(`server_full`). A client that leaves mid-frame has its request aborted (its KV blocks freed);
-SIGTERM, SIGINT or SIGHUP end every session with a message, then stop the engine and its processes.
+many sessions (from their start) as its engine schedules at once (`max_num_seqs`) and refuses one
+more at once (`server_full`); a connection silent for `--idle-timeout` s is closed. A client that
+leaves mid-frame has its request aborted (its KV blocks freed); SIGTERM, SIGINT or SIGHUP end every
+session with a message, then stop the engine and its processes (while it starts too). The engine
+never outlives the server (`kill -9` included), and a dead engine ends every session with a message,
+then the server, non-zero.
 docs/serving.md is the protocol's reference for clients in any language.
 
 Modules: `protocol` (messages and their checks), `session` (`WorldSession`), `engine` (building it,

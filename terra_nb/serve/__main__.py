@@ -1,13 +1,18 @@
-"""`python -m terra_nb.serve --model DIR`: the world-model server (see `terra_nb.serve`)."""
+"""`python -m terra_nb.serve --model DIR`: the world-model server (see `terra_nb.serve`).
+
+It listens on 127.0.0.1:8000 unless told otherwise (--host, --port), once its engine has started:
+about a minute on a CPU (importing vLLM and starting its engine process); GET /health answers 200
+from then on, so poll it for readiness. SIGTERM, SIGINT or SIGHUP stop it at any time (exit status
+0); the engine's processes never outlive it (on Linux, even after `kill -9`); if the engine dies,
+every session is told and it exits with status 1, for a supervisor to start it again."""
 from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 
-from .app import CapacityError
-from .server import run, serve
+from .app import IDLE_TIMEOUT_S, CapacityError
+from .server import EngineDied, StopWhileStarting, run, serve
 
 
 def engine_arg(text: str) -> tuple[str, object]:
@@ -21,27 +26,28 @@ def engine_arg(text: str) -> tuple[str, object]:
         return key, value
 
 
-def interrupt_on_stop_signals() -> None:
-    """SIGTERM and SIGHUP act as Ctrl-C does until the server listens (uvicorn then takes every stop
-    signal, `TerraServer.capture_signals`): an engine being built is stopped, not orphaned."""
-    def interrupt(sig, frame):
-        raise KeyboardInterrupt(signal.Signals(sig).name)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m terra_nb.serve", description=__doc__)
     p.add_argument("--model", required=True, help="a Terra checkpoint folder (e.g. data/toy/model)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--max-sessions", type=int, default=None,
-                   help="WebSocket sessions and rollouts at once, at most the engine's max_num_seqs (the default; "
+                   help="sessions (from their start) and rollouts at once, at most the engine's max_num_seqs (the default; "
                         "32 on the CPU, raise it with --engine-arg max_num_seqs=N); one more is refused at once "
                         "(server_full; HTTP 503 on POST)")
     p.add_argument("--max-frames", type=int, default=1000,
                    help="new frames of a rollout or a session at most (too_many_frames)")
+    p.add_argument("--idle-timeout", type=seconds, default=IDLE_TIMEOUT_S, metavar="SECONDS",
+                   help=f"close a WebSocket that sends nothing for this long while the server waits for its next "
+                        f"message (idle_timeout; default: {IDLE_TIMEOUT_S:g} s; the time its frames take does not count)")
     p.add_argument("--decoder", choices=("auto", "toy", "none"), default="auto",
                    help="decode frames to PNG for clients that ask (auto: the toy world's model only)")
     p.add_argument("--disable-log-stats", action="store_true",
@@ -54,17 +60,23 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     args = parser().parse_args(argv)
-    interrupt_on_stop_signals()
+    stops = StopWhileStarting().install()
     print(f"terra_nb.serve: starting the engine on {args.model}; then http://{args.host}:{args.port}/ "
           "(the page), /health, /metrics, POST /v1/rollouts, WS /v1/sessions", flush=True)
     try:
         run(serve(args.model, args.host, args.port, metrics=not args.disable_log_stats, decoder=args.decoder,
-                  max_sessions=args.max_sessions, max_frames=args.max_frames, log_level=args.log_level,
-                  engine_args=dict(args.engine_arg)))
+                  max_sessions=args.max_sessions, max_frames=args.max_frames, idle_timeout=args.idle_timeout,
+                  log_level=args.log_level, engine_args=dict(args.engine_arg)))
     except CapacityError as err:
         sys.exit(f"terra_nb.serve: {err}")
-    except KeyboardInterrupt:  # a stop signal before the server listened: the engine is already stopped
-        sys.exit(130)
+    except EngineDied as err:
+        sys.exit(f"terra_nb.serve: {err}; exiting with status 1")
+    except BaseException:
+        if stops.signal is None:
+            raise
+        # a stop signal while no graceful shutdown could take it (the engine starting, or stopping): its processes are killed
+        stops.stopped()
+        print(f"terra_nb.serve: stopped by {stops.signal}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,15 @@
     GET  /              the toy world in the browser (static/index.html); GET /v1/toy: its start
 
 Every message is read by `protocol` (the port's rules) before anything reaches the engine; a bad
-one gets an error message naming its rule, on that connection only. The server admits at most
-`max_sessions` sessions and rollouts at once, never more than the engine schedules at once (its
-`max_num_seqs`): one more is refused at once (`server_full`; HTTP 503 with `Retry-After` on POST),
-never queued in silence. A client that goes away
-mid-frame has its session aborted (`WorldSession.abort`: vLLM frees its KV blocks). `end_sessions`
-(the server's shutdown) ends every live session with an "end" message first.
+one gets an error message naming its rule, on that connection only. A session takes one of the
+server's places at its `start` (a rollout at its request) and gives it back at its end: at most
+`max_sessions` at once, never more than the engine schedules at once (its `max_num_seqs`); one more
+is refused at once (`server_full`; HTTP 503 with `Retry-After` on POST), never queued in silence.
+A connection that sends nothing for `idle_timeout` s while the server waits for it is closed
+(`idle_timeout`), so idle clients cannot hold places. A client that goes away mid-frame has its
+session aborted (`WorldSession.abort`: vLLM frees its KV blocks). `end_sessions` (the server's
+shutdown) ends every live connection with an "end" message first; `watch_engine` ends them with an
+`engine_dead` error once the engine has died (the server then exits: `server.serve`).
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from .engine import kv_blocks, prometheus_registry
 from .session import WorldSession, round_frames
 from .toy import ToyDecoder
 
-__all__ = ["CapacityError", "ServerState", "build_app", "end_sessions", "engine_capacity", "session_capacity"]
+__all__ = ["IDLE_TIMEOUT_S", "CapacityError", "ServerState", "build_app", "end_sessions", "engine_capacity",
+           "session_capacity", "watch_engine"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +47,14 @@ STATIC = Path(__file__).parent / "static"
 REFUSALS = (TerraInputError, ProtocolError, RequestValidationError)
 """What a client is told about (by rule); anything else is the server's fault and is logged."""
 SHUTDOWN = "server shutting down"
-GOING_AWAY = 1001  # WebSocket close code: the server is going down
-TRY_LATER = 1013
-FULL_CLOSE_S = 5.0
-"""How long a refused connection (`server_full`) waits for the client's first message before it closes."""
+IDLE_TIMEOUT_S = 60.0
+"""Seconds a WebSocket connection may send nothing while the server waits for its next message
+(`--idle-timeout`); the time its frames take does not count."""
+ENGINE_CHECK_S = 0.5
+"""How often `watch_engine` looks at the engine (the check is one attribute read)."""
+CLOSE_CODES = {"end": 1000, "shutdown": 1001, "engine_dead": 1011, "server_full": 1013, "idle_timeout": 1000}
+"""The WebSocket close code after each way a connection ends (1001: going away, 1011: the server
+failed, 1013: try again later)."""
 
 
 class Stopped(Exception):
@@ -54,11 +62,15 @@ class Stopped(Exception):
 
 
 class Live:
-    """One connection's session, as the server sees it: stopped by `end_sessions`."""
+    """One connection (or rollout) as the server sees it: stopped by `end_sessions`, with the
+    `reason` (an "end" message) or the `error` (an error message, e.g. `engine_dead`) its client
+    is told; `place`: it holds one of the server's places (a started session, a rollout)."""
 
     def __init__(self):
         self.stop = asyncio.Event()
         self.reason: str | None = None
+        self.error: ProtocolError | None = None
+        self.place = False
 
 
 class CapacityError(ValueError):
@@ -84,30 +96,48 @@ def session_capacity(max_sessions: int | None, max_num_seqs: int) -> int:
 
 
 class ServerState:
-    """What every route shares: the engine, its layout, the limits and the live sessions."""
+    """What every route shares: the engine, its layout, the limits, the live connections and rollouts."""
 
-    def __init__(self, engine, decoder: ToyDecoder | None, max_sessions: int | None, max_frames: int):
+    def __init__(self, engine, decoder: ToyDecoder | None, max_sessions: int | None, max_frames: int,
+                 idle_timeout: float = IDLE_TIMEOUT_S):
         self.engine, self.decoder = engine, decoder
         self.layout = FrameLayout.from_config(engine.model_config.hf_config)
         self.max_model_len = engine.model_config.max_model_len
         self.max_sessions = session_capacity(max_sessions, engine_capacity(engine))
-        self.max_frames = max_frames
-        self.live: set[Live] = set()
+        self.max_frames, self.idle_timeout = max_frames, idle_timeout
+        self.live: set[Live] = set()  # open connections (with a session or not) and rollouts
+        self.open = 0     # of those, the ones holding a place
         self.running = 0  # live sessions with a frame being made now
         self.served = 0   # sessions and rollouts admitted since the start
         self.refused = 0  # starts and rollouts refused with server_full since the start
+        self.dead: str | None = None  # why the engine died, once it has
 
-    def admit(self) -> Live:
-        """One more live session (`leave` it when done), or `server_full`."""
-        if len(self.live) >= self.max_sessions:
+    def connect(self) -> Live:
+        """A new connection or rollout, holding no place yet (`leave` it when done)."""
+        live = Live()
+        self.live.add(live)
+        return live
+
+    def admit(self, live: Live) -> None:
+        """`live` takes a place (`release` gives it back), or `server_full` / `engine_dead`."""
+        if self.dead is not None or self.engine_dead():
+            raise ProtocolError("engine_dead", error=self.dead or "vLLM reports it dead")
+        if self.open >= self.max_sessions:
             self.refused += 1
             why = ("its --max-sessions" if self.max_sessions < engine_capacity(self.engine)
                    else "what its engine schedules at once, max_num_seqs")
-            raise ProtocolError("server_full", n=len(self.live), why=f"{self.max_sessions}: {why}")
-        live = Live()
-        self.live.add(live)
+            raise ProtocolError("server_full", n=self.open, why=f"{self.max_sessions}: {why}")
+        live.place = True
+        self.open += 1
         self.served += 1
-        return live
+
+    def release(self, live: Live) -> None:
+        if live.place:
+            live.place = False
+            self.open -= 1
+
+    def engine_dead(self) -> bool:
+        return bool(getattr(self.engine, "errored", False))
 
     @contextlib.asynccontextmanager
     async def making_frame(self):
@@ -119,6 +149,7 @@ class ServerState:
             self.running -= 1
 
     def leave(self, live: Live) -> None:
+        self.release(live)
         self.live.discard(live)
 
     def png(self, codes, image: bool) -> str | None:
@@ -126,18 +157,21 @@ class ServerState:
 
 
 def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: int | None = None,
-              max_frames: int = 1000, metrics: bool = True) -> FastAPI:
+              max_frames: int = 1000, metrics: bool = True, idle_timeout: float = IDLE_TIMEOUT_S) -> FastAPI:
     """The routes on `engine` (an `AsyncLLM` serving the event loop the app will run on).
 
     `decoder`: a `ToyDecoder`, None, or "auto"/"toy"/"none" (`ToyDecoder.for_model`);
-    `max_sessions`: live sessions and rollouts at most (one more is refused: `server_full`); None:
+    `max_sessions`: started sessions and rollouts at most (one more is refused: `server_full`); None:
     the engine's `max_num_seqs`, and never above it (`CapacityError`);
-    `max_frames`: new frames of a rollout, or of a session, at most (`too_many_frames`).
+    `max_frames`: new frames of a rollout, or of a session, at most (`too_many_frames`);
+    `idle_timeout`: seconds a WebSocket may send nothing while the server waits for it (`idle_timeout`).
     """
+    if not idle_timeout > 0:
+        raise ValueError(f"idle_timeout must be > 0 s, got {idle_timeout!r}")
     layout = FrameLayout.from_config(engine.model_config.hf_config)
     if isinstance(decoder, str):
         decoder = ToyDecoder.for_model(layout, decoder)
-    state = ServerState(engine, decoder, max_sessions, max_frames)
+    state = ServerState(engine, decoder, max_sessions, max_frames, idle_timeout)
     app = FastAPI(title="terra-nb world model server")
     app.state.terra = state
     if metrics:
@@ -162,10 +196,15 @@ def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: i
     async def rollouts(request: Request):
         try:
             body = loads(await request.body())
-            rollout = parse_rollout(body, layout, state.max_model_len, decoder is not None, max_frames)
-            live = state.admit()
+            rollout = _parse(parse_rollout, body, layout, state.max_model_len, decoder is not None, max_frames)
+            live = state.connect()
+            try:
+                state.admit(live)
+            except ProtocolError:
+                state.leave(live)
+                raise
         except REFUSALS as err:
-            if getattr(err, "rule", None) == "server_full":
+            if getattr(err, "rule", None) in ("server_full", "engine_dead"):
                 return JSONResponse({"error": error_message(err, True)}, status_code=503,
                                     headers={"Retry-After": str(RETRY_AFTER_S)})
             return JSONResponse({"error": error_message(err, True)}, status_code=400)
@@ -175,14 +214,7 @@ def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: i
     @app.websocket("/v1/sessions")
     async def sessions(ws: WebSocket):
         await ws.accept()
-        try:
-            live = state.admit()
-        except ProtocolError as err:  # server_full: said at once; the connection closes on the client's first message
-            await _send(ws, error_message(err))
-            with contextlib.suppress(asyncio.TimeoutError, WebSocketDisconnect, RuntimeError):
-                await asyncio.wait_for(ws.receive(), FULL_CLOSE_S)  # so that a client's start is sent, then refused
-            await _close(ws, TRY_LATER)
-            return
+        live = state.connect()
         try:
             await _serve_session(state, ws, live)
         finally:
@@ -191,17 +223,33 @@ def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: i
     return app
 
 
-async def end_sessions(app: FastAPI, reason: str = SHUTDOWN, timeout: float = 10.0) -> None:
-    """Stop every live session and rollout: each aborts its engine request, tells its client
-    `{"type": "end", "reason": reason}` and closes (WebSocket code 1001). Waits for them (at most
-    `timeout` s)."""
+async def end_sessions(app: FastAPI, reason: str = SHUTDOWN, timeout: float = 10.0,
+                       error: ProtocolError | None = None) -> None:
+    """Stop every live connection and rollout: each aborts its engine request, tells its client
+    `{"type": "end", "reason": reason}` (or `error`, as an error message) and closes (WebSocket code
+    1001; 1011 after an `engine_dead` error). Waits for them (at most `timeout` s). One already
+    stopped keeps what it was told first."""
     state: ServerState = app.state.terra
     for live in list(state.live):
-        live.reason = reason
-        live.stop.set()
+        if not live.stop.is_set():
+            live.reason, live.error = reason, error
+            live.stop.set()
     deadline = time.monotonic() + timeout
     while state.live and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
+
+
+async def watch_engine(app: FastAPI, every: float = ENGINE_CHECK_S) -> str:
+    """Return once the engine has died (vLLM's `AsyncLLM.errored`: its engine core exited or its
+    output handler failed), after telling every live connection and rollout (`engine_dead`): the
+    server cannot serve again, and its caller exits so that a supervisor starts it afresh."""
+    state: ServerState = app.state.terra
+    while not state.engine_dead():
+        await asyncio.sleep(every)
+    state.dead = "its engine core process exited or its output handler failed"
+    logger.error("the engine has died (%s): ending every session, then the server", state.dead)
+    await end_sessions(app, error=ProtocolError("engine_dead", error=state.dead))
+    return state.dead
 
 
 def _mount_metrics(app: FastAPI) -> None:
@@ -222,10 +270,10 @@ async def _health(state: ServerState) -> dict:
     time of the server's event loop so far (what the load test charges a frame), the limits and the
     layout. docs/serving.md describes every field."""
     engine, layout = state.engine, state.layout
-    dead = bool(getattr(engine, "errored", False))
+    dead = state.engine_dead()
     return {"status": "dead" if dead else "ok", "model": str(engine.model_config.model),
             "loop_cpu_s": time.thread_time(),  # this handler runs on the server's loop: that thread's CPU so far
-            "sessions": {"open": len(state.live), "running": state.running, "refused": state.refused,
+            "sessions": {"open": state.open, "running": state.running, "refused": state.refused,
                          "served": state.served, "max": state.max_sessions},
             "requests": engine.output_processor.get_num_unfinished_requests(),
             "kv_blocks": None if dead else await kv_blocks(engine),
@@ -236,19 +284,31 @@ async def _health(state: ServerState) -> dict:
 
 
 # ---------------------------------------------------------------------------- helpers
-async def _until(work, *watch: asyncio.Future):
-    """Run `work` unless one of `watch` finishes first (the client left, the server stops):
-    then `work` is cancelled and `Stopped` raised."""
+async def _until(work, *watch: asyncio.Future, timeout: float | None = None):
+    """Run `work` unless one of `watch` finishes first (the client left, the server stops): then
+    `work` is cancelled and `Stopped` raised; or unless `timeout` s pass first: `TimeoutError`."""
     task = asyncio.ensure_future(work)
     try:
-        await asyncio.wait({task, *watch}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, *watch}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
     if task.cancelled():
-        raise Stopped()
+        raise Stopped() if done else TimeoutError()
     return task.result()
+
+
+def _parse(parse, *args):
+    """`parse(*args)`; what its checks did not name (a fault of the server's) is logged and still
+    answered by rule (`bad_message`), so that the connection stays well-formed."""
+    try:
+        return parse(*args)
+    except REFUSALS:
+        raise
+    except Exception as err:
+        logger.exception("%s raised what its checks did not name", parse.__name__)
+        raise ProtocolError("bad_message", problem=f"the server could not read it ({type(err).__name__}: {err})") from err
 
 
 async def _send(ws: WebSocket, message: dict) -> bool:
@@ -275,16 +335,28 @@ async def _listen(ws: WebSocket, inbox: asyncio.Queue) -> None:
 
 # ---------------------------------------------------------------------------- WS /v1/sessions
 async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
-    """One connection: messages in order; a frame is raced against the client leaving and the
-    server stopping (either aborts the session, freeing its KV blocks)."""
+    """One connection: messages in order, each awaited at most `state.idle_timeout` s; a frame is
+    raced against the client leaving and the server stopping (either aborts the session, freeing
+    its KV blocks). The session holds a place from its start to its end."""
     inbox: asyncio.Queue = asyncio.Queue()
     gone = asyncio.create_task(_listen(ws, inbox))
     stop = asyncio.create_task(live.stop.wait())
     session: WorldSession | None = None
     image = False
+
+    def over() -> None:  # the session is over: its place is free (the connection may start another)
+        nonlocal session
+        session = None
+        state.release(live)
+
     try:
         while True:
-            text = await _until(inbox.get(), gone, stop)
+            try:
+                text = await _until(inbox.get(), gone, stop, timeout=state.idle_timeout)
+            except TimeoutError:
+                await _send(ws, error_message(ProtocolError("idle_timeout", seconds=state.idle_timeout)))
+                await _close(ws, CLOSE_CODES["idle_timeout"])
+                return
             try:
                 msg = loads(text)
                 kind = message_type(msg, ("start", "step", "end"))
@@ -292,20 +364,21 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
                     frames = 0 if session is None else session.frames
                     if session is not None:
                         await _until(session.close(), gone, stop)
-                        session = None
+                        over()
                     await _send(ws, {"type": "end", "frames": frames, "reason": "client ended the session"})
-                    await _close(ws)
+                    await _close(ws, CLOSE_CODES["end"])
                     return
                 if kind == "start":
                     if session is not None:
                         raise ProtocolError("session_open")
-                    start = parse_start(msg, state.layout, state.max_model_len, state.decoder is not None)
+                    start = _parse(parse_start, msg, state.layout, state.max_model_len, state.decoder is not None)
+                    state.admit(live)
                     session, image = WorldSession(state.engine, start.sampling), start.image
                     work = session.start(start.context, start.actions)
                 else:
                     if session is None:
                         raise ProtocolError("no_session")
-                    actions = parse_step(msg, state.layout, session.frames - 1)
+                    actions = _parse(parse_step, msg, state.layout, session.frames - 1)
                     if session.frames >= state.max_frames:
                         raise TerraInputError("too_many_frames", "actions", what="the session", n=session.frames + 1,
                                               limit=state.max_frames, why="the server's --max-frames")
@@ -315,15 +388,14 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
                     async with state.making_frame():
                         codes = await _until(work, gone, stop)
                 except REFUSALS as err:  # the engine refused a chunk: that session is over (vLLM ended it)
-                    session = None
+                    over()
                     reply = error_message(err, ends_session=True)
                 except Stopped:
                     raise
                 except Exception as err:  # the engine failed it: tell the client, serve the others
-                    logger.exception("session %s failed", session.tag)
                     session.abort()
-                    session = None
-                    raise ProtocolError("engine_error", error=f"{type(err).__name__}: {err}") from err
+                    over()
+                    raise _engine_failure(state, err) from err
                 else:
                     reply = frame_message(session.frames - 1, codes, (time.perf_counter() - began) * 1e3,
                                           state.png(codes, image))
@@ -331,11 +403,18 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
                 reply = error_message(err)
             if not await _send(ws, reply):
                 return
+            if reply.get("rule") in CLOSE_CODES:  # server_full, engine_dead: this connection is done
+                await _close(ws, CLOSE_CODES[reply["rule"]])
+                return
     except Stopped:
-        if live.stop.is_set():  # the server is going down: say so, then close
-            await _send(ws, {"type": "end", "frames": 0 if session is None else session.frames,
-                             "reason": live.reason or SHUTDOWN})
-            await _close(ws, GOING_AWAY)
+        if live.stop.is_set():  # the server is going down (or its engine died): say so, then close
+            if live.error is not None:
+                await _send(ws, error_message(live.error))
+                await _close(ws, CLOSE_CODES[live.error.rule])
+            else:
+                await _send(ws, {"type": "end", "frames": 0 if session is None else session.frames,
+                                 "reason": live.reason or SHUTDOWN})
+                await _close(ws, CLOSE_CODES["shutdown"])
     finally:
         for task in (gone, stop):
             task.cancel()
@@ -345,9 +424,10 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
 
 # ---------------------------------------------------------------------------- POST /v1/rollouts
 async def _rollout_frames(state: ServerState, rollout, live: Live):
-    """The rollout's messages: a frame at a time as made, then an "end" message. Each next chunk
-    goes to the engine as soon as its frame is out, before that frame is written to the client (as
-    `session_rollout`'s open loop sends it). A rollout runs (`/health`) from its start to its end."""
+    """The rollout's messages: a frame at a time as made, then an "end" message (or an error line,
+    which ends it). Each next chunk goes to the engine as soon as its frame is out, before that
+    frame is written to the client (as `session_rollout`'s open loop sends it). A rollout runs
+    (`/health`) from its start to its end."""
     session = WorldSession(state.engine, rollout.sampling)
     state.running += 1
     n_ctx = rollout.context.shape[0]
@@ -361,6 +441,11 @@ async def _rollout_frames(state: ServerState, rollout, live: Live):
             except REFUSALS as err:
                 yield error_message(err, ends_session=True)
                 return
+            except Stopped:
+                raise
+            except Exception as err:  # the engine failed it (or died): an error line, never a cut stream
+                yield error_message(_engine_failure(state, err), ends_session=True)
+                return
             ms = (time.perf_counter() - began) * 1e3
             if k + 1 < rollout.n_frames:
                 pending, began = asyncio.ensure_future(session.step(rollout.actions[n_ctx + k])), time.perf_counter()
@@ -368,12 +453,24 @@ async def _rollout_frames(state: ServerState, rollout, live: Live):
         await session.close()
         yield {"type": "end", "frames": rollout.n_frames, "reason": "done"}
     except Stopped:
-        yield {"type": "end", "frames": session.frames, "reason": live.reason or SHUTDOWN}
+        if live.error is not None:
+            yield error_message(live.error, ends_session=True)
+        else:
+            yield {"type": "end", "frames": session.frames, "reason": live.reason or SHUTDOWN}
     finally:  # also when the client left: Starlette cancels the response, so nothing is awaited here
         state.running -= 1
         stop.cancel()
         pending.cancel()
         session.abort()
+
+
+def _engine_failure(state: ServerState, err: Exception) -> ProtocolError:
+    """What an engine's failure under a frame is called: `engine_dead` once the engine has died
+    (the server then exits), else `engine_error` (logged: a fault of the server's or vLLM's)."""
+    if state.engine_dead():
+        return ProtocolError("engine_dead", error=f"{type(err).__name__}: {err}")
+    logger.error("a session or rollout failed", exc_info=err)
+    return ProtocolError("engine_error", error=f"{type(err).__name__}: {err}")
 
 
 async def _ndjson(messages, state: ServerState, live: Live):

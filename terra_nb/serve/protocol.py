@@ -21,7 +21,9 @@ Messages (JSON objects; every field not listed is refused by name, `unknown_fiel
                                 {"type": "end", "frames": n, "reason": "..."}
 
 `sampling` (every key optional): `SAMPLING_DEFAULTS`, i.e. temperature 0.9 (0: greedy), top_k null
-(off), top_p 1.0 (off), seed 0 (null: not seeded).
+(off), top_p 1.0 (off), seed 0 (null: not seeded). Each value is checked by vLLM's own rules before
+the engine (`check_sampling`: the request's `SamplingParams` built and encoded as the front end
+sends them), so whatever the installed vLLM refuses is a `bad_sampling` here, never a failed session.
 """
 from __future__ import annotations
 
@@ -50,10 +52,13 @@ PROTOCOL_RULES = {
     "bad_sampling": "bad sampling settings: {problem}",
     "no_decoder": "images were asked for, but this server has no decoder for its model's codes (--decoder)",
     "engine_error": "the engine failed this session ({error}); start a new one",
+    "engine_dead": "the engine has died ({error}); the server exits so that its supervisor starts it again: "
+                   "reconnect once GET /health answers 200",
+    "idle_timeout": "no message for {seconds:g} s (the server's --idle-timeout): the connection is closed",
 }
 """Rule id -> message template of what only a server can refuse (the port's rules: `layout.RULES`)."""
 
-ENDS_SESSION = frozenset({"server_full", "engine_error"})
+ENDS_SESSION = frozenset({"server_full", "engine_error", "engine_dead", "idle_timeout"})
 """Rules whose error ends the session on a WebSocket (with any refusal of the engine itself: an error
 raised while a frame was being made, `engine_refusal`); every other refusal leaves the session as it
 was. On POST /v1/rollouts every error ends the request."""
@@ -108,6 +113,8 @@ def loads(text: str | bytes) -> dict:
         msg = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError("malformed_json", error=e) from None
+    except RecursionError:  # valid JSON nested deeper than Python's reader recurses
+        raise ProtocolError("bad_message", problem="the message nests arrays or objects too deeply to read") from None
     if not isinstance(msg, dict):
         raise ProtocolError("bad_message", problem=f"a message is a JSON object, got {type(msg).__name__}")
     return msg
@@ -145,9 +152,9 @@ def _int(value, name: str) -> int:
     return value
 
 
-def parse_sampling(obj) -> SamplingConfig:
+def parse_sampling(obj, layout: FrameLayout) -> SamplingConfig:
     """`{"temperature": .., "top_k": .., "top_p": .., "seed": ..}` (each optional: `SAMPLING_DEFAULTS`)
-    -> a `SamplingConfig`; temperature 0 is greedy."""
+    -> a `SamplingConfig`; temperature 0 is greedy. A refusal names its key (`sampling.<key>`)."""
     if obj is None:
         return SamplingConfig()
     if not isinstance(obj, dict):
@@ -161,10 +168,28 @@ def parse_sampling(obj) -> SamplingConfig:
         value = obj.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ProtocolError("bad_sampling", f"sampling.{key}", problem=f"{key} must be an integer or null, got {value!r}")
+    for key, value in obj.items():  # one key at a time (over a sampled default), so the refusal names it
+        check_sampling({"temperature": SAMPLING_DEFAULTS["temperature"], key: value}, layout, key)
+    return check_sampling(obj, layout, None)
+
+
+def check_sampling(settings: dict, layout: FrameLayout, key: str | None) -> SamplingConfig:
+    """`settings` -> a `SamplingConfig` whose requests the engine takes: the port's checks, then
+    vLLM's own (`SamplingParams`, as a session's first chunk builds them) and the encoding the front
+    end sends them to the engine core in; `bad_sampling` (at `sampling.<key>`) for what either refuses."""
+    from vllm.exceptions import VLLMValidationError  # a ValueError on vLLM 0.26, not on 0.32
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    from ..port.session_rollout import chunk_params
+
     try:
-        return SamplingConfig(**obj)
-    except ValueError as e:
-        raise ProtocolError("bad_sampling", "sampling", problem=e) from None
+        sampling = SamplingConfig(**settings)
+        MsgpackEncoder().encode(chunk_params(sampling, layout, 0, 0))
+    except (ValueError, TypeError, OverflowError, VLLMValidationError) as e:
+        text = str(e.args[0]) if e.args else str(e)  # vLLM's text without its "(parameter=..., value=...)"
+        problem = text if key is None else f"{key}={settings[key]!r}: {text}"
+        raise ProtocolError("bad_sampling", "sampling" if key is None else f"sampling.{key}", problem=problem) from None
+    return sampling
 
 
 def context_limit(layout: FrameLayout, max_model_len: int) -> tuple[int, str]:
@@ -188,6 +213,23 @@ def _codes(value, layout: FrameLayout, max_model_len: int) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
         raise TerraInputError("frames_shape", "context", what="context frames", expected=f"[n_ctx, {P}] integer codes",
                               got=f"a list torch cannot read ({e})") from None
+
+
+def json_type(value) -> str:
+    """The JSON name of a decoded value's type: null, boolean, number, string, array, object."""
+    for types, name in ((type(None), "null"), (bool, "boolean"), ((int, float), "number"), (str, "string"),
+                        (list, "array"), (dict, "object")):
+        if isinstance(value, types):
+            return name
+    return type(value).__name__
+
+
+def _actions_list(value, expected: str) -> list:
+    """A message's `actions` as sent: an array, else `wrong_action_shape` (the port's checks read arrays)."""
+    if not isinstance(value, list):
+        raise TerraInputError("wrong_action_shape", "actions", got=f"{json.dumps(value)[:40]} (a JSON {json_type(value)})",
+                              expected=expected)
+    return value
 
 
 def _image(msg: dict, can_decode: bool) -> bool:
@@ -232,8 +274,9 @@ class Rollout(Start):
 def _context(msg: dict, layout: FrameLayout, max_model_len: int, n_frames: int):
     """(context [n_ctx, P], actions [T, 6, 3]) checked as `session_rollout` checks them."""
     codes = _codes(_field(msg, "context"), layout, max_model_len)
+    actions = _actions_list(_field(msg, "actions"), f"an array of [{layout.action_tokens}, {layout.action_dim}] a frame")
     try:
-        context, actions, batched = rollout_inputs(codes, _field(msg, "actions"), n_frames, layout)
+        context, actions, batched = rollout_inputs(codes, actions, n_frames, layout)
     except TerraInputError as err:
         raise _actions_at(err, lambda row: frame_label(row, len(codes))) from None
     if batched:
@@ -243,11 +286,12 @@ def _context(msg: dict, layout: FrameLayout, max_model_len: int, n_frames: int):
 
 
 def parse_start(msg: dict, layout: FrameLayout, max_model_len: int, can_decode: bool) -> Start:
-    """A WS session's start: `actions` covers the context frames (more rows are ignored, as
-    `session_rollout` with a policy ignores them)."""
+    """A WS session's start: `actions` covers the context frames (rows past them are checked as
+    the others, then dropped, as `session_rollout` with a policy drops them: each next frame's
+    actions come with its step)."""
     check_fields(msg, "start")
     context, actions = _context(msg, layout, max_model_len, 1)
-    return Start(context, actions[: context.shape[0]], parse_sampling(msg.get("sampling")),
+    return Start(context, actions[: context.shape[0]], parse_sampling(msg.get("sampling"), layout),
                  _image(msg, can_decode))
 
 
@@ -255,8 +299,9 @@ def parse_step(msg: dict, layout: FrameLayout, last_frame: int = 0) -> torch.Ten
     """A WS step: the actions `[6, 3]` of the session's last frame (`last_frame`, its index), which
     condition the next one."""
     check_fields(msg, "step")
+    actions = _actions_list(_field(msg, "actions"), f"[{layout.action_tokens}, {layout.action_dim}]")
     try:
-        return validate_actions([_field(msg, "actions")], layout)[0]
+        return validate_actions([actions], layout)[0]
     except TerraInputError as err:
         raise _actions_at(err, lambda _: f"{last_frame} (this step's actions)") from None
 
@@ -269,4 +314,4 @@ def parse_rollout(msg: dict, layout: FrameLayout, max_model_len: int, can_decode
         raise TerraInputError("too_many_frames", "n_frames", what="n_frames", n=n_frames, limit=max_frames,
                               why="the server's --max-frames")
     context, actions = _context(msg, layout, max_model_len, n_frames)
-    return Rollout(context, actions, parse_sampling(msg.get("sampling")), _image(msg, can_decode), n_frames)
+    return Rollout(context, actions, parse_sampling(msg.get("sampling"), layout), _image(msg, can_decode), n_frames)

@@ -14,26 +14,83 @@ Shutdown (SIGTERM, SIGINT or SIGHUP to the process, Ctrl-C, `ServerThread.stop`)
 live session (`app.end_sessions`: each aborts its engine request and tells its client), then lets
 uvicorn close and release the port, then stops the engine core and its workers, and only then does
 the process exit (uvicorn alone re-raises the signal once it has closed, and SIGTERM's default
-action would end the process before the engine is stopped, leaving its processes behind).
+action would end the process before the engine is stopped, leaving its processes behind). While the
+engine starts, before uvicorn listens, `StopWhileStarting` takes those signals. An engine that
+dies ends every session with an `engine_dead` error, then the server (`EngineDied`: the command
+line exits non-zero, for a supervisor to start it again).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
+import os
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
 import uvicorn
 
-from .app import build_app, end_sessions, session_capacity
+from .app import IDLE_TIMEOUT_S, build_app, end_sessions, session_capacity, watch_engine
 from .engine import close_engine, kv_blocks, make_server_engine
 
-__all__ = ["STOP_SIGNALS", "ServerThread", "TerraServer", "event_loop_factory", "run", "serve"]
+__all__ = ["STOP_SIGNALS", "EngineDied", "ServerThread", "StopWhileStarting", "TerraServer", "event_loop_factory",
+           "run", "serve"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """What stops the server cleanly: Ctrl-C, what systemd, Docker and Kubernetes send, a closed terminal."""
+
+
+class EngineDied(RuntimeError):
+    """The engine died while the server served: every session was told, the server stopped."""
+
+
+class StopWhileStarting:
+    """`STOP_SIGNALS` from `install()` until uvicorn listens (it then takes them,
+    `TerraServer.capture_signals`, and gives them back once closed): the engine processes being
+    started are killed and `KeyboardInterrupt` is raised; `signal` names what stopped it. vLLM
+    waits for its engine core in pyzmq's poll, which runs the handler but drops what it raises:
+    a wait that watches the processes then fails ("Engine core initialization failed"), and one
+    that does not (its ready message) is cut short after `force_exit_s` by exiting from a timer
+    thread (status 0; the engine processes are gone by then, so nothing is left behind)."""
+
+    def __init__(self, force_exit_s: float = 5.0):
+        self.signal: str | None = None
+        self.force_exit_s = force_exit_s
+        self._timer: threading.Timer | None = None
+
+    def install(self) -> "StopWhileStarting":
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.handle)
+        return self
+
+    def handle(self, sig, frame) -> None:
+        self.signal = signal.Signals(sig).name
+        kill_engine_processes()
+        if self._timer is None:
+            self._timer = threading.Timer(self.force_exit_s, self._exit_now)
+            self._timer.daemon = True
+            self._timer.start()
+        raise KeyboardInterrupt(self.signal)
+
+    def stopped(self) -> None:
+        """The stop has unwound by itself: no exit from the timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _exit_now(self) -> None:
+        kill_engine_processes()
+        print(f"terra_nb.serve: stopped by {self.signal}", file=sys.stderr, flush=True)
+        os._exit(0)
+
+
+def kill_engine_processes() -> None:
+    """SIGKILL this process's multiprocessing children (the engine cores, or a data-parallel
+    coordinator); their workers follow them by vLLM's rule."""
+    for process in multiprocessing.active_children():
+        process.kill()
 
 
 def event_loop_factory():
@@ -79,34 +136,46 @@ class TerraServer(uvicorn.Server):
 
 async def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *, sock: socket.socket | None = None,
                 metrics: bool = True, decoder: str = "auto", max_sessions: int | None = None, max_frames: int = 1000,
-                log_level: str = "info", log_config=uvicorn.config.LOGGING_CONFIG, on_ready=None,
-                engine_args: dict | None = None, engine_shutdown_timeout: float | None = None) -> None:
-    """Build the engine on this loop, serve until told to stop, stop the engine.
+                idle_timeout: float = IDLE_TIMEOUT_S, log_level: str = "info", log_config=uvicorn.config.LOGGING_CONFIG,
+                on_ready=None, engine_args: dict | None = None, engine_shutdown_timeout: float | None = None) -> None:
+    """Build the engine on this loop, serve until told to stop, stop the engine; `EngineDied` once
+    the engine has died (after every session was told and uvicorn closed).
 
     `sock`: a bound socket to serve on (host/port ignored); `on_ready(server, app)`: called once
     uvicorn listens; `engine_args`: `make_async_engine` overrides (e.g. `max_num_seqs`);
     `max_sessions`: sessions and rollouts at once (None: the engine's `max_num_seqs`; above it an
-    `app.CapacityError` before the engine starts); `engine_shutdown_timeout`: seconds the engine
-    core gets to exit before vLLM kills it (`close_engine`)."""
+    `app.CapacityError` before the engine starts); `idle_timeout`: seconds a WebSocket may send
+    nothing (`app.build_app`); `engine_shutdown_timeout`: seconds the engine core gets to exit
+    before vLLM kills it (`close_engine`)."""
     def check(config) -> None:
         session_capacity(max_sessions, config.scheduler_config.max_num_seqs)
 
     engine = make_server_engine(model, metrics=metrics, on_config=check, **(engine_args or {}))
+    watch, died = None, None
     try:
-        app = build_app(engine, decoder=decoder, max_sessions=max_sessions, max_frames=max_frames, metrics=metrics)
+        app = build_app(engine, decoder=decoder, max_sessions=max_sessions, max_frames=max_frames, metrics=metrics,
+                        idle_timeout=idle_timeout)
         # No per-message deflate: a frame's message is a few hundred bytes of codes on a local
         # network, and compressing each one (both ways, every session) is work on this loop.
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level, log_config=log_config,
                                 access_log=False, timeout_graceful_shutdown=10, ws_per_message_deflate=False)
         server = TerraServer(config)
         task = asyncio.create_task(server.serve(sockets=None if sock is None else [sock]))
+        watch = asyncio.create_task(watch_engine(app))
+        watch.add_done_callback(lambda _: setattr(server, "should_exit", True))
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if on_ready is not None and server.started:
             on_ready(server, app)
         await task
+        if watch.done() and not watch.cancelled():
+            died = watch.result()
     finally:
+        if watch is not None:
+            watch.cancel()
         await close_engine(engine, engine_shutdown_timeout)
+    if died is not None:
+        raise EngineDied(f"the engine died ({died}); every session was told")
 
 
 class ServerThread:
