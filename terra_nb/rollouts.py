@@ -312,7 +312,8 @@ async def _rollout(engine, layout, b, context, actions, n_frames, sampling, over
 
 def _pins(pin, batch: int, ranks: int) -> list:
     pins = [pin] * batch if pin is None or isinstance(pin, int) else list(pin)
-    if len(pins) != batch or any(p is not None and not (isinstance(p, int) and 0 <= p < ranks) for p in pins):
+    if len(pins) != batch or any(p is not None and (isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < ranks)
+                                 for p in pins):
         raise ValueError(f"pin must be None, a rank or one rank per rollout ({batch}), each in [0, {ranks}), got {pin!r}")
     return pins
 

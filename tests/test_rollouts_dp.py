@@ -118,7 +118,7 @@ def test_seeded_rollouts_equal_whichever_rank_serves_them(engine):
 @pytest.mark.engine
 def test_bad_pins_are_refused(engine):
     ctx, acts = random_inputs(2, 3, 1, seed=3)
-    for pin in (2, -1, [0], [0, 0, 0], "0"):
+    for pin in (2, -1, True, [0], [0, 0, 0], "0"):
         with pytest.raises(ValueError, match="pin must be"):
             dp_rollouts(engine, ctx, acts, 1, GREEDY, pin=pin, progress=False)
 

@@ -42,7 +42,8 @@ def start_node(args: list[str], log: Path) -> subprocess.Popen:
     ray = Path(sys.executable).with_name("ray")
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     return subprocess.Popen([str(ray), "start", "--block", "--num-cpus=1", f"--resources={{\"{CPU_ENGINE}\": 1}}",
-                             "--object-store-memory=100000000", "--disable-usage-stats", *args],
+                             "--object-store-memory=100000000", "--disable-usage-stats", "--include-log-monitor=false",
+                             *args],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
