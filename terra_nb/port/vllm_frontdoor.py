@@ -2,18 +2,21 @@
 
 vLLM calls Terra's multimodal processor (`vllm_processing`) only for requests that carry
 `multi_modal_data`; a request *without* it goes from the front end straight to the engine core,
-and with `skip_tokenizer_init=True` (Terra has no tokenizer) nothing in vLLM looks at its ids.
-Unchecked, an id past the embedding table kills the engine (the worker's gather raises, every
-later request gets `EngineDeadError`), an id just past `vocab_size` or a negative one is embedded
-as garbage, and action slots without actions, or `max_tokens` past the frame's last code, are
-served as a plausible-looking but wrong video.
+and nothing in vLLM knows Terra's rules: vLLM's own id check (`validate_token_ids`) bounds ids by
+the vocabulary on some releases and, with `skip_tokenizer_init=True` (Terra has no tokenizer), not
+at all on others, and no release knows action slots. Unchecked, an id past the embedding table
+kills the engine (the worker's gather raises, every later request gets `EngineDeadError`), an id
+just past `vocab_size` or a negative one is embedded as garbage, and action slots without actions,
+or `max_tokens` past the frame's last code, are served as a plausible-looking but wrong video.
 
 `install()` (called by the plugin in every vLLM process) wraps vLLM's
 `InputProcessor.process_inputs`, the one method every request passes on its way to the engine core
 (`LLM.generate`, `AsyncLLM.generate`, `vllm serve`). For engines whose model is Terra's (other
-models pass untouched) it applies `layout`'s rules to the finished `EngineCoreRequest`:
+models pass untouched) it applies `layout`'s rules to the request:
 
-* without actions: `layout.check_plain_prompt` (image codes only, at most one frame's codes);
+* without actions: `layout.check_plain_prompt` (image codes only, at most one frame's codes), on
+  the prompt as sent, before the wrapped method runs, so that a refusal names Terra's rule (and
+  carries its `.rule`) whatever vLLM checks inside `process_inputs` itself;
 * with actions: the processor has checked the prompt already; nothing is repeated;
 * always: `layout.check_sampling_ids` and `layout.check_generation_window` (one frame per request).
 
@@ -53,7 +56,8 @@ skips. Every engine of the environment starts; Terra then refuses what it can no
   method; plain requests are checked as before.
 
 **Cost.** Nothing per decode step, nothing in the engine core or the workers; per request O(1)
-with actions, one vectorised pass over at most `image_tokens` ids without.
+with actions, without them a vectorised pass over at most `image_tokens` ids (before vLLM's
+checks, and again on the finished request).
 **Limit.** A caller that hands vLLM a finished `EngineCoreRequest` itself skips `process_inputs`,
 and with it vLLM's own checks too.
 """
@@ -176,7 +180,7 @@ def require_door() -> None:
         raise RuntimeError(
             f"no Terra engine on this vLLM: Terra's front door is not installed ({why}), so requests "
             "without actions would reach the engine unchecked (an id past the embedding table kills it). "
-            f"Use vLLM 0.26 or 0.32, or point {__package__}.vllm_patch.PROCESS_INPUTS at the method "
+            f"Use vLLM 0.26 to 0.33, or point {__package__}.vllm_patch.PROCESS_INPUTS at the method "
             "every request passes in this release.")
 
 
@@ -194,13 +198,16 @@ def _checked(process_inputs):
         layout = _door(self)
         if layout is None:
             return process_inputs(self, *args, **kwargs)
-        with vllm_refusals():  # process_inputs(request_id, prompt, params, ...) on both releases
-            # An array fails inside vLLM ("truth value ... is ambiguous") before it could be checked.
+        with vllm_refusals():  # process_inputs(request_id, prompt, params, ...) on every release
             prompt = kwargs["prompt"] if "prompt" in kwargs else args[1] if len(args) > 1 else None
-            check_prompt_container(_plain_prompt_ids(prompt))
+            plain = _plain_prompt_ids(prompt)
+            # An array fails inside vLLM ("truth value ... is ambiguous") before it could be checked.
+            check_prompt_container(plain)
             session = _SESSION.get()
             if session is None and kwargs.get("resumable", False):
                 raise _unchecked_session()
+            if plain is not None:  # before vLLM's own id checks, so that Terra's rule is the one named
+                check_plain_prompt(plain, layout)
             if session is None:
                 request = process_inputs(self, *args, **kwargs)
                 check_request(request, layout)

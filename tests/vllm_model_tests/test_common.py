@@ -3,7 +3,8 @@
 """vLLM's multimodal processing tests, run against this project's architectures.
 
 Vendored from vLLM v0.32.0's source distribution (`vllm-0.32.0.tar.gz`,
-`tests/models/multimodal/processing/test_common.py`, Apache-2.0, copyright the vLLM contributors).
+`tests/models/multimodal/processing/test_common.py`, Apache-2.0, copyright the vLLM contributors);
+vLLM 0.33.0's test is the same in every vendored line, so this module runs on 0.33.0 too.
 No assertion is changed; adapted only in how the models are found (each change is marked
 `# adapted:`): the models come from `registry.py` (this project's architectures and tiny
 checkpoints) instead of vLLM's registry of Hub models, and Terra's `actions` modality, which
@@ -16,7 +17,7 @@ for models vLLM runs through its Transformers backend (the ports are native vLLM
 
 from .release import skip_unless_vendored_release  # adapted: the release they come from
 
-skip_unless_vendored_release()
+skip_unless_vendored_release(__name__)
 
 
 from collections.abc import Set as AbstractSet

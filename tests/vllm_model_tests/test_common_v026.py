@@ -14,7 +14,7 @@ vLLM's data generators do not know, gets one (`input_to_hit` / `input_factory`: 
 
 from .release import skip_unless_vendored_release  # adapted: the release they come from
 
-skip_unless_vendored_release("0.26.0")
+skip_unless_vendored_release(__name__)
 
 
 from collections.abc import Set as AbstractSet

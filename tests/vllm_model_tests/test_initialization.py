@@ -12,7 +12,7 @@ registry's models) are not vendored: here both lists are empty.
 
 from .release import skip_unless_vendored_release  # adapted: the release they come from
 
-skip_unless_vendored_release()
+skip_unless_vendored_release(__name__)
 
 
 import gc

@@ -14,7 +14,7 @@ models) are not vendored: here both lists are empty.
 
 from .release import skip_unless_vendored_release  # adapted: the release they come from
 
-skip_unless_vendored_release("0.26.0")
+skip_unless_vendored_release(__name__)
 
 
 from functools import partial

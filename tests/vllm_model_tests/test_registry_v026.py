@@ -18,7 +18,7 @@ as there (each change is marked `# adapted:`):
 
 from .release import skip_unless_vendored_release  # adapted: the release they come from
 
-skip_unless_vendored_release("0.26.0")
+skip_unless_vendored_release(__name__)
 
 
 import warnings

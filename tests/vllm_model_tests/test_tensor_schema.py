@@ -4,13 +4,13 @@
 
 Vendored from vLLM v0.32.0's source distribution (`vllm-0.32.0.tar.gz`,
 `tests/models/multimodal/processing/test_tensor_schema.py`, Apache-2.0, copyright the vLLM
-contributors). No assertion is changed; adapted only in how the models are found (imports marked
+contributors; vLLM 0.33.0's test is the same, so this module runs on 0.33.0 too). No assertion is changed; adapted only in how the models are found (imports marked
 `# adapted:`): the models and their tiny checkpoints come from `registry.py`.
 """
 
 from .release import skip_unless_vendored_release  # adapted: the release they come from
 
-skip_unless_vendored_release()
+skip_unless_vendored_release(__name__)
 
 import tempfile
 from collections.abc import Iterable
@@ -182,6 +182,7 @@ NOT_APPLICABLE = {
 NOT_APPLICABLE["LlamaActionV2ForCausalLM"] = NOT_APPLICABLE["LlamaActionForCausalLM"]
 
 
+# adapted: vLLM's rule below, as a function, to skip an architecture without a schema by name
 def _schema_methods(model_arch: str) -> list[str]:
     """vLLM's own rule, from the test below: the methods annotated to return an `...Input`."""
     from vllm.model_executor.models.registry import ModelRegistry
@@ -191,6 +192,7 @@ def _schema_methods(model_arch: str) -> list[str]:
             if "Input" in str(getattr(getattr(model_cls, name), "__annotations__", {}).get("return", ""))]
 
 
+# adapted: the models from registry.py, each skipped with its reason where the test does not apply
 def _params():
     out = []
     for model_id in get_model_ids_to_test():

@@ -11,7 +11,7 @@ contributors): the test the GPU runner's vLLM 0.26 ships, beside `test_tensor_sc
 
 from .release import skip_unless_vendored_release  # adapted: the release they come from
 
-skip_unless_vendored_release("0.26.0")
+skip_unless_vendored_release(__name__)
 
 import tempfile
 from collections.abc import Iterable
