@@ -56,7 +56,7 @@ class StopWhileStarting:
     that does not (its ready message) is cut short after `force_exit_s` by exiting from a timer
     thread (status 0; the engine processes are gone by then, so nothing is left behind)."""
 
-    def __init__(self, force_exit_s: float = 5.0):
+    def __init__(self, force_exit_s: float = 3.0):
         self.signal: str | None = None
         self.force_exit_s = force_exit_s
         self._timer: threading.Timer | None = None
@@ -88,9 +88,17 @@ class StopWhileStarting:
 
 def kill_engine_processes() -> None:
     """SIGKILL this process's multiprocessing children (the engine cores, or a data-parallel
-    coordinator); their workers follow them by vLLM's rule."""
+    coordinator) and theirs (the workers: a starting worker would take seconds to shut down by
+    itself). multiprocessing's resource tracker is left to clean up after them."""
+    import psutil  # a vLLM dependency
+
     for process in multiprocessing.active_children():
-        process.kill()
+        with contextlib.suppress(psutil.Error):
+            family = psutil.Process(process.pid).children(recursive=True)  # before they are orphaned
+            process.kill()
+            for child in family:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
 
 
 def event_loop_factory():
