@@ -16,7 +16,7 @@ process's entry point, `engine_cores_die_with_this_process`), `serial_utils.Msgp
 The engine core does not outlive the server: `make_server_engine` starts it through
 `run_engine_core_dying_with_parent`, which asks Linux to SIGKILL it when the server dies, however
 it dies (`kill -9` included; prctl's PR_SET_PDEATHSIG). Its workers, where vLLM starts any, follow
-it by vLLM's own rule (each watches a pipe from the engine core and exits when it closes).
+it by vLLM's own rule (each watches a pipe from the engine core and shuts down when it closes).
 """
 from __future__ import annotations
 
