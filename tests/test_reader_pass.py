@@ -32,7 +32,7 @@ HISTORY_RE = re.compile(r"\blease\b|(?<![-\w])(?:issue|session)s?\s*#?\d+|-dirty
 STATUS_RE = re.compile(r"^- \*\*Status\.\*\* (accepted|rejected|superseded by (\d+))\b", re.MULTILINE)
 JARGON = {  # a term the headline may use -> the glossary's bold term that defines it
     r"\bthe seed\b": "the seed", r"\bstock vLLM Llama\b": "stock vLLM Llama", r"\brollouts?\b": "rollout",
-    r"\b\d+ \+ \d+ frames\b": "N + M frames", r"\bT \d": "T", r"\bframe step\b": "frame step",
+    r"\b\d+ \+ \d+ frames\b": "N + M frames", r"\btemperature \d": "temperature", r"\bruns?\b": "run", r"\bpooled\b": "pooled", r"\bframe step\b": "frame step",
     r"\btargets?\b": "target", r"\bverdict\b": "verdict", r"\binterval\b": "speed-up [95% interval]",
     r"\bcuDNN attention off\b": "cuDNN attention off", r"\btoday's defaults\b": "today's defaults",
     r"\bas the seed ran vLLM\b": "as the seed ran vLLM", r"\bHF\b": "HF", r"\bthe port\b": "the port",
