@@ -128,20 +128,22 @@ def test_bad_pins_are_refused(engine):
 @pytest.mark.engine
 def test_a_killed_rank_loses_its_rollouts_and_the_rest_come_back(engine, hf):
     """Last in the module: the engine does not survive it. Rollout 0 on rank 0, the others on rank 1,
-    two at a time; rank 1's process is killed as rollout 0 finishes."""
+    two at a time; rank 1's process is killed as the first rollout finishes, so at least three
+    rollouts never finish, whichever rank is faster."""
     ctx, acts = random_inputs(6, 3, 3, seed=4)
     core = next(p for p in engine.engine_core.resources.engine_manager.processes if p.name.endswith("_DP1"))
 
     def kill_rank_1(b, frames):
-        if b == 0 and core.is_alive():
+        if core.is_alive():
             os.kill(core.pid, signal.SIGKILL)
 
     run = dp_rollouts(engine, ctx, acts, 3, GREEDY, pin=[0] + [1] * 5, max_in_flight=2, on_rollout=kill_rank_1,
                       progress=False)
-    assert 0 in run.done and {2, 3, 4, 5} <= set(run.lost) and sorted(run.done + list(run.lost)) == list(range(6))
+    assert run.done and len(run.lost) >= 3 and sorted(run.done + list(run.lost)) == list(range(6))
     assert torch.equal(run.frames[run.done], hf_codes(hf, ctx[run.done], acts[run.done], 3))
     for b, why in run.lost.items():
-        assert "EngineCore_DP1 died" in why and ("on rank 1" if run.ranks[b] else "before its first frame") in why
+        assert "EngineCore_DP1 died" in why and (f"on rank {run.ranks[b][-1]}" if run.ranks[b]
+                                                 else "before its first frame") in why
         assert (run.frames[b] == LOST).all()
     with pytest.raises(RuntimeError, match="engine group is dead"):
         dp_rollouts(engine, ctx, acts, 3, GREEDY, progress=False)
