@@ -28,6 +28,7 @@ from terra_nb.serve.client import AsyncClient, Client, ServerError
 from terra_nb.serve.toy import ToyDecoder, arc_actions
 from terra_nb.toyworld.tokenizer import toy_data_dir
 from terra_nb.workbook.paths import REPO
+from test_serve_protocol import vllm_refuses
 
 GREEDY = SamplingConfig(temperature=0)
 MAX_FRAMES = 6  # the server's --max-frames: a rollout of 7 is refused before the engine
@@ -277,16 +278,6 @@ def test_malformed_starts_and_rollouts_get_a_named_error_on_a_well_formed_connec
         response = httpx.post(server.url + "/v1/rollouts", content=text, timeout=30)
         assert response.status_code == 400 and response.headers["content-type"] == "application/json", response.text
         assert response.json()["error"]["rule"] == rule, (text[:80], response.text)
-
-
-def vllm_refuses(**settings) -> bool:
-    from vllm import SamplingParams
-
-    try:
-        SamplingParams(**settings)
-    except Exception:  # noqa: BLE001 - whatever vLLM raises for a bad value
-        return True
-    return False
 
 
 def test_sampling_vllm_refuses_is_refused_before_the_engine(server, client, toy):
