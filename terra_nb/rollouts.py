@@ -428,7 +428,7 @@ def result_record(engine, trials: dict[str, list[dict]], layout: FrameLayout, ar
     mc, pc = engine.model_config, engine.vllm_config.parallel_config
     return {
         "what": "terra_nb.rollouts: rollouts/s over N engine cores (vLLM's data parallelism), timed trials",
-        "command": command, "commit": env["git_commit"], "date": env["date"], "device": env["device"],
+        "command": command, "commit": args.commit or env["git_commit"], "date": env["date"], "device": env["device"],
         "device_type": env["device_type"], "cpu_count": env["cpu_count"], "gpu_count": env["gpu_count"],
         "versions": {k: env[k] for k in ("vllm", "torch", "transformers", "python")},
         "dtype": str(mc.dtype).replace("torch.", ""), "ranks": pc.data_parallel_size,
@@ -486,6 +486,7 @@ def cli() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=0, help="timed trials instead of one run: every rollout over "
                    "all ranks, alternated with all on rank 0 when there are two ranks or more (medians)")
     p.add_argument("--result", type=Path, help="with --trials: the result file (JSON), e.g. results/rollouts_<machine>.json")
+    p.add_argument("--commit", help="the commit whose code ran, recorded in the result file where the machine's git is stale")
     return p
 
 

@@ -5,10 +5,9 @@
 #   bash tools/gpu.sh pairs     the interleaved comparisons (bench/plans.py; PLANS picks plans, default the
 #                               headline's two): one plan a GPU, side by side; a lane may chain plans with "+"
 #   bash tools/gpu.sh profile   cProfile + torch.profiler of the port, then of stock vLLM Llama (bench/profiling.py)
-#   bash tools/gpu.sh frontend  the front end's time per request at 3..12 frames and profile's sections, at 1,
-#                               32 and 128 requests a call (bench/profiling.py): SIDES picks among port, stock
-#                               and port_cache (the port with vLLM's multimodal processor cache on, as it was
-#                               before make_llm turned it off), default all three; ~4 min a side on an H100
+#   bash tools/gpu.sh rollouts  rollouts/s of Terra's shape over RANKS engine cores, one a GPU (default 1),
+#                               ROLLOUTS at once (default 256), 6 frames, TRIALS timed trials (default 3):
+#                               python -m terra_nb.rollouts --trials, $OUT/rollouts_$NAME.json; ~6 min on one H200
 #   bash tools/gpu.sh hf_probe  HF's decode step at KV lengths new to the process vs the same lengths
 #                               again, per SDPA backend (tools/hf_probe.py)                 ~1.5 min
 #   bash tools/gpu.sh toy       the toy model's training sweep (TOY_RUNS='name:steps=12000 ...')   ~10 min a run
@@ -47,19 +46,6 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -m pip install -q --no-deps --no-build-isolation -e . > /tmp/pip.log 2>&1 || cat /tmp/pip.log
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-# One side of the frontend part (port, stock or port_cache) on checkpoint root $2.
-frontend_side() {
-  local side=$1 args
-  case "$side" in
-    port_cache) args=(--engine port --engine-kwargs '{"mm_processor_cache_gb": 4}') ;;
-    *) args=(--engine "$side") ;;
-  esac
-  python3 -m terra_nb.bench frontend "${args[@]}" --preset terra --ckpt-root "$2" \
-    --frames 3,6,9,12 --batches 1,32,128 --profile-batches "${PROFILE_BATCHES:-1,32,128}" ${COMMIT:+--commit "$COMMIT"} \
-    --out "$OUT/frontend_$side.json" > "$OUT/log_frontend_$side.txt" 2>&1; local rc=$?
-  grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)" "$OUT/log_frontend_$side.txt" | grep -E "frames x|Error|error" | tail -14
-  return $rc
-}
 case "$1" in
   profile) rc=0
     for e in port stock; do
@@ -68,10 +54,12 @@ case "$1" in
       grep -v -E "^\((EngineCore|Worker)|it/s\]$|^(INFO|DEBUG)" "$OUT/log_profile_$e.txt" | tail -40
     done
     exit $rc ;;
-  # One engine a side: the front end by prompt length and batch, then profile's sections on the same engine.
-  frontend) rc=0
-    for side in ${SIDES:-port stock port_cache}; do frontend_side "$side" "${CKPT_ROOT:-/tmp/ckpt_0}" || rc=1; done
-    exit $rc ;;
+  # Rollouts/s (terra_nb.rollouts --trials): vLLM's data parallelism runs its engine cores as processes.
+  rollouts) n=${RANKS:-1}
+    VLLM_ENABLE_V1_MULTIPROCESSING=1 python3 -m terra_nb.rollouts --preset terra -n "$n" --rollouts "${ROLLOUTS:-256}" \
+      --frames 6 --max-num-seqs "${ROLLOUTS:-256}" --trials "${TRIALS:-3}" ${COMMIT:+--commit "$COMMIT"} \
+      --result "$OUT/rollouts_${NAME:-gpu_dp$n}.json" > "$OUT/log_rollouts.txt" 2>&1
+    rc=$?; grep -E "^trial|^\{|up in|Error" "$OUT/log_rollouts.txt" | tail -20; exit $rc ;;
   # Is HF's slow first video a one-time cost per new KV length? (load + probe < 90 s)
   hf_probe) python3 tools/hf_probe.py --preset terra --ckpt-root /tmp/ckpt --out "$OUT/part_hf_probe.json" \
       > "$OUT/log_hf_probe.txt" 2>&1
@@ -108,7 +96,7 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
   # GPUs, plan i runs on GPU i, the plans side by side (each plan's comparisons stay within one GPU).
   # A lane may chain several plans with "+" (run one after the other on its GPU); the lane item
   # `quality` runs `bench quality` (bench/quality.py: the toy model under fp32/bf16/FP8) instead of a plan,
-  # `tests` runs pytest on $GPU_TESTS, and `frontend:SIDE` the frontend part for one side.
+  # and `tests` runs pytest on $GPU_TESTS.
   pairs) plans=(${PLANS:-headline_stock headline_seed}); gpus=$(nvidia-smi -L | wc -l); pids=()
     for i in "${!plans[@]}"; do
       pin=(env)
@@ -122,8 +110,6 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
           elif [ "$plan" = tests ]; then   # GPU_TESTS: pytest's arguments, on this lane's GPU
             "${pin[@]}" TERRA_NB_GPU_MEMORY_UTILIZATION=0.3 python3 -m pytest -o addopts="-ra -p terra_nb_kernel.nbval" \
               -p no:cacheprovider $GPU_TESTS > "$OUT/log_tests.txt" 2>&1 || echo "tests failed"
-          elif [ "${plan%%:*}" = frontend ]; then   # frontend:SIDE, the part above for one side
-            ( [ ${#pin[@]} -gt 1 ] && export "${pin[1]}"; frontend_side "${plan#*:}" "/tmp/ckpt_$i" ) || echo "$plan failed"
           else
             "${pin[@]}" python3 -m terra_nb.bench pairs --plan "$plan" --ckpt-root "/tmp/ckpt_$i" --out "$OUT/pairs_$plan.json" \
               ${RUN:+--run "$RUN"} ${COMMIT:+--commit "$COMMIT"} ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} ${TRIALS:+--trials "$TRIALS"} \
@@ -139,5 +125,5 @@ cached_dataset($n, 25, ToyTokenizer.load(), workers=12)" > "$work/data_$n.log" 2
       [ -f "$f" ] && { echo "-- $f"; grep -E "^port|^session|^stock|^\[|Error|error|verdict" "$f" | tail -14; }
     done
     exit $rc ;;
-  *) echo "unknown part $1 (pairs|profile|frontend|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
+  *) echo "unknown part $1 (pairs|profile|rollouts|hf_probe|toy|toy_par|bg|poll)"; exit 2 ;;
 esac
