@@ -5,7 +5,8 @@ The probe runs vLLM's real method, unwrapped and wrapped, for a request with thr
 every window from before the first item to past the last. Where the wrapper takes its fast path (the
 window starts at or after the last item's end), vLLM's search runs over the real items and finds
 none; the wrapper must give the same tuple. The other windows go to vLLM's method unchanged, which
-the routing test checks.
+the routing test checks. The probe runs in this process for the installed vLLM (vLLM's method is
+what the wrapper wraps), and in a fresh interpreter with 0.26's source first on the path for 0.26.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from terra_nb.workbook.checkpoints import preset_config
 from terra_nb.port import vllm_scheduling
 
 original = Scheduler._try_schedule_encoder_inputs
+while getattr(original, vllm_scheduling._MARK, False):  # installed already (this process ran an engine)
+    original = original.__wrapped__
 vllm_scheduling.install()
 wrapped = Scheduler._try_schedule_encoder_inputs
 
@@ -52,8 +55,21 @@ def _check(out: dict) -> None:
     assert out["example"] == repr(([], 1, 1000, *([[]] * (n - 3))))
 
 
-def test_the_fast_path_returns_what_vllm_returns_on_the_installed_vllm(tiny_ckpt, run_probe):
-    _check(run_probe(_PROBE, tiny_ckpt, None))
+def _probe_here() -> dict:
+    """`_PROBE` run in this process (a fresh interpreter costs ~10 s of CPU importing vLLM): its result."""
+    import contextlib
+    import io
+    import json
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(_PROBE, "<probe>", "exec"), {"__name__": "probe"})
+    line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("PROBE"))
+    return json.loads(line[len("PROBE"):])
+
+
+def test_the_fast_path_returns_what_vllm_returns_on_the_installed_vllm():
+    _check(_probe_here())
 
 
 def test_the_fast_path_returns_what_vllm_returns_on_vllm_026(tiny_ckpt, run_probe, vllm026_src):

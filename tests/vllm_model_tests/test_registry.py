@@ -4,15 +4,17 @@
 
 Vendored from vLLM v0.32.0's source distribution (`vllm-0.32.0.tar.gz`, `tests/models/test_registry.py`,
 Apache-2.0, copyright the vLLM contributors; vLLM 0.33.0's test is the same in every vendored line,
-so this module runs on 0.33.0 too). No assertion is changed; adapted only in how the
-models are found (each change is marked `# adapted:`):
+so this module runs on 0.33.0 too). No assertion is changed; adapted in how the models are
+found, and in where one skip is taken (each change is marked `# adapted:`):
 
 * the architectures under test are this project's, from `registry.py` (vLLM's tests take
   `ModelRegistry.get_supported_archs()` and its own lists of text-generation, multimodal and
   speculative-decoding architectures), and the parametrized property tables name them with what
   each claims (multimodal, pipeline parallel, a bi-encoder score type; no HC SP, no ReplaySSM);
 * the coverage test checks the architectures the project's plugins register (those vLLM itself
-  does not ship) against `registry.py`.
+  does not ship) against `registry.py`;
+* the CUDA-initialization test skips off a CUDA-like platform before it spawns its interpreter,
+  not inside it.
 """
 
 from .release import skip_unless_vendored_release  # adapted: the release they come from
@@ -147,6 +149,9 @@ def test_registry_supports_hc_sp(model_arch, supported):
     assert model_info.supports_hc_sp is supported
 
 
+# adapted: the test's own skip, taken before its process is spawned (a fresh interpreter importing
+# vLLM only to skip: ~10 s of CPU per architecture)
+@pytest.mark.skipif(not current_platform.is_cuda_alike(), reason="Requires a CUDA-like platform")
 @create_new_process_for_each_test()
 @pytest.mark.parametrize(
     "model_arch",
