@@ -45,12 +45,14 @@ def register() -> None:
 
     from .hf_model import register as register_hf
     from .vllm_frontdoor import install
+    from .vllm_release import pin_streaming_sessions
     from .vllm_scheduling import install as install_scheduling
 
     register_hf()
     install()
     install_scheduling()
     install_engine_utilities()  # the KV-block count a server reads (terra_nb.serve)
+    pin_streaming_sessions()  # a session's chunks stay on one rank of a data-parallel engine (vLLM 0.26)
     supported = set(ModelRegistry.get_supported_archs())
     for arch in ARCHITECTURES:
         if arch not in supported:

@@ -81,9 +81,17 @@ API shows it, by release where only behaviour differs (5, 9).
    in-process engine, as on the GPU machine, frees nothing). On 0.26 `UncachedLanguageModelMixin`
    answers without the cache; `tests/test_vllm_release.py` shows the cache holding a model on 0.26's
    source and not on 0.32.
+10. **Streaming-input sessions on N ranks.** vLLM's load-balancing client of a data-parallel engine
+   (`DPLBAsyncMPClient`: an `AsyncLLM` with `data_parallel_size` > 1) records the rank it sends each
+   request to (`reqs_in_flight`: vLLM's request id -> that rank's engine identity, dropped when the
+   request finishes). On 0.32 `get_core_engine_for_request` answers an id it holds with its rank, so
+   a session's later chunks and its end go to the engine core that holds its KV cache; 0.26 balances
+   every chunk afresh. `pin_streaming_sessions` (the plugin runs it) gives 0.26 0.32's rule;
+   `tests/test_serve_dp.py` runs vLLM's own method on both releases.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -95,6 +103,7 @@ from .layout import check_actions_match, check_modality
 from .vllm_hooks import VLLM_VERSION
 
 __all__ = [
+    "DP_CLIENT_PINS_SESSIONS",
     "DummyOptions",
     "HAS_PROCESSOR_DUMMY_INPUTS",
     "LANGUAGE_MODEL_CACHE_HOLDS_MODELS",
@@ -104,6 +113,7 @@ __all__ = [
     "TokenizerFreeProcessorMixin",
     "UncachedLanguageModelMixin",
     "dummy_mm_inputs",
+    "pin_streaming_sessions",
     "supports_multimodal_inputs",
 ]
 
@@ -121,6 +131,9 @@ PROMETHEUS_PREFIX_COUNTERS_EXACT: bool = VLLM_VERSION >= (0, 32)
 
 # (9) A behaviour too (a private cache's type), so by release.
 LANGUAGE_MODEL_CACHE_HOLDS_MODELS: bool = VLLM_VERSION < (0, 32)
+
+# (10) A behaviour too (how a method routes), so by release.
+DP_CLIENT_PINS_SESSIONS: bool = VLLM_VERSION >= (0, 32)
 
 # (4) The dummy-options type.
 try:  # 0.32
@@ -240,3 +253,24 @@ def supports_multimodal_inputs(model_config) -> bool:
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
     return MULTIMODAL_REGISTRY.supports_multimodal_inputs(model_config)
+
+
+def pin_streaming_sessions() -> None:
+    """(10) On 0.26, make vLLM's data-parallel client send a request id it has in flight (a
+    session's later chunks, its end) to the rank of its first chunk, as 0.32 does; else nothing.
+    Idempotent."""
+    if DP_CLIENT_PINS_SESSIONS:
+        return
+    from vllm.v1.engine.core_client import DPLBAsyncMPClient
+
+    choose = DPLBAsyncMPClient.get_core_engine_for_request
+    if getattr(choose, "_terra_pins_sessions", False):
+        return
+
+    @functools.wraps(choose)
+    def get_core_engine_for_request(self, request):
+        rank = self.reqs_in_flight.get(request.request_id)
+        return rank if rank is not None else choose(self, request)
+
+    get_core_engine_for_request._terra_pins_sessions = True
+    DPLBAsyncMPClient.get_core_engine_for_request = get_core_engine_for_request
