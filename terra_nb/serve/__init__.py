@@ -12,7 +12,7 @@ server of its own on vLLM's `AsyncLLM` and the web stack vLLM installs (FastAPI,
   gets that frame back (codes, and for the toy world the image as a PNG when asked): the policy
   lives in the client. Each connection is one `WorldSession` (`session_rollout`'s streaming-input
   sessions, stepped), with its own sampling settings; any number at once, batched by vLLM;
-* `GET /health` (engine, sessions open/running/refused, KV-cache blocks free/total), `GET /metrics` (vLLM's Prometheus
+* `GET /health` (engine, sessions open/running/refused, KV-cache blocks free/total, each rank's load), `GET /metrics` (vLLM's Prometheus
   metrics), `GET /` (the toy world in the browser: arrow keys steer, frames appear as made).
 
 Every message is checked by the port's rules before the engine (`protocol`), unknown fields
@@ -22,7 +22,9 @@ more at once (`server_full`); a connection silent for `--idle-timeout` s is clos
 leaves mid-frame has its request aborted (its KV blocks freed); SIGTERM, SIGINT or SIGHUP end every
 session with a message, then stop the engine and its processes (while it starts too). The engine
 never outlives the server (`kill -9` included), and a dead engine ends every session with a message,
-then the server, non-zero.
+then the server, non-zero. With `--data-parallel-size N` the engine has N ranks (vLLM's data
+parallelism): vLLM's load balancer places each session on one, its KV cache stays there, and the
+server admits N times one rank's sessions.
 docs/serving.md is the protocol's reference for clients in any language.
 
 Modules: `protocol` (messages and their checks), `session` (`WorldSession`), `engine` (building it,

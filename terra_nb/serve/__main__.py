@@ -4,7 +4,10 @@ It listens on 127.0.0.1:8000 unless told otherwise (--host, --port), once its en
 about a minute on a CPU (importing vLLM and starting its engine process); GET /health answers 200
 from then on, so poll it for readiness. SIGTERM, SIGINT or SIGHUP stop it at any time (exit status
 0); the engine's processes never outlive it (on Linux, even after `kill -9`); if the engine dies,
-every session is told and it exits with status 1, for a supervisor to start it again."""
+every session is told and it exits with status 1, for a supervisor to start it again.
+With --data-parallel-size N it runs N engine cores (ranks, vLLM's data parallelism): vLLM's load
+balancer places each new session on a rank and keeps it there, the server admits N times one
+rank's sessions, and /health reports each rank's load."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +29,13 @@ def engine_arg(text: str) -> tuple[str, object]:
         return key, value
 
 
+def ranks(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text}")
+    return value
+
+
 def seconds(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -34,15 +44,21 @@ def seconds(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m terra_nb.serve", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m terra_nb.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a Terra checkpoint folder (e.g. data/toy/model)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     p.add_argument("--max-sessions", type=int, default=None,
-                   help="sessions (from their start) and rollouts at once, at most the engine's max_num_seqs (the default; "
-                        "32 on the CPU, raise it with --engine-arg max_num_seqs=N); one more is refused at once "
-                        "(server_full; HTTP 503 on POST)")
+                   help="sessions (from their start) and rollouts at once, at most the engine's max_num_seqs times "
+                        "--data-parallel-size (the default; max_num_seqs is 32 on the CPU, raise it with --engine-arg "
+                        "max_num_seqs=N); one more is refused at once (server_full; HTTP 503 on POST)")
+    p.add_argument("--data-parallel-size", type=ranks, default=None, metavar="N",
+                   help="engine cores (ranks), each a whole model with its own KV cache (default: 1). vLLM's load "
+                        "balancer places each new session on the rank with the fewest requests in flight and keeps "
+                        "it there; a frame message names its rank; /health's `ranks` gives each rank's load. On a "
+                        "GPU host each rank takes a GPU; on the CPU each gets a KV cache sized for its max_num_seqs")
     p.add_argument("--max-frames", type=int, default=1000,
                    help="new frames of a rollout or a session at most (too_many_frames)")
     p.add_argument("--idle-timeout", type=seconds, default=IDLE_TIMEOUT_S, metavar="SECONDS",
@@ -58,6 +74,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def engine_args(args) -> dict:
+    """The --engine-arg pairs, and --data-parallel-size over them."""
+    pairs = dict(args.engine_arg)
+    if args.data_parallel_size is not None:
+        pairs["data_parallel_size"] = args.data_parallel_size
+    return pairs
+
+
 def main(argv=None) -> None:
     args = parser().parse_args(argv)
     stops = StopWhileStarting().install()
@@ -66,7 +90,7 @@ def main(argv=None) -> None:
     try:
         run(serve(args.model, args.host, args.port, metrics=not args.disable_log_stats, decoder=args.decoder,
                   max_sessions=args.max_sessions, max_frames=args.max_frames, idle_timeout=args.idle_timeout,
-                  log_level=args.log_level, engine_args=dict(args.engine_arg)))
+                  log_level=args.log_level, engine_args=engine_args(args)))
     except CapacityError as err:
         sys.exit(f"terra_nb.serve: {err}")
     except EngineDied as err:

@@ -2,15 +2,17 @@
 
     POST /v1/rollouts   one open-loop rollout -> its frames, one JSON line each (NDJSON), as made
     WS   /v1/sessions   a start, then a step per frame: the client's policy closes the loop
-    GET  /health        engine alive, sessions (open, running, refused), KV-cache blocks free/total, the layout
+    GET  /health        engine alive, sessions (open, running, refused), KV-cache blocks free/total, each rank's load, the layout
     GET  /metrics       vLLM's Prometheus metrics (the engine's stats on: `make_server_engine`)
     GET  /              the toy world in the browser (static/index.html); GET /v1/toy: its start
 
 Every message is read by `protocol` (the port's rules) before anything reaches the engine; a bad
 one gets an error message naming its rule, on that connection only. A session takes one of the
 server's places at its `start` (a rollout at its request) and gives it back at its end: at most
-`max_sessions` at once, never more than the engine schedules at once (its `max_num_seqs`); one more
-is refused at once (`server_full`; HTTP 503 with `Retry-After` on POST), never queued in silence.
+`max_sessions` at once, never more than the engine schedules at once (its `max_num_seqs` on each of
+its ranks); one more is refused at once (`server_full`; HTTP 503 with `Retry-After` on POST), never
+queued in silence. On N ranks vLLM's load balancer places each session (`session.WorldSession`:
+a round is one request, on one rank) and every frame names its rank.
 A connection that sends nothing for `idle_timeout` s while the server waits for it is closed
 (`idle_timeout`), so idle clients cannot hold places. A client that goes away mid-frame has its
 session aborted (`WorldSession.abort`: vLLM frees its KV blocks). `end_sessions` (the server's
@@ -34,7 +36,7 @@ from ..port.layout import FrameLayout, TerraInputError
 from ..port.vllm_patch import RequestValidationError
 from .protocol import (RETRY_AFTER_S, ProtocolError, error_message, frame_message, loads, message_type, parse_rollout,
                        parse_start, parse_step)
-from .engine import kv_blocks, prometheus_registry
+from .engine import CapacityError, data_parallel_size, kv_blocks_per_rank, prometheus_registry, requests_per_rank
 from .session import WorldSession, round_frames
 from .toy import ToyDecoder
 
@@ -64,34 +66,36 @@ class Stopped(Exception):
 class Live:
     """One connection (or rollout) as the server sees it: stopped by `end_sessions`, with the
     `reason` (an "end" message) or the `error` (an error message, e.g. `engine_dead`) its client
-    is told; `place`: it holds one of the server's places (a started session, a rollout)."""
+    is told; `place`: it holds one of the server's places (a started session, a rollout);
+    `session`: its session, once started (its `rank` counts in `/health`)."""
 
     def __init__(self):
         self.stop = asyncio.Event()
         self.reason: str | None = None
         self.error: ProtocolError | None = None
         self.place = False
-
-
-class CapacityError(ValueError):
-    """`max_sessions` above what the engine schedules at once: raised at start-up."""
+        self.session: WorldSession | None = None
 
 
 def engine_capacity(engine) -> int:
-    """Sequences the engine's scheduler runs at once (`max_num_seqs`): an open session holds one
-    from its start to its end, even between frames, so a session beyond it would wait unanswered."""
-    return engine.vllm_config.scheduler_config.max_num_seqs
+    """Sequences the engine's schedulers run at once (`max_num_seqs` on each rank): an open
+    session holds one from its start to its end, even between frames, so a session beyond them
+    would wait unanswered."""
+    return engine.vllm_config.scheduler_config.max_num_seqs * data_parallel_size(engine)
 
 
-def session_capacity(max_sessions: int | None, max_num_seqs: int) -> int:
-    """The sessions the server admits: `max_sessions`, or the engine's `max_num_seqs` when None;
-    `CapacityError` when it asks for more than the engine schedules."""
+def session_capacity(max_sessions: int | None, max_num_seqs: int, ranks: int = 1) -> int:
+    """The sessions the server admits: `max_sessions`, or `max_num_seqs` on each of `ranks` when
+    None; `CapacityError` when it asks for more than the engine schedules."""
+    most = max_num_seqs * ranks
     if max_sessions is None:
-        return max_num_seqs
-    if not 1 <= max_sessions <= max_num_seqs:
-        raise CapacityError(f"--max-sessions {max_sessions} must lie in 1..{max_num_seqs}: the engine schedules at most "
-                            f"max_num_seqs={max_num_seqs} sequences at once and every open session holds one; "
-                            f"raise it (--engine-arg max_num_seqs={max(max_sessions, 1)}) or leave --max-sessions out")
+        return most
+    if not 1 <= max_sessions <= most:
+        each = f" on each of {ranks} ranks" if ranks > 1 else ""
+        raise CapacityError(f"--max-sessions {max_sessions} must lie in 1..{most}: the engine schedules at most "
+                            f"max_num_seqs={max_num_seqs} sequences at once{each} and every open session holds one; "
+                            f"raise it (--engine-arg max_num_seqs={max(-(-max_sessions // ranks), 1)}) or leave "
+                            f"--max-sessions out")
     return max_sessions
 
 
@@ -103,7 +107,8 @@ class ServerState:
         self.engine, self.decoder = engine, decoder
         self.layout = FrameLayout.from_config(engine.model_config.hf_config)
         self.max_model_len = engine.model_config.max_model_len
-        self.max_sessions = session_capacity(max_sessions, engine_capacity(engine))
+        self.ranks = data_parallel_size(engine)
+        self.max_sessions = session_capacity(max_sessions, engine.vllm_config.scheduler_config.max_num_seqs, self.ranks)
         self.max_frames, self.idle_timeout = max_frames, idle_timeout
         self.live: set[Live] = set()  # open connections (with a session or not) and rollouts
         self.open = 0     # of those, the ones holding a place
@@ -125,7 +130,8 @@ class ServerState:
         if self.open >= self.max_sessions:
             self.refused += 1
             why = ("its --max-sessions" if self.max_sessions < engine_capacity(self.engine)
-                   else "what its engine schedules at once, max_num_seqs")
+                   else "what its engine schedules at once, max_num_seqs"
+                   + (f" on each of {self.ranks} ranks" if self.ranks > 1 else ""))
             raise ProtocolError("server_full", n=self.open, why=f"{self.max_sessions}: {why}")
         live.place = True
         self.open += 1
@@ -155,6 +161,22 @@ class ServerState:
     def png(self, codes, image: bool) -> str | None:
         return self.decoder.png(codes) if image else None
 
+    def frame(self, index: int, session: WorldSession, codes, ms: float, image: bool) -> dict:
+        """The message of `session`'s frame `index`, its last out (with its rank on N ranks)."""
+        message = frame_message(index, codes, ms, self.png(codes, image))
+        if self.ranks > 1:
+            message["rank"] = session.rank
+        return message
+
+    def sessions_per_rank(self) -> list[int]:
+        """Open sessions and rollouts by the rank of their last frame."""
+        counts = [0] * self.ranks
+        for live in list(self.live):
+            rank = live.session.rank if live.place and live.session is not None else None
+            if rank is not None:
+                counts[rank] += 1
+        return counts
+
 
 def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: int | None = None,
               max_frames: int = 1000, metrics: bool = True, idle_timeout: float = IDLE_TIMEOUT_S) -> FastAPI:
@@ -162,7 +184,7 @@ def build_app(engine, decoder: ToyDecoder | str | None = "auto", max_sessions: i
 
     `decoder`: a `ToyDecoder`, None, or "auto"/"toy"/"none" (`ToyDecoder.for_model`);
     `max_sessions`: started sessions and rollouts at most (one more is refused: `server_full`); None:
-    the engine's `max_num_seqs`, and never above it (`CapacityError`);
+    the engine's `max_num_seqs` on each of its ranks, and never above it (`CapacityError`);
     `max_frames`: new frames of a rollout, or of a session, at most (`too_many_frames`);
     `idle_timeout`: seconds a WebSocket may send nothing while the server waits for it (`idle_timeout`).
     """
@@ -266,19 +288,24 @@ def _mount_metrics(app: FastAPI) -> None:
 
 
 async def _health(state: ServerState) -> dict:
-    """The engine alive, the sessions (open, running, refused), the engine core's KV blocks, the CPU
-    time of the server's event loop so far (what the load test charges a frame), the limits and the
-    layout. docs/serving.md describes every field."""
+    """The engine alive, the sessions (open, running, refused), the engine cores' KV blocks, each
+    rank's load, the CPU time of the server's event loop so far (what the load test charges a
+    frame), the limits and the layout. docs/serving.md describes every field."""
     engine, layout = state.engine, state.layout
     dead = state.engine_dead()
+    blocks = [None] * state.ranks if dead else await kv_blocks_per_rank(engine)
+    total = None if None in blocks else {key: sum(b[key] for b in blocks) for key in ("free", "total")}
+    ranks = [{"rank": rank, "sessions": sessions, "requests": requests, "kv_blocks": kv}
+             for rank, (sessions, requests, kv) in enumerate(zip(state.sessions_per_rank(), requests_per_rank(engine),
+                                                                 blocks))]
     return {"status": "dead" if dead else "ok", "model": str(engine.model_config.model),
             "loop_cpu_s": time.thread_time(),  # this handler runs on the server's loop: that thread's CPU so far
             "sessions": {"open": state.open, "running": state.running, "refused": state.refused,
                          "served": state.served, "max": state.max_sessions},
             "requests": engine.output_processor.get_num_unfinished_requests(),
-            "kv_blocks": None if dead else await kv_blocks(engine),
+            "kv_blocks": total, "data_parallel_size": state.ranks, "ranks": ranks,
             "decoder": getattr(state.decoder, "name", None), "round_frames": round_frames(engine),
-            "max_num_seqs": engine_capacity(engine), "max_frames": state.max_frames,
+            "max_num_seqs": engine.vllm_config.scheduler_config.max_num_seqs, "max_frames": state.max_frames,
             "layout": {"image_tokens": layout.image_tokens, "action_tokens": layout.action_tokens,
                        "action_dim": layout.action_dim, "max_frames": layout.max_frames, "num_codes": layout.num_codes}}
 
@@ -374,6 +401,7 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
                     start = _parse(parse_start, msg, state.layout, state.max_model_len, state.decoder is not None)
                     state.admit(live)
                     session, image = WorldSession(state.engine, start.sampling), start.image
+                    live.session = session
                     work = session.start(start.context, start.actions)
                 else:
                     if session is None:
@@ -397,8 +425,7 @@ async def _serve_session(state: ServerState, ws: WebSocket, live: Live) -> None:
                     over()
                     raise _engine_failure(state, err) from err
                 else:
-                    reply = frame_message(session.frames - 1, codes, (time.perf_counter() - began) * 1e3,
-                                          state.png(codes, image))
+                    reply = state.frame(session.frames - 1, session, codes, (time.perf_counter() - began) * 1e3, image)
             except REFUSALS as err:
                 reply = error_message(err)
             if not await _send(ws, reply):
@@ -428,7 +455,7 @@ async def _rollout_frames(state: ServerState, rollout, live: Live):
     which ends it). Each next chunk goes to the engine as soon as its frame is out, before that
     frame is written to the client (as `session_rollout`'s open loop sends it). A rollout runs
     (`/health`) from its start to its end."""
-    session = WorldSession(state.engine, rollout.sampling)
+    session = live.session = WorldSession(state.engine, rollout.sampling)
     state.running += 1
     n_ctx = rollout.context.shape[0]
     stop = asyncio.create_task(live.stop.wait())
@@ -449,7 +476,7 @@ async def _rollout_frames(state: ServerState, rollout, live: Live):
             ms = (time.perf_counter() - began) * 1e3
             if k + 1 < rollout.n_frames:
                 pending, began = asyncio.ensure_future(session.step(rollout.actions[n_ctx + k])), time.perf_counter()
-            yield frame_message(k, codes, ms, state.png(codes, rollout.image))
+            yield state.frame(k, session, codes, ms, rollout.image)
         await session.close()
         yield {"type": "end", "frames": rollout.n_frames, "reason": "done"}
     except Stopped:

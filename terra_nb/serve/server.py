@@ -4,10 +4,11 @@ An `AsyncLLM` serves the event loop that first uses it, so the engine is built i
 uvicorn runs (`serve`), never before it. Two ways in:
 
     python -m terra_nb.serve --model data/toy/model         # the command line (`make serve`)
+    python -m terra_nb.serve --model data/toy/model --data-parallel-size 2   # two engine cores (`make serve DP=2`)
 
     with ServerThread("data/toy/model") as server:          # in this process: tests, notebooks, the load test
         server.url, server.ws_url                           # http://127.0.0.1:PORT, ws://127.0.0.1:PORT
-        server.kv_blocks()                                  # {"free": ..., "total": ...} of the engine core
+        server.kv_blocks()                                  # {"free": ..., "total": ...} of the engine cores
         server.call(session_rollout(server.engine, ...))    # anything async, on the server's loop
 
 Shutdown (SIGTERM, SIGINT or SIGHUP to the process, Ctrl-C, `ServerThread.stop`) first ends every
@@ -150,13 +151,13 @@ async def serve(model: str | Path, host: str = "127.0.0.1", port: int = 8000, *,
     the engine has died (after every session was told and uvicorn closed).
 
     `sock`: a bound socket to serve on (host/port ignored); `on_ready(server, app)`: called once
-    uvicorn listens; `engine_args`: `make_async_engine` overrides (e.g. `max_num_seqs`);
-    `max_sessions`: sessions and rollouts at once (None: the engine's `max_num_seqs`; above it an
-    `app.CapacityError` before the engine starts); `idle_timeout`: seconds a WebSocket may send
+    uvicorn listens; `engine_args`: `make_server_engine` overrides (e.g. `max_num_seqs`,
+    `data_parallel_size`); `max_sessions`: sessions and rollouts at once (None: the engine's
+    `max_num_seqs` on each of its ranks; above it a `CapacityError` before the engine starts); `idle_timeout`: seconds a WebSocket may send
     nothing (`app.build_app`); `engine_shutdown_timeout`: seconds the engine core gets to exit
     before vLLM kills it (`close_engine`)."""
     def check(config) -> None:
-        session_capacity(max_sessions, config.scheduler_config.max_num_seqs)
+        session_capacity(max_sessions, config.scheduler_config.max_num_seqs, config.parallel_config.data_parallel_size)
 
     engine = make_server_engine(model, metrics=metrics, on_config=check, **(engine_args or {}))
     watch, died = None, None
@@ -235,7 +236,7 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def kv_blocks(self) -> dict | None:
-        """{"free": ..., "total": ...} KV-cache blocks of the engine core now."""
+        """{"free": ..., "total": ...} KV-cache blocks of the engine cores now (every rank's added up)."""
         return self.call(kv_blocks(self.engine), timeout=30)
 
     def stop(self, timeout: float = 60) -> None:

@@ -16,6 +16,11 @@ same codes (rollout 0's seeds):
   (`rounds.first_round`, `rounds.next_round`): a client can drive for as long as it likes;
 * `close()` ends the session as `session_rollout` ends one (its input stream closes);
   `abort()` cancels it: `AsyncLLM.generate` then aborts the request, which frees its KV blocks.
+
+On an engine of N ranks (vLLM's data parallelism) each round is one vLLM request, which vLLM's
+load-balancing client places on a rank at its first chunk and keeps there to its end; `rank` is
+the rank that made the last frame, read from that client's record after every frame (a session
+that rolls over is placed again: its new round shares no KV with the last).
 """
 from __future__ import annotations
 
@@ -58,6 +63,8 @@ class WorldSession:
         self.round: Round | None = None      # the open (or last) round
         self._feed = self._made = self._reader = None
         self._made_in_round = 0              # frames the open round has made
+        self._request_id = self._vllm_id = None  # the open round's request: our id, vLLM's
+        self.rank: int | None = None         # the rank that made the last frame
         self._ended: list[asyncio.Task] = []  # readers of closed rounds, finishing
 
     @property
@@ -111,7 +118,8 @@ class WorldSession:
         first = self._chunk(frame_request(window, window_actions, self.layout))
         self._feed, self._made = asyncio.Queue(), asyncio.Queue()
         self._feed.put_nowait(first)
-        request_id = f"terra-serve-{self.tag}-{round_.index}"
+        request_id = self._request_id = f"terra-serve-{self.tag}-{round_.index}"
+        self._vllm_id = None
         self._reader = asyncio.create_task(read_session(self.engine, input_stream(self._feed), first.sampling_params,
                                                         request_id, self._made, self.layout))
         # Frames and the reader's end arrive in order on one queue: a frame is one plain `get` (the
@@ -129,9 +137,23 @@ class WorldSession:
             raise RuntimeError(f"session {self.tag} ended before its frame was out")
         self.video.append(torch.tensor(codes, dtype=torch.long))
         self._made_in_round += 1
+        self._read_rank()
         if self._made_in_round >= self.round.n_new:
             self._end_round()
         return codes
+
+    def _read_rank(self) -> None:
+        """`rank`: where vLLM's load-balancing client records the round's request (in flight until
+        its input stream closes); 0 on an engine of one rank (that client keeps no record)."""
+        in_flight = getattr(self.engine.engine_core, "reqs_in_flight", None)
+        if in_flight is None:
+            self.rank = 0
+            return
+        if self._vllm_id is None:  # vLLM's id of the request: ours and a suffix of its own
+            prefix = self._request_id + "-"
+            self._vllm_id = next((rid for rid in list(in_flight) if rid.startswith(prefix)), None)
+        identity = in_flight.get(self._vllm_id)
+        self.rank = None if identity is None else int.from_bytes(identity, "little")
 
     def _end_round(self) -> None:
         """Close the open session's input stream; its reader finishes by itself."""
