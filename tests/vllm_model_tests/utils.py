@@ -5,7 +5,8 @@ vLLM contributors):
 
 * `requires_spawn_multiprocessing`, `fork_new_process_for_each_test`,
   `spawn_new_process_for_each_test` and `create_new_process_for_each_test` from `tests/utils.py`
-  (adapted: `VLLM_PATH`, and spawn chosen on every platform; both say why);
+  (adapted: `VLLM_PATH`, spawn chosen on every platform, and on vLLM's CPU platform the test run
+  in this process instead (`_in_this_process`); each says why);
 * `dummy_hf_overrides` from `tests/models/utils.py`;
 * `random_image`, `random_video` and `random_audio` from `tests/multimodal/utils.py`.
 """
@@ -278,6 +279,9 @@ def create_new_process_for_each_test(
         A decorator to run test functions in separate processes.
 
     """
+    if current_platform.is_cpu():
+        # adapted: on vLLM's CPU platform the test runs in this process (`_in_this_process`)
+        return _in_this_process
     if method is None:
         # adapted: spawn on every platform. This project's test processes run vLLM engines in
         # process (VLLM_ENABLE_V1_MULTIPROCESSING=0); after one has run, OpenMP's thread pool is
@@ -290,6 +294,42 @@ def create_new_process_for_each_test(
         return fork_new_process_for_each_test
 
     return spawn_new_process_for_each_test
+
+
+def _in_this_process(f: Callable[_P, None]) -> Callable[_P, None]:
+    """adapted: the test in this process, its engine core in it too (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
+    as vLLM's tests ask of their fresh process: a patch of the engine core then applies), and every
+    `vllm.LLM` it built shut down after it, as the end of a fresh process would, so that no engine
+    state reaches the next test. A fresh interpreter per test cost ~10-20 s of CPU importing vLLM
+    again on the 2-core machine, where the tests' own work takes a few seconds."""
+
+    @functools.wraps(f)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        import vllm
+
+        from terra_nb.port.vllm_compat import shutdown_llm
+
+        built, init = [], vllm.LLM.__init__
+
+        def recording_init(self, *a, **kw):
+            built.append(self)
+            init(self, *a, **kw)
+
+        multiprocessing = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        vllm.LLM.__init__ = recording_init
+        try:
+            return f(*args, **kwargs)
+        finally:
+            vllm.LLM.__init__ = init
+            if multiprocessing is None:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+            else:
+                os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = multiprocessing
+            for llm in built:
+                shutdown_llm(llm)
+
+    return wrapper
 
 
 def dummy_hf_overrides(
