@@ -35,7 +35,8 @@ RECORD = REPO / "results" / "cpu_reproduce.json"
 NOTEBOOKS = REPO / "notebooks"
 # Calls that build a vLLM engine in a notebook's code (the kernel's own, or, for `pairs.run_plan`,
 # one process per side).
-ENGINE_CALLS = ("make_llm", "make_session_engine", "pairs.run_plan", "LLM", "vllm.LLM", "AsyncLLM", "ServerThread")
+ENGINE_CALLS = ("make_llm", "make_session_engine", "pairs.run_plan", "LLM", "vllm.LLM", "AsyncLLM", "ServerThread",
+                "make_dp_engine")
 # Calls that start their engines in processes of their own, as the section says.
 ENGINE_CALL_NOTES = {"pairs.run_plan": "each side's engine in a process of its own"}
 

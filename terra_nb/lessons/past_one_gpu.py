@@ -17,6 +17,31 @@ TP_FILE = RESULTS / "earlier" / "h200_2026-11-26_tp.json"
 ONE_RANK, ALL_RANKS = "rank 0 alone", "all ranks"  # the sides of `terra_nb.rollouts.timed_trials`
 
 
+def coordinator_interval_ms() -> int:
+    """How often vLLM's DP coordinator publishes the ranks' queue lengths to the front end, at most
+    (`DPCoordinatorProc`'s default, which `AsyncLLM` keeps)."""
+    import inspect
+
+    from vllm.v1.engine.coordinator import DPCoordinatorProc
+
+    return inspect.signature(DPCoordinatorProc.__init__).parameters["min_stats_update_interval_ms"].default
+
+
+def kill_rank_when_a_rollout_finishes(engine, rank: int):
+    """An `on_rollout` for `dp_rollouts` that SIGKILLs rank `rank`'s engine-core process (one on this
+    host) as the first rollout finishes: a rank dying mid-run."""
+    import os
+    import signal
+
+    core = engine.engine_core.resources.engine_manager.processes[rank]  # in rank order
+
+    def kill(b, frames):
+        if core.is_alive():
+            os.kill(core.pid, signal.SIGKILL)
+
+    return kill
+
+
 def tp_figures(path: Path = TP_FILE) -> dict:
     """The measured TP=2 against TP=1 (one rank, two GPUs against one): frames/s by rollouts at once."""
     r = json.loads(Path(path).read_text())
