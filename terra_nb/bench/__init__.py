@@ -25,6 +25,7 @@ One job a module; imports flow down this list, never up (tests/test_imports.py c
 - `lever_plans`, `guide`: notebook 12's settings guide: the plans that measure every setting
   against the port as it ships, each speed-up read off its interval, the quality it costs, where a
   decode step's time goes (the step profile), and frame copy's break-even.
+- `drafter`: the learned drafter (vLLM's `draft_model`) against the port, on the toy model and Terra's shape.
 - `cli` (`python -m terra_nb.bench`): the command line. `docs` (`python -m terra_nb.bench.docs`):
   every generated section of the README and docs/, and the command that refreshes them.
 """
