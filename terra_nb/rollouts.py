@@ -400,18 +400,24 @@ PAUSE_S = 1.0  # before each timed run: vLLM's coordinator publishes the ranks' 
 
 
 def timed_trials(engine, context, actions, n_frames: int, sampling: SamplingConfig, trials: int, *,
-                 max_in_flight: int | None = None, log=print) -> dict[str, list[dict]]:
+                 max_in_flight: int | None = None, baseline=None, log=print) -> dict[str, list[dict]]:
     """`trials` timed runs of the whole batch over every rank ("all ranks") and, with two ranks or more,
     as many pinned to rank 0 ("rank 0 alone": one core's throughput under the same front end and
-    coordinator), alternating A B, B A, ... after an untimed warm-up. Each pause lets the coordinator
-    republish the ranks' queue lengths: a burst right after another is routed on the last one's counts."""
-    sides = ["all ranks"] + (["rank 0 alone"] if data_parallel_size(engine) > 1 else [])
-    dp_rollouts(engine, context[:2 * data_parallel_size(engine)], actions, 1, sampling, progress=False)
+    coordinator) and on `baseline`, an engine of one rank ("one-rank engine": no coordinator),
+    alternating A B C, C B A, ... after an untimed warm-up. Each pause lets the coordinator republish
+    the ranks' queue lengths: a burst right after another is routed on the last one's counts."""
+    sides = {"all ranks": (engine, None)}
+    if data_parallel_size(engine) > 1:
+        sides["rank 0 alone"] = (engine, 0)
+    if baseline is not None:
+        sides["one-rank engine"] = (baseline, None)
+    for e in {id(e): e for e, _ in sides.values()}.values():
+        dp_rollouts(e, context[:2 * data_parallel_size(e)], actions, 1, sampling, progress=False)
     out: dict[str, list[dict]] = {side: [] for side in sides}
     for t in range(trials):
-        for side in sides if t % 2 == 0 else sides[::-1]:
+        for side in list(sides) if t % 2 == 0 else list(sides)[::-1]:
             time.sleep(PAUSE_S)
-            run = dp_rollouts(engine, context, actions, n_frames, sampling, pin=0 if side == "rank 0 alone" else None,
+            run = dp_rollouts(sides[side][0], context, actions, n_frames, sampling, pin=sides[side][1],
                               max_in_flight=max_in_flight, progress=False)
             out[side].append({"seconds": run.seconds, "rollouts_per_s": len(run.done) / run.seconds,
                               "front_end_cpu_s": run.front_end_cpu_s, "lost": len(run.lost),
@@ -491,6 +497,8 @@ def cli() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=0, help="timed trials instead of one run: every rollout over "
                    "all ranks, alternated with all on rank 0 when there are two ranks or more (medians)")
     p.add_argument("--result", type=Path, help="with --trials: the result file (JSON), e.g. results/rollouts_<machine>.json")
+    p.add_argument("--one-rank-engine", action="store_true", help="with --trials on the CPU: also start an engine "
+                   "of one rank and time it in turn with the others (what the DP machinery costs a rank, in one run)")
     p.add_argument("--commit", help="the commit whose code ran, recorded in the result file where the machine's git is stale")
     return p
 
@@ -508,6 +516,9 @@ def main(argv=None) -> DPRun | dict:
             raise ValueError(f"--trials must be >= 0, got {args.trials}")
         if args.result is not None and not args.trials:
             raise ValueError("--result writes the timed trials: give --trials N too")
+        if args.one_rank_engine and (not args.trials or torch.cuda.is_available()):
+            raise ValueError("--one-rank-engine goes with --trials, on the CPU (on GPUs it would share rank 0's "
+                             "device: time -n 1 in a run of its own)")
         if args.preset is not None:
             from terra_nb.workbook.checkpoints import write_random_checkpoint
             from terra_nb.workbook.paths import CHECKPOINTS
@@ -520,22 +531,26 @@ def main(argv=None) -> DPRun | dict:
         args.context_frames = context.shape[1]
         rollout_inputs(context, sample.actions, args.frames, layout)
         start = time.perf_counter()
-        engine = make_dp_engine(args.checkpoint, args.data_parallel_size, ray_address=args.ray_address,
-                                tensor_parallel_size=args.tensor_parallel_size,
-                                **({} if args.max_num_seqs is None else {"max_num_seqs": args.max_num_seqs}))
+        chosen = dict(tensor_parallel_size=args.tensor_parallel_size,
+                      **({} if args.max_num_seqs is None else {"max_num_seqs": args.max_num_seqs}))
+        engine = make_dp_engine(args.checkpoint, args.data_parallel_size, ray_address=args.ray_address, **chosen)
     except ValueError as e:
         parser.error(str(e))
     print(f"{args.data_parallel_size} engine cores up in {time.perf_counter() - start:.0f} s", flush=True)
+    baseline = None
     try:
         if args.trials:
+            baseline = make_dp_engine(args.checkpoint, 1, **chosen) if args.one_rank_engine else None
             trials = timed_trials(engine, context, sample.actions, args.frames, sampling, args.trials,
-                                  max_in_flight=args.max_in_flight)
+                                  max_in_flight=args.max_in_flight, baseline=baseline)
             record = result_record(engine, trials, layout, args,
                                    "python -m terra_nb.rollouts " + " ".join(sys.argv[1:] if argv is None else argv))
         else:
             run = dp_rollouts(engine, context, sample.actions, args.frames, sampling, max_in_flight=args.max_in_flight)
     finally:
-        shutdown_dp_engine(engine)
+        for e in (engine, baseline):
+            if e is not None:
+                shutdown_dp_engine(e)
     if args.trials:
         print(json.dumps({k: record[k] for k in ("ranks", "rollouts_per_s", "front_end_cpu_ms_per_rollout")}))
         if args.result is not None:

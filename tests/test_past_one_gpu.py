@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import matplotlib
 import pytest
 
-from terra_nb.lessons.past_one_gpu import (ALL_RANKS, ONE_RANK, load_rollout_results, on_paper, plot_scaling,
+from terra_nb.lessons.past_one_gpu import (ALL_RANKS, ONE_ENGINE, ONE_RANK, load_rollout_results, on_paper, plot_scaling,
                                            ray_commands, scaling_rows, tp_figures)
 from terra_nb.port.layout import FrameLayout
 from terra_nb.rollouts import CPU_ENGINE, result_record
@@ -46,6 +46,9 @@ def test_on_paper_caps_the_ranks_at_what_one_front_end_drives():
     cpu = on_paper({k: v for k, v in results.items() if "cpu" in k}, gpus=4, gpus_per_host=2)
     assert cpu["dp_ratio"] == pytest.approx(0.75) and cpu["dp_pair"] == "rollouts_cpu_dp2.json"
     assert cpu["ideal"] == pytest.approx(4 * 4.0 * 0.75) and cpu["one_front_end"] == pytest.approx(12.0)
+    same_run = dict(results, **{"rollouts_cpu_dp2.json": result(2, 6.0, 3.0, device="cpu", image_tokens=64, name="EPYC")})
+    same_run["rollouts_cpu_dp2.json"]["rollouts_per_s"][ONE_ENGINE] = 2.5  # timed in the same run: preferred
+    assert on_paper({k: v for k, v in same_run.items() if "cpu" in k})["dp_ratio"] == pytest.approx(1.2)
     with pytest.raises(ValueError, match="no one-rank result file"):
         on_paper({"rollouts_x.json": result(2, 6.0, 3.0)})
 

@@ -74,7 +74,8 @@ def test_bad_setups_are_refused_before_any_engine_starts():
                                        (["--frames", "46"], "actions"), (["--temperature", "-1"], "temperature"),
                                        (["-n", "0"], "data_parallel_size must be a whole number >= 1, got 0"),
                                        (["--result", "r.json"], "give --trials N too"),
-                                       (["--trials", "-1"], "--trials must be >= 0")])
+                                       (["--trials", "-1"], "--trials must be >= 0"),
+                                       (["--one-rank-engine"], "--one-rank-engine goes with --trials")])
 def test_the_command_refuses_bad_arguments_before_any_engine_starts(argv, why, capsys):
     with pytest.raises(SystemExit) as exit_:
         rollouts_main(argv)

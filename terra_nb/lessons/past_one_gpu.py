@@ -14,7 +14,7 @@ from terra_nb.rollouts import CPU_ENGINE
 from terra_nb.workbook.paths import RESULTS
 
 TP_FILE = RESULTS / "earlier" / "h200_2026-11-26_tp.json"
-ONE_RANK, ALL_RANKS = "rank 0 alone", "all ranks"  # the sides of `terra_nb.rollouts.timed_trials`
+ONE_RANK, ALL_RANKS, ONE_ENGINE = "rank 0 alone", "all ranks", "one-rank engine"  # `rollouts.timed_trials`' sides
 
 
 def coordinator_interval_ms() -> int:
@@ -92,6 +92,9 @@ def plot_scaling(results: dict[str, dict], save=None):
         a.plot(xs, ys, "o-", color=color, label=label)
         alone = [r["rollouts_per_s"][ONE_RANK] for r in mine if ONE_RANK in r["rollouts_per_s"]]
         a.plot([1] * len(alone), alone, "o", mfc="none", color=color, label=f"{ONE_RANK} of the N-rank engine")
+        beside = [r["rollouts_per_s"][ONE_ENGINE] for r in mine if ONE_ENGINE in r["rollouts_per_s"]]
+        if beside:
+            a.plot([1] * len(beside), beside, "s", mfc="none", color=color, label=f"{ONE_ENGINE}, timed in the same run")
         for r in mine:
             if ONE_RANK in r["rollouts_per_s"]:
                 ratio = r["rollouts_per_s"][ALL_RANKS] / r["rollouts_per_s"][ONE_RANK]
@@ -120,11 +123,14 @@ def _one_rank_file(results: dict[str, dict]) -> tuple[str, dict]:
 
 def dp_machinery_ratio(results: dict[str, dict], one: dict) -> tuple[float, str] | tuple[None, None]:
     """Rank 0 alone inside an N-rank engine over a one-rank engine, same machine and workload: what
-    the coordinator and the load-balancing client cost one rank (1.0: nothing). None where no pair is."""
+    the coordinator and the load-balancing client cost one rank (1.0: nothing). A file that timed both
+    in one run (`--one-rank-engine`) first, else a file's rank 0 alone against `one`'s run; None where
+    no pair is."""
     same = ("device", "shapes", "sampling", "versions")
-    for name, r in results.items():
-        if ONE_RANK in r["rollouts_per_s"] and all(r[k] == one[k] for k in same):
-            return r["rollouts_per_s"][ONE_RANK] / one["rollouts_per_s"][ALL_RANKS], name
+    pairs = [(name, r) for name, r in results.items() if ONE_RANK in r["rollouts_per_s"] and all(r[k] == one[k] for k in same)]
+    for name, r in sorted(pairs, key=lambda item: ONE_ENGINE not in item[1]["rollouts_per_s"]):
+        base = r["rollouts_per_s"].get(ONE_ENGINE, one["rollouts_per_s"][ALL_RANKS])
+        return r["rollouts_per_s"][ONE_RANK] / base, name
     return None, None
 
 
