@@ -68,13 +68,14 @@ reproduce: setup
 
 # The tests run in TEST_WORKERS pytest-xdist processes (2 on the CPU: much of the suite waits on engine
 # starts, notebook kernels and subprocesses rather than computing); `--dist loadfile` keeps each module
-# and each notebook in one worker, in order. On a GPU one process
+# and each notebook in one worker, in order, and `--no-loadscope-reorder` hands the files out in
+# conftest.py's order (the long kinds first) instead of by number of tests. On a GPU one process
 # (tools/gpu_runner.sh runs a second lane beside it on the one GPU); with more, every worker's engines
 # need room under $$TERRA_NB_GPU_MEMORY_UTILIZATION. TEST_WORKERS=0, or no pytest-xdist (SETUP=none on
 # an interpreter without it): one process.
 TEST_WORKERS ?= $(if $(filter gpu,$(BACKEND)),0,2)
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),$$($(PY) -c 'import xdist' 2>/dev/null \
-	&& echo --numprocesses=$(TEST_WORKERS) --dist=loadfile || echo "pytest-xdist is not installed: one process" >&2))
+	&& echo --numprocesses=$(TEST_WORKERS) --dist=loadfile --no-loadscope-reorder || echo "pytest-xdist is not installed: one process" >&2))
 
 # compileall: this machine sets PYTHONDONTWRITEBYTECODE, so without it every process that imports the
 # workbook (each worker, kernel and engine) compiled the package again (~0.6 s of CPU each).

@@ -10,7 +10,7 @@
   `-m "not engine and not notebook and not browser and not gpu"`.
 
 pytest-xdist splits the suite with its own `--dist loadfile`: a module's tests and a notebook's
-cells stay in one worker, in order.
+cells stay in one worker, in order; the files are handed out longest kind first (`longest_files_first`).
 """
 from __future__ import annotations
 
@@ -39,3 +39,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebook)
+    items[:] = longest_files_first(items)
+
+
+def longest_files_first(items: list) -> list:
+    """`items` with whole files moved, in their order and each file's items in theirs: the notebooks
+    first, then the modules that start an engine, then the rest. pytest-xdist's `--dist loadfile`
+    hands each worker the next file as it runs out (the Makefile keeps this order:
+    `--no-loadscope-reorder`), so the minutes-long files start early, the last to run are short
+    ones, and both workers finish together. xdist's own order (most tests first) hands out last
+    the files of one or two long tests (a server, a cluster), and one worker runs them alone."""
+    rank: dict = {}
+    for item in items:
+        kind = 0 if item.get_closest_marker("notebook") else 1 if item.get_closest_marker("engine") else 2
+        rank[item.path] = min(rank.get(item.path, kind), kind)
+    first_seen = {path: i for i, path in reversed(list(enumerate(item.path for item in items)))}
+    return sorted(items, key=lambda item: (rank[item.path], first_seen[item.path]))
