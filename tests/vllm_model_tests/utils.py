@@ -300,7 +300,7 @@ def _in_this_process(f: Callable[_P, None]) -> Callable[_P, None]:
     """adapted: the test in this process, its engine core in it too (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
     as vLLM's tests ask of their fresh process: a patch of the engine core then applies), and every
     `vllm.LLM` it built shut down after it, as the end of a fresh process would, so that no engine
-    state reaches the next test. A fresh interpreter per test cost ~10-20 s of CPU importing vLLM
+    state reaches the next test. A fresh interpreter per test costs ~10-20 s of CPU importing vLLM
     again on the 2-core machine, where the tests' own work takes a few seconds."""
 
     @functools.wraps(f)
