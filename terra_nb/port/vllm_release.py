@@ -14,7 +14,8 @@ API shows it, by release where only behaviour differs (5, 9).
 `LlamaActionDummyInputsBuilder` takes `build_dummy_processor_inputs`, `LlamaActionForCausalLM` drops
 `UncachedLanguageModelMixin`, and callers use `vllm.config.multimodal.MultiModalDummyOptions`,
 `processor.get_dummy_mm_inputs(...)` and `model_config.supports_multimodal_inputs` directly.
-`vllm_hooks.PRIVATE_HOOKS` then loses its `release="0.26"` entries.
+`vllm_hooks.PRIVATE_HOOKS` then loses its `release="0.26"` entries, and `vllm_rollout.engine_kwargs`
+keeps the `hf_overrides` half of `draft_model_kwargs` (both releases need it).
 
 1. **Dummy inputs for profiling.** 0.26 asks the *builder* for them
    (`BaseDummyInputsBuilder.get_dummy_processor_inputs`) and passes the dummy **text** through
@@ -88,6 +89,16 @@ API shows it, by release where only behaviour differs (5, 9).
    a session's later chunks and its end go to the engine core that holds its KV cache; 0.26 balances
    every chunk afresh. `pin_streaming_sessions` (the plugin runs it) gives 0.26 0.32's rule;
    `tests/test_serve_dp.py` runs vLLM's own method on both releases.
+11. **A draft model beside the port** (`speculative_config={"method": "draft_model", ...}`: a
+   small text-only model over Terra's ids). Both releases, loading a draft beside a multimodal
+   model, copy the target config's `image_token_index` onto the draft's (`llm_base_proposer`
+   `load_model`); Terra's config has none, so `draft_model_kwargs` sets it (the placeholder id)
+   through `hf_overrides`. vLLM's default keeps async scheduling on for a draft model on 0.32; 0.26's
+   default turns it off (it keeps it for EAGLE, MTP, n-gram GPU and DSpark) though its explicit
+   check allows it (`config/vllm.py`), so on 0.26 `draft_model_kwargs` asks for it
+   (`async_scheduling=True`) unless the caller chose, where the platform runs it (not the CPU).
+   `make_llm`'s engine arguments (`vllm_rollout.engine_kwargs`) apply it; `tests/test_drafter.py`
+   reads both releases' default in their source.
 """
 from __future__ import annotations
 
@@ -112,6 +123,8 @@ __all__ = [
     "TokenIdsDummyInputsMixin",
     "TokenizerFreeProcessorMixin",
     "UncachedLanguageModelMixin",
+    "DRAFT_MODEL_ASYNC_BY_DEFAULT",
+    "draft_model_kwargs",
     "dummy_mm_inputs",
     "pin_streaming_sessions",
     "supports_multimodal_inputs",
@@ -134,6 +147,9 @@ LANGUAGE_MODEL_CACHE_HOLDS_MODELS: bool = VLLM_VERSION < (0, 32)
 
 # (10) A behaviour too (how a method routes), so by release.
 DP_CLIENT_PINS_SESSIONS: bool = VLLM_VERSION >= (0, 32)
+
+# (11) Whether vLLM's default keeps async scheduling on for `method="draft_model"`.
+DRAFT_MODEL_ASYNC_BY_DEFAULT: bool = VLLM_VERSION >= (0, 32)
 
 # (4) The dummy-options type.
 try:  # 0.32
@@ -274,3 +290,19 @@ def pin_streaming_sessions() -> None:
 
     get_core_engine_for_request._terra_pins_sessions = True
     DPLBAsyncMPClient.get_core_engine_for_request = get_core_engine_for_request
+
+
+def draft_model_kwargs(kwargs: dict, placeholder_id: int, on_cpu: bool) -> dict:
+    """(11) Engine arguments `kwargs` with what a draft model beside Terra needs; `kwargs` itself
+    unless their `speculative_config` names `method="draft_model"`."""
+    spec = kwargs.get("speculative_config") or {}
+    if spec.get("method") != "draft_model":
+        return kwargs
+    overrides = kwargs.get("hf_overrides") or {}
+    if not isinstance(overrides, Mapping):
+        raise ValueError("a draft model beside Terra needs hf_overrides as a dict (image_token_index is set "
+                         f"there), got {type(overrides).__name__}")
+    out = dict(kwargs, hf_overrides={"image_token_index": int(placeholder_id), **overrides})
+    if not DRAFT_MODEL_ASYNC_BY_DEFAULT and not on_cpu:
+        out.setdefault("async_scheduling", True)
+    return out

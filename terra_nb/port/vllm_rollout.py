@@ -40,6 +40,7 @@ from .engine_limits import check_engine_frames, check_engine_prompt_frames, max_
 from .layout import FrameLayout, build_prompt
 from .rollout import SamplingConfig, prepare_inputs, run_rollout
 from .vllm_processing import MODALITY
+from .vllm_release import draft_model_kwargs
 
 __all__ = [
     "RolloutStats",
@@ -127,6 +128,7 @@ def engine_kwargs(checkpoint_dir: str | Path, max_frames: int | None = None, fp3
     kwargs.update(overrides)
     if speculative_config is not None:
         kwargs["speculative_config"] = dict(speculative_config)
+        kwargs = draft_model_kwargs(kwargs, layout.placeholder_id, _on_cpu())
     if not _on_cpu() and kwargs.get("dtype") == "float32" and fp32_attention is not None:
         set_triton_fp32_precision(fp32_attention)
     return kwargs
