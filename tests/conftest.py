@@ -29,6 +29,31 @@ def run_probe():
     return _run_probe
 
 
+def _probe_here(script: str, ckpt) -> dict:
+    """`script` run in this process with the checkpoint folder as `sys.argv[1]`: the JSON of its
+    `PROBE{...}` line. For a probe of the installed vLLM that needs no process of its own: a fresh
+    interpreter costs ~10-15 s of CPU importing vLLM again on the 2-core machine."""
+    import contextlib
+    import io
+
+    out, argv = io.StringIO(), sys.argv
+    sys.argv = ["probe", str(ckpt)]
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(script, "<probe>", "exec"), {"__name__": "probe"})
+    finally:
+        sys.argv = argv
+    line = next((ln for ln in out.getvalue().splitlines() if ln.startswith("PROBE")), None)
+    assert line is not None, out.getvalue()[-2000:]
+    return json.loads(line[len("PROBE"):])
+
+
+@pytest.fixture(scope="session")
+def probe_here():
+    """`probe_here(script, ckpt) -> dict` (see `_probe_here`)."""
+    return _probe_here
+
+
 @pytest.fixture(scope="session")
 def vllm026_src():
     """Where vLLM 0.26's code is, for the probes that run it beside the installed release:

@@ -7,7 +7,7 @@ vLLM 0.26 tokenizes a chat with the multimodal processor's defaults (`add_specia
 second `<s>` after the template's; the plugins' `vllm_chat` gives it 0.32's default. The 0.26 half
 runs where 0.26 is (the `vllm026_src` fixture: installed on the GPU runner, or an unpacked wheel
 named by `$TERRA_VLLM026_SRC`), in a subprocess, and must give exactly what the installed release
-gives.
+gives (its probe runs in this process).
 """
 from __future__ import annotations
 
@@ -79,8 +79,8 @@ def _check(out: dict) -> None:
         assert out[f"{port} asked"] == [1, 1]  # asked for special tokens: the tokenizer's <s> too
 
 
-def test_llm_chat_prompt_ids_equal_hf_on_the_installed_vllm(checkpoints, run_probe):
-    _check(run_probe(_PROBE, checkpoints, None))
+def test_llm_chat_prompt_ids_equal_hf_on_the_installed_vllm(checkpoints, probe_here):
+    _check(probe_here(_PROBE, checkpoints))
 
 
 def test_llm_chat_prompt_ids_equal_hf_on_vllm_026(checkpoints, run_probe, vllm026_src):

@@ -55,21 +55,8 @@ def _check(out: dict) -> None:
     assert out["example"] == repr(([], 1, 1000, *([[]] * (n - 3))))
 
 
-def _probe_here() -> dict:
-    """`_PROBE` run in this process (a fresh interpreter costs ~10 s of CPU importing vLLM): its result."""
-    import contextlib
-    import io
-    import json
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(_PROBE, "<probe>", "exec"), {"__name__": "probe"})
-    line = next(ln for ln in out.getvalue().splitlines() if ln.startswith("PROBE"))
-    return json.loads(line[len("PROBE"):])
-
-
-def test_the_fast_path_returns_what_vllm_returns_on_the_installed_vllm():
-    _check(_probe_here())
+def test_the_fast_path_returns_what_vllm_returns_on_the_installed_vllm(tiny_ckpt, probe_here):
+    _check(probe_here(_PROBE, tiny_ckpt))
 
 
 def test_the_fast_path_returns_what_vllm_returns_on_vllm_026(tiny_ckpt, run_probe, vllm026_src):
