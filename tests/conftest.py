@@ -125,6 +125,33 @@ def layout(llm):
     return FrameLayout.from_config(llm.model_config.hf_config)
 
 
+# ---------------------------------------------------------------------------- engines and the GC heap
+def _engine_modules(session) -> set:
+    """The modules of this run that hold a test marked `engine` (computed once a session)."""
+    if not hasattr(session, "_terra_engine_modules"):
+        session._terra_engine_modules = {item.path for item in session.items if item.get_closest_marker("engine")}
+    return session._terra_engine_modules
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _heap_frozen_for_engines(request):
+    """In a module that starts an engine, the objects alive as it starts (torch, vLLM, every module
+    pytest imported: ~800,000 in a worker) are frozen out of the garbage collector's reach
+    (`gc.freeze`, after a collection, so nothing unreachable is kept). vLLM collects garbage five
+    times while an engine starts (its loader, then `freeze_gc_heap`), each a pass over that heap
+    (~1 s on the 2-core machine): frozen, they pass over the engine's own objects only. vLLM's
+    shutdown unfreezes them (`gc.unfreeze`) to collect the engine; so does the module's end."""
+    import gc
+
+    if request.node.path not in _engine_modules(request.session):
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
 # ---------------------------------------------------------------------------- shared vLLM engines
 # The engines several modules use (SHARED_ENGINES) are module fixtures defined once here: each
 # module builds its own and shuts it down after its last test, so that no engine outlives its module

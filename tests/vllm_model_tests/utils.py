@@ -328,6 +328,10 @@ def _in_this_process(f: Callable[_P, None]) -> Callable[_P, None]:
                 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = multiprocessing
             for llm in built:
                 shutdown_llm(llm)
+            if built:  # the shutdown just collected the heap: the next engine's start skips it (tests/conftest.py)
+                import gc
+
+                gc.freeze()
 
     return wrapper
 
