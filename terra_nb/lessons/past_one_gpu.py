@@ -64,7 +64,8 @@ def model_name(r: dict) -> str:
 
 def machine(r: dict) -> str:
     """Where a result file ran, as a plot's label says it: device, model, commit."""
-    where = f"{r['gpu_count']} GPUs" if r["device_type"] == "cuda" else f"{r['cpu_count']} cores"
+    n, unit = (r["gpu_count"], "GPU") if r["device_type"] == "cuda" else (r["cpu_count"], "core")
+    where = f"{n} {unit}" + ("s" if n != 1 else "")
     return f"{r['device']} ({where}), {model_name(r)}, commit {r['commit']}"
 
 
@@ -79,34 +80,34 @@ def scaling_rows(results: dict[str, dict]) -> list[dict]:
 
 
 def plot_scaling(results: dict[str, dict], save=None):
-    """Left: rollouts/s against ranks, one line a machine through its files' all-ranks medians (one
-    engine a file), hollow: a file's rank 0 alone. Right: each N-rank file's all ranks over its rank 0
-    alone (the same engine, trials alternated) against N."""
+    """Left: rollouts/s against ranks, one color a machine: a one-rank file as a dot; an N-rank file
+    as a line from its one-rank side (an engine of one rank timed in the same run, else rank 0 alone,
+    hollow) to all ranks. Right: each N-rank file's all ranks over its rank 0 alone (the same engine,
+    trials alternated) against N."""
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     machines = sorted({machine(r) for r in results.values()})
-    for color, label in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], machines):
-        mine = [r for r in results.values() if machine(r) == label]
-        xs, ys = zip(*sorted((r["ranks"], r["rollouts_per_s"][ALL_RANKS]) for r in mine))
-        a.plot(xs, ys, "o-", color=color, label=label)
-        alone = [r["rollouts_per_s"][ONE_RANK] for r in mine if ONE_RANK in r["rollouts_per_s"]]
-        a.plot([1] * len(alone), alone, "o", mfc="none", color=color, label=f"{ONE_RANK} of the N-rank engine")
-        beside = [r["rollouts_per_s"][ONE_ENGINE] for r in mine if ONE_ENGINE in r["rollouts_per_s"]]
-        if beside:
-            a.plot([1] * len(beside), beside, "s", mfc="none", color=color, label=f"{ONE_ENGINE}, timed in the same run")
-        for r in mine:
-            if ONE_RANK in r["rollouts_per_s"]:
-                ratio = r["rollouts_per_s"][ALL_RANKS] / r["rollouts_per_s"][ONE_RANK]
-                b.plot([1, r["ranks"]], [1, ratio], "o-", color=color, label=label)
+    colors = dict(zip(machines, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for r in results.values():
+        color, label, fps = colors[machine(r)], machine(r), r["rollouts_per_s"]
+        if r["ranks"] == 1:
+            a.plot([1], [fps[ALL_RANKS]], "o", color=color, label=f"{label}: one rank, a run of its own")
+            continue
+        base = fps.get(ONE_ENGINE, fps.get(ONE_RANK))
+        a.plot([1, r["ranks"]], [base, fps[ALL_RANKS]], "s-", color=color,
+               label=f"{label}: {ONE_ENGINE if ONE_ENGINE in fps else ONE_RANK} and {r['ranks']} ranks, one run")
+        if ONE_RANK in fps:
+            a.plot([1], [fps[ONE_RANK]], "o", mfc="none", color=color, label=f"{label}: {ONE_RANK}")
+            b.plot([1, r["ranks"]], [1, fps[ALL_RANKS] / fps[ONE_RANK]], "o-", color=color, label=label)
     top = max([r["ranks"] for r in results.values()] + [2])
     a.set(xlabel="ranks (engine cores)", ylabel="rollouts/s (median of the trials)", title="rollouts/s by ranks",
           xticks=range(1, top + 1), ylim=(0, None))
     b.plot([1, top], [1, top], "k:", label="ideal: N x one rank")
     b.set(xlabel="ranks", ylabel=f"{ALL_RANKS} / {ONE_RANK}", title="speed-up over one rank, same engine",
           xticks=range(1, top + 1), ylim=(0, None))
-    for ax in (a, b):
-        ax.legend(fontsize=7, loc="lower right")
+    a.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.2))
+    b.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.2))
     fig.tight_layout()
     if save:
         fig.savefig(save, dpi=110, bbox_inches="tight")
