@@ -299,10 +299,18 @@ def draft_model_kwargs(kwargs: dict, placeholder_id: int, on_cpu: bool) -> dict:
     if spec.get("method") != "draft_model":
         return kwargs
     overrides = kwargs.get("hf_overrides") or {}
-    if not isinstance(overrides, Mapping):
-        raise ValueError("a draft model beside Terra needs hf_overrides as a dict (image_token_index is set "
-                         f"there), got {type(overrides).__name__}")
-    out = dict(kwargs, hf_overrides={"image_token_index": int(placeholder_id), **overrides})
+    if isinstance(overrides, Mapping):
+        overrides = {"image_token_index": int(placeholder_id), **overrides}
+    else:  # vLLM's other form, a function of the config; a partial pickles for an engine's own process
+        overrides = functools.partial(_with_image_token_index, placeholder_id=int(placeholder_id), then=overrides)
+    out = dict(kwargs, hf_overrides=overrides)
     if not DRAFT_MODEL_ASYNC_BY_DEFAULT and not on_cpu:
         out.setdefault("async_scheduling", True)
     return out
+
+
+def _with_image_token_index(config, placeholder_id: int, then):
+    config = then(config)
+    if getattr(config, "image_token_index", None) is None:
+        config.image_token_index = placeholder_id
+    return config
