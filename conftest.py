@@ -43,15 +43,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 def longest_files_first(items: list) -> list:
-    """`items` with whole files moved, in their order and each file's items in theirs: the notebooks
-    first, then the modules that start an engine, then the rest. pytest-xdist's `--dist loadfile`
-    hands each worker the next file as it runs out (the Makefile keeps this order:
-    `--no-loadscope-reorder`), so the minutes-long files start early, the last to run are short
-    ones, and both workers finish together. xdist's own order (most tests first) hands out last
-    the files of one or two long tests (a server, a cluster), and one worker runs them alone."""
+    """`items` with whole files moved, each file's items in their order: the notebooks first, then
+    the modules that start an engine, then the rest; within each kind, files in reverse name order
+    (the fast tier's longest modules, the toy world's training and sweeps, sort last by name).
+    pytest-xdist's `--dist loadfile` hands each worker the next file as it runs out (the Makefile
+    keeps this order: `--no-loadscope-reorder`), so the minutes-long files start early, the last to
+    run are short ones, and both workers finish together. xdist's own order (most tests first)
+    hands out last the files of one or two long tests (a server, a cluster), and one worker runs
+    them alone."""
     rank: dict = {}
     for item in items:
         kind = 0 if item.get_closest_marker("notebook") else 1 if item.get_closest_marker("engine") else 2
         rank[item.path] = min(rank.get(item.path, kind), kind)
-    first_seen = {path: i for i, path in reversed(list(enumerate(item.path for item in items)))}
-    return sorted(items, key=lambda item: (rank[item.path], first_seen[item.path]))
+    by_name = sorted(items, key=lambda item: str(item.path), reverse=True)  # stable: a file's items keep their order
+    return sorted(by_name, key=lambda item: rank[item.path])
