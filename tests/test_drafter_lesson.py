@@ -99,6 +99,7 @@ def test_the_maps_split_moving_codes_from_still_ones():
     maps = L.acceptance_maps(frames, agree, layout)
     assert maps["moving_share"] == 0.25 and maps["agreement"] == {"moving": 0.0, "still": 1.0}
     assert maps["agreement_grid"].shape == (8, 8) and maps["agreement_grid"][:2].sum() == 0
+    assert maps["moving_grid"][:2].eq(1).all() and maps["moving_grid"][2:].eq(0).all()
     assert maps["frames"] == [3, 4] and maps["kept"]["moving"] == 1.0 and maps["kept"]["still"] > 4
     all_right = L.acceptance_maps(frames, torch.ones(1, 5, 64, dtype=torch.bool), layout)
     assert all_right["codes_per_step_by_frame"] == [63 / 13] * 2
@@ -170,4 +171,4 @@ def test_the_plots_draw(toy):
     assert len(L.plot_training(record).axes) == 2
     maps = L.acceptance_maps(torch.zeros(1, 5, 64, dtype=torch.long), torch.ones(1, 5, 64, dtype=torch.bool),
                              FrameLayout(image_tokens=64, action_tokens=6, max_frames=5, vocab_size=513))
-    assert len(L.plot_acceptance_maps(maps).axes) == 4 and len(L.plot_acceptance_by_frame(maps).axes) == 2
+    assert len(L.plot_acceptance_maps(maps).axes) == 6 and len(L.plot_acceptance_by_frame(maps).axes) == 2

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from terra_nb.bench.drafter import K   # drafts a step, as the GPU runs drafted
 from terra_nb.toyworld import drafter as D
 from terra_nb.workbook.paths import REPO, RESULTS
 
-K = 4   # drafts a step: the GPU runs' setting (`bench.drafter.K`)
 N_CONTEXT = 3
 HELD_OUT_SEED = D.DRAFTER_SEED + 500_000
 """Clip seeds of the held-out rollouts: apart from the drafter's training rollouts and its record's."""
@@ -228,12 +228,11 @@ def speculative_rollout(target, drafter, context: torch.Tensor, actions: torch.T
 def held_out_rollouts(target, kinds=HELD_OUT_KINDS, seed0: int = HELD_OUT_SEED) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy one-round rollouts of the target (HF generate), one a manoeuvre of `kinds`, on toy clips
     no drafter trained on: frames [n, 25, P] (`N_CONTEXT` of the clip, then the target's) and actions."""
-    from terra_nb.port.layout import FrameLayout
     from terra_nb.port.rollout import SamplingConfig, hf_rollout
     from terra_nb.toyworld.scene import generate_clip
     from terra_nb.toyworld.tokenizer import ToyTokenizer
 
-    layout, tok = FrameLayout.from_config(target.config), ToyTokenizer.load()
+    layout, tok = target.layout, ToyTokenizer.load()
     clips = [generate_clip(seed0 + i, n_frames=layout.max_frames, kind=kind) for i, kind in enumerate(kinds)]
     context = torch.from_numpy(np.stack([tok.encode(c.frames[:N_CONTEXT]) for c in clips]).astype(np.int64))
     actions = torch.from_numpy(np.stack([c.actions for c in clips]).astype(np.float32))
@@ -272,6 +271,7 @@ def acceptance_maps(frames: torch.Tensor, agree: torch.Tensor, layout, k: int = 
     per_frame = [D.simulated_steps(agree[:, f:f + 1], layout.image_tokens, k, 0) for f in range(N_CONTEXT, frames.shape[1])]
     return {
         "agreement_grid": ok.mean((0, 1)).view(layout.grid_shape),
+        "moving_grid": moving.float().mean((0, 1)).view(layout.grid_shape),
         "kept_grid": (accepted.nanmean((0, 1)) + 1).view(layout.grid_shape),   # + the target's own code
         "frames": list(range(N_CONTEXT, frames.shape[1])),
         "codes_per_step_by_frame": [codes / steps for codes, steps in per_frame],
@@ -300,7 +300,7 @@ def plot_training(record: dict, save=None):
     fig = Figure(figsize=(9, 3), layout="constrained")
     a, b = fig.subplots(1, 2)
     a.plot(range(0, 10 * len(record["losses"]), 10), record["losses"])
-    a.set(xlabel="training step", ylabel="cross-entropy against the target's argmax", title="training loss")
+    a.set(xlabel="training step", ylabel="cross-entropy (target's argmax)", title="training loss")
     by_pos = record["acceptance_by_position"]
     b.plot(by_pos, ".-", label="by position")
     b.axhline(record["held_out_agreement"], color="k", ls="--", lw=1, label="mean")
@@ -310,17 +310,21 @@ def plot_training(record: dict, save=None):
 
 
 def plot_acceptance_maps(maps: dict, k: int = K, save=None):
-    """Two heatmaps of the frame's code grid: how often the drafter's guess is the target's code, and
-    the codes a greedy step keeps when its first draft is that code (blank: no step drafts there)."""
+    """Three heatmaps of the frame's code grid: how often the drafter's guess is the target's code, how
+    often the code changed since the frame before, and the codes a greedy step keeps when its first
+    draft is that code (blank: no step drafts there)."""
     from matplotlib.figure import Figure
 
     from terra_nb.workbook.viz import save_figure
 
-    fig = Figure(figsize=(9, 3.6), layout="constrained")
-    for ax, key, title, vmax in zip(fig.subplots(1, 2), ("agreement_grid", "kept_grid"),
-                                    ("drafter's guess is the target's code", f"codes a step keeps from here (k = {k})"), (1, k + 1)):
-        im = ax.imshow(maps[key].numpy(), vmin=0 if vmax == 1 else 1, vmax=vmax, cmap="viridis")
+    fig = Figure(figsize=(12, 3.4), layout="constrained")
+    panels = (("agreement_grid", "drafter's guess is the target's code", 0, 1, "viridis"),
+              ("moving_grid", "code changed since the frame before", 0, 1, "magma"),
+              ("kept_grid", f"codes a step keeps from here (k = {k})", 1, k + 1, "viridis"))
+    for ax, (key, title, lo, hi, cmap) in zip(fig.subplots(1, 3), panels):
+        im = ax.imshow(maps[key].numpy(), vmin=lo, vmax=hi, cmap=cmap)
         ax.set(title=title, xlabel="column", ylabel="row")
+        ax.title.set_fontsize(9)
         fig.colorbar(im, ax=ax, shrink=0.85)
     return save_figure(fig, save)
 
