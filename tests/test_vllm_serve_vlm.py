@@ -1,18 +1,15 @@
-"""The ordinary path: TinyVLM and TinyAV served by `vllm serve` unchanged, found through their
-plugins (the `vllm.general_plugins` entry points `terra_nb_vlm`, `terra_nb_av`), with the chat
-template their checkpoints ship (no `--chat-template`), queried over real HTTP with the OpenAI
-client (a chat with an image: a small one and a 211x149 photo the processor resizes), greedy tokens
-equal to the offline engine's (`vllm.LLM.chat`, same engine arguments) and to HF's, token for token.
+"""The ordinary path: a model of one's own served by `vllm serve` unchanged, found through its
+plugin (TinyAV, notebook 13: the `vllm.general_plugins` entry point `terra_nb_av`), with the chat
+template its checkpoint ships (no `--chat-template`), queried over real HTTP with the OpenAI client
+(a chat with a 211x149 photo the processor resizes), greedy tokens equal to HF's, token for token.
+TinyVLM takes the same path (the same plugin mechanism and server): its offline engine is checked in
+tests/test_port_vlm_engine.py.
 
 Never skipped: vLLM (its server included) and `openai` (a dependency of vLLM) are declared
 dependencies of this project; a missing one is a broken install, which this test must report.
-The offline engine is the one tests/test_port_vlm_engine.py uses (`tiny_vlm_llm`, shared), so the
-test costs the server's start: an interpreter importing vLLM and its engine core's process.
 """
 from __future__ import annotations
 
-import base64
-import io
 import json
 import os
 import signal
@@ -23,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 MAX_TOKENS = 12
 
@@ -72,14 +68,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def png_data_url(image: torch.Tensor) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray((image.permute(1, 2, 0).numpy() * 255).round().astype("uint8")).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
@@ -131,52 +119,6 @@ def chat(client, model: str, messages: list) -> tuple[list[int], list[int]]:
 
 def image_message(url: str, text: str) -> list:
     return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]}]
-
-
-def test_vllm_serve_chat_with_an_image_equals_the_offline_engine(tiny_vlm_ckpt, tiny_vlm_llm, tmp_path_factory):
-    """`tiny_vlm_llm` (tests/conftest.py, shared with test_port_vlm_engine) is the offline engine on
-    the same checkpoint and `llm_kwargs`; its fixture also makes sure the plugin's entry point is
-    visible, which is how `vllm serve` finds TinyVLM."""
-    from openai import OpenAI
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-    from vllm import SamplingParams
-
-    from terra_nb.port_vlm.hf_model import greedy_generate
-    from terra_nb.port_vlm.vllm_engine import llm_kwargs
-    from test_port_vlm_engine import photo, pil_data_url
-
-    ckpt, llm = tiny_vlm_ckpt, tiny_vlm_llm
-    kwargs = llm_kwargs(ckpt, enforce_eager=True)  # as the shared engine was built
-    log = tmp_path_factory.mktemp("serve_log") / "vllm_serve.log"
-    proc, base = start_server(ckpt, kwargs, "tiny-vlm", log)
-    try:
-        image = torch.rand(3, 16, 24, generator=torch.Generator().manual_seed(1))
-        question = "describe the picture red car"
-        messages = image_message(png_data_url(image), question)
-        big = photo()
-        big_messages = image_message(pil_data_url(big), question)
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        offline, offline_big, text_only = llm.chat(
-            [messages, big_messages, [{"role": "user", "content": question}]], params, use_tqdm=False)
-
-        wait_ready(base, proc, log)
-        client = OpenAI(base_url=base + "/v1", api_key="none", timeout=120)
-        assert [m.id for m in client.models.list().data] == ["tiny-vlm"]
-        prompt_ids, served = chat(client, "tiny-vlm", messages)
-        assert prompt_ids == list(offline.prompt_token_ids)  # the checkpoint's template, placeholders expanded alike
-        assert prompt_ids.count(llm.llm_engine.model_config.hf_config.image_token_id) == (16 // 8) * (24 // 8)
-        assert served == list(offline.outputs[0].token_ids), f"served {served}\noffline {list(offline.outputs[0].token_ids)}"
-        assert served != list(text_only.outputs[0].token_ids)  # the image reached the served model
-
-        # a 211x149 photo: resized by the processor, the same tokens as offline and as HF
-        prompt_ids, served = chat(client, "tiny-vlm", big_messages)
-        assert prompt_ids == list(offline_big.prompt_token_ids) and served == list(offline_big.outputs[0].token_ids)
-        hf_proc = AutoProcessor.from_pretrained(ckpt)
-        inputs = hf_proc(text=offline_big.prompt, images=big, add_special_tokens=False)
-        assert prompt_ids == inputs["input_ids"][0].tolist()
-        assert served == greedy_generate(AutoModelForImageTextToText.from_pretrained(ckpt).eval(), inputs, MAX_TOKENS)
-    finally:
-        stop_server(proc)
 
 
 def test_vllm_serve_tiny_av_chat_with_a_photo_equals_hf(tmp_path_factory):
