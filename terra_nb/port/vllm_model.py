@@ -7,9 +7,10 @@ Structure as in vLLM's multimodal models (e.g. `paligemma.py`), on vLLM's `Llama
   embedding per frame. vLLM's default `SupportsMultiModal.embed_input_ids` (as for its llava,
   paligemma and qwen2_vl) embeds every id with the backbone's table (image codes 0 .. vocab-2 as
   themselves, code 0 included; the placeholder id is in the vocabulary) and scatters the items into
-  the six action slots of their frame (`is_multimodal`). On vLLM 0.26 its language-model lookup
-  would keep the model alive after the engine stops, which `vllm_release.UncachedLanguageModelMixin`
-  avoids.
+  the six action slots of their frame (`is_multimodal`). `get_language_model()` answers with a view
+  of the text half (`TextModel`: `.model`, `.lm_head`, `embed_input_ids`), the shape vLLM's EAGLE
+  drafters read the target's embedding and output layer from to share them; made on each call, it
+  keeps no engine's model alive (vLLM 0.26's own answer is cached for good).
 * **The spatio-temporal position embedding** is added from vLLM's `positions` tensor,
   `spatio[pos % 582] + temporal[pos // 582]`, at the top of the backbone's forward
   (`LlamaActionModel`, a `@support_torch_compile` subclass of vLLM's `LlamaModel`, the pattern of
@@ -65,13 +66,13 @@ from .vllm_processing import (
     LlamaActionMultiModalProcessor,
     LlamaActionProcessingInfo,
 )
-from .vllm_release import UncachedLanguageModelMixin
 
 __all__ = [
     "LlamaActionForCausalLM",
     "LlamaActionModel",
     "LlamaActionV2ForCausalLM",
     "TerraActionInputs",
+    "TextModel",
     "WeightLoadingError",
 ]
 
@@ -181,6 +182,19 @@ def _with_checkpoint_name(param: str, model: nn.Module) -> str:
     return param if hf == param else f"{param} (checkpoint: {hf})"
 
 
+class TextModel:
+    """The port's text half as vLLM looks a multimodal model's language model up: the backbone as
+    `.model` (its `embed_tokens`), `.lm_head`, and the backbone's `embed_input_ids`. vLLM's EAGLE
+    drafters (0.32's `llm_base_proposer`, 0.26's `load_eagle_model`) share `.model.embed_tokens` and
+    `.lm_head` with a head that ships neither; vLLM's default answer, the backbone, has no `.model`."""
+
+    def __init__(self, model: nn.Module, lm_head: nn.Module):
+        self.model, self.lm_head = model, lm_head
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+
 @support_torch_compile(
     dynamic_arg_dims={"input_ids": 0, "positions": -1, "intermediate_tensors": 0, "inputs_embeds": 0}
 )
@@ -219,7 +233,7 @@ class LlamaActionModel(LlamaModel):
     info=LlamaActionProcessingInfo,
     dummy_inputs=LlamaActionDummyInputsBuilder,
 )
-class LlamaActionForCausalLM(UncachedLanguageModelMixin, nn.Module, SupportsMultiModal, SupportsPP):
+class LlamaActionForCausalLM(nn.Module, SupportsMultiModal, SupportsPP):
     """Terra v1 for vLLM: prompts of [576 image codes, 6 action slots] per frame (see module doc)."""
 
     packed_modules_mapping = {
@@ -262,6 +276,10 @@ class LlamaActionForCausalLM(UncachedLanguageModelMixin, nn.Module, SupportsMult
                 self.lm_head = PPMissingLayer()
 
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+
+    def get_language_model(self) -> TextModel:
+        """The text half (`TextModel`), made on each call: nothing caches it, so it keeps no model alive."""
+        return TextModel(self.model, self.lm_head)
 
     # ------------------------------------------------------------------ actions (multimodal)
     def _parse_and_validate_action_input(self, **kwargs: object) -> TerraActionInputs | None:

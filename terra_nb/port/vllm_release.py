@@ -11,9 +11,9 @@ API shows it, by release where only behaviour differs (5, 9).
 
 **Deleting 0.26.** Delete this file; then `LlamaActionMultiModalProcessor` takes
 `requires_tokenizer = False` and `get_dummy_inputs` (the 0.32 halves of `TokenizerFreeProcessorMixin`),
-`LlamaActionDummyInputsBuilder` takes `build_dummy_processor_inputs`, `LlamaActionForCausalLM` drops
-`UncachedLanguageModelMixin`, and callers use `vllm.config.multimodal.MultiModalDummyOptions`,
-`processor.get_dummy_mm_inputs(...)` and `model_config.supports_multimodal_inputs` directly.
+`LlamaActionDummyInputsBuilder` takes `build_dummy_processor_inputs`, and callers use
+`vllm.config.multimodal.MultiModalDummyOptions`, `processor.get_dummy_mm_inputs(...)` and
+`model_config.supports_multimodal_inputs` directly.
 `vllm_hooks.PRIVATE_HOOKS` then loses its `release="0.26"` entries, and `vllm_rollout.engine_kwargs`
 keeps the `hf_overrides` half of `draft_model_kwargs` (both releases need it).
 
@@ -79,9 +79,10 @@ keeps the `hf_overrides` half of `draft_model_kwargs` (both releases need it).
    `get_language_model().embed_input_ids`, scatter the items with `is_multimodal`).
    `get_language_model()` caches its answer per model: in a `WeakKeyDictionary` on 0.32, in a plain
    `dict` on 0.26, which keeps every model, and its weights, alive after its engine shut down (an
-   in-process engine, as on the GPU machine, frees nothing). On 0.26 `UncachedLanguageModelMixin`
-   answers without the cache; `tests/test_vllm_release.py` shows the cache holding a model on 0.26's
-   source and not on 0.32.
+   in-process engine, as on the GPU machine, frees nothing). `UncachedLanguageModelMixin` answers
+   without the cache on 0.26; `tests/test_vllm_release.py` shows the cache holding a model on 0.26's
+   source and not on 0.32. The port's model answers `get_language_model()` itself on both releases
+   (`vllm_model.TextModel`, made on each call), the shape EAGLE drafters share layers from.
 10. **Streaming-input sessions on N ranks.** vLLM's load-balancing client of a data-parallel engine
    (`DPLBAsyncMPClient`: an `AsyncLLM` with `data_parallel_size` > 1) records the rank it sends each
    request to (`reqs_in_flight`: vLLM's request id -> that rank's engine identity, dropped when the
@@ -89,14 +90,16 @@ keeps the `hf_overrides` half of `draft_model_kwargs` (both releases need it).
    a session's later chunks and its end go to the engine core that holds its KV cache; 0.26 balances
    every chunk afresh. `pin_streaming_sessions` (the plugin runs it) gives 0.26 0.32's rule;
    `tests/test_serve_dp.py` runs vLLM's own method on both releases.
-11. **A draft model beside the port** (`speculative_config={"method": "draft_model", ...}`: a
-   small text-only model over Terra's ids). Both releases, loading a draft beside a multimodal
-   model, copy the target config's `image_token_index` onto the draft's (`llm_base_proposer`
-   `load_model`); Terra's config has none, so `draft_model_kwargs` sets it (the placeholder id)
-   through `hf_overrides`. vLLM's default keeps async scheduling on for a draft model on 0.32; 0.26's
-   default turns it off (it keeps it for EAGLE, MTP, n-gram GPU and DSpark) though its explicit
-   check allows it (`config/vllm.py`), so on 0.26 `draft_model_kwargs` asks for it
-   (`async_scheduling=True`) unless the caller chose, where the platform runs it (not the CPU).
+11. **A draft model or an EAGLE head beside the port** (`speculative_config={"method":
+   "draft_model" | "eagle", ...}`: a small text-only model over Terra's ids, or a head over its
+   hidden states). Both releases, loading either beside a multimodal model in the V1 model runner,
+   copy the target config's `image_token_index` onto the draft's (`llm_base_proposer` `load_model`;
+   0.26's V2 runner, which runs `eagle`, reads none); Terra's config has none, so
+   `draft_model_kwargs` sets it (the placeholder id) through `hf_overrides`. vLLM's default keeps
+   async scheduling on for a draft model on 0.32; 0.26's default turns it off (it keeps it for EAGLE,
+   MTP, n-gram GPU and DSpark) though its explicit check allows it (`config/vllm.py`), so on 0.26
+   `draft_model_kwargs` asks for it (`async_scheduling=True`) for a draft model unless the caller
+   chose, where the platform runs it (not the CPU).
    `make_llm`'s engine arguments (`vllm_rollout.engine_kwargs`) apply it; `tests/test_drafter.py`
    reads both releases' default in their source.
 """
@@ -293,10 +296,10 @@ def pin_streaming_sessions() -> None:
 
 
 def draft_model_kwargs(kwargs: dict, placeholder_id: int, on_cpu: bool) -> dict:
-    """(11) Engine arguments `kwargs` with what a draft model beside Terra needs; `kwargs` itself
-    unless their `speculative_config` names `method="draft_model"`."""
+    """(11) Engine arguments `kwargs` with what a draft model or an EAGLE head beside Terra needs;
+    `kwargs` itself unless their `speculative_config` names `method="draft_model"` or `"eagle"`."""
     spec = kwargs.get("speculative_config") or {}
-    if spec.get("method") != "draft_model":
+    if spec.get("method") not in ("draft_model", "eagle"):
         return kwargs
     overrides = kwargs.get("hf_overrides") or {}
     if isinstance(overrides, Mapping):
@@ -304,8 +307,8 @@ def draft_model_kwargs(kwargs: dict, placeholder_id: int, on_cpu: bool) -> dict:
     else:  # vLLM's other form, a function of the config; a partial pickles for an engine's own process
         overrides = functools.partial(_with_image_token_index, placeholder_id=int(placeholder_id), then=overrides)
     out = dict(kwargs, hf_overrides=overrides)
-    if not DRAFT_MODEL_ASYNC_BY_DEFAULT and not on_cpu:
-        out.setdefault("async_scheduling", True)
+    if spec["method"] == "draft_model" and not DRAFT_MODEL_ASYNC_BY_DEFAULT and not on_cpu:
+        out.setdefault("async_scheduling", True)   # EAGLE's is on by default on both
     return out
 
 
