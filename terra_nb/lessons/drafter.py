@@ -81,10 +81,18 @@ def measured_rows(toy: dict) -> list[dict]:
     return rows
 
 
+def method_name(res: dict) -> str:
+    """How a reader names the drafter a file measured: vLLM's `method` (a draft model by default)."""
+    return {"eagle": "an EAGLE head"}.get(res.get("method", "draft_model"), "a draft model")
+
+
 def interim_drafter(res: dict, shipped: Path | None = None) -> dict:
     """The drafter a GPU file measured (the sha256 its provenance names, its config) against the
-    shipped one: whether the weights and the architecture are the same."""
-    shipped = Path(shipped or D.drafter_dir())
+    shipped one (the draft model's, or the EAGLE head's for an `eagle` file): whether the weights
+    and the architecture are the same."""
+    from terra_nb.toyworld.eagle import eagle_dir
+
+    shipped = Path(shipped or (eagle_dir() if res.get("method") == "eagle" else D.drafter_dir()))
     measured = re.search(r"sha256 ([0-9a-f]{64})", res["provenance"]).group(1)
     here = hashlib.sha256((shipped / "model.safetensors").read_bytes()).hexdigest()
     config = json.loads((shipped / "config.json").read_text())
@@ -107,16 +115,19 @@ def drafter_guide(toy: dict) -> dict:
     kept = toy["step_seconds"]["b1"]["port_drafter"]["codes_per_step"]
     vllm = ".".join(toy["versions"]["vllm"].split(".")[:2])
     batches = f"{min(verdicts)}-{max(verdicts)}"
+    name = method_name(toy)
     if set(verdicts.values()) == {"costs"}:
-        advice = (f"On vLLM {vllm} a draft model costs more than it saves at every batch measured ({batches}): "
+        advice = (f"On vLLM {vllm} {name} costs more than it saves at every batch measured ({batches}): "
                   f"leave it off. It pays only when the codes a step keeps exceed the step-cost ratio "
                   f"({ms['port_drafter']:.2f}/{ms['port']:.2f} = {ratio:.1f} here; it kept {kept:.2f}).")
     else:
         pays = [b for b, v in verdicts.items() if v == "pays"]
-        advice = (f"On vLLM {vllm} a draft model paid at {rollouts_list_text(pays) if pays else 'no batch'} of those "
-                  f"measured ({batches}): turn it on there only. It pays when the codes a step keeps exceed the "
-                  f"step-cost ratio ({ratio:.1f} here).")
-    row = {"setting": f"draft model (k = {K})", **{f"{b} rollout{'s' if b > 1 else ''}": f"{interval_text(c['speedup'], c['interval'])}: {verdicts[b]}"
+        everywhere = len(pays) == len(verdicts)
+        where = (f"at every batch measured ({batches} rollouts): turn it on" if everywhere else
+                 f"at {rollouts_list_text(pays) if pays else 'no batch'} of those measured ({batches}): turn it on there only")
+        advice = (f"On vLLM {vllm} {name} paid {where}. It pays when the codes a step keeps exceed the "
+                  f"step-cost ratio ({ms['port_drafter']:.2f}/{ms['port']:.2f} = {ratio:.1f} here; it kept {kept:.2f}).")
+    row = {"setting": f"{name.split(' ', 1)[1]} (k = {K})", **{f"{b} rollout{'s' if b > 1 else ''}": f"{interval_text(c['speedup'], c['interval'])}: {verdicts[b]}"
                                                    for b, c in ((c["batch"], c) for c in sampled)}}
     return {"row": row, "advice": advice, "verdicts": verdicts, "step_ratio": ratio, "codes_kept": kept}
 
