@@ -39,6 +39,8 @@ GREEDY_ROLLOUTS, GREEDY_FRAMES = 4, 2
 SAMPLES = 64          # sampled frames (one request each, all in one batch)
 CODES_FLOOR = 2.0     # codes a greedy step keeps with the shipped head here, at least (1.0: nothing accepted)
 
+pytestmark = pytest.mark.usefixtures("single_thread")   # the tiny models on a shared 2-core machine
+
 
 @pytest.fixture(scope="module")
 def target():
@@ -194,7 +196,7 @@ def _round_windows(context, greedy, actions):
 
 
 @pytest.fixture(scope="module")
-def run(target):
+def run(target, single_thread):
     """The EAGLE engine's greedy rollouts, counters over them and sampled frames; the HF model's on
     the same inputs. One engine."""
     from terra_nb.bench.settings import engine_counters
@@ -218,14 +220,9 @@ def run(target):
         settings = dict(method=config.speculative_config.method, async_scheduling=config.scheduler_config.async_scheduling)
     finally:
         shutdown_llm(llm)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)   # the tiny model on a shared 2-core machine
-    try:
-        hf_greedy = hf_rollout(target, context, actions, GREEDY_FRAMES, SamplingConfig(temperature=0), progress=False)
-        hf_sampled = hf_rollout(target, context[:1, -3:].expand(SAMPLES, -1, -1), actions[0, :3], 1,
-                                SamplingConfig(temperature=0.9, seed=1), progress=False)[:, 0].numpy()
-    finally:
-        torch.set_num_threads(n)
+    hf_greedy = hf_rollout(target, context, actions, GREEDY_FRAMES, SamplingConfig(temperature=0), progress=False)
+    hf_sampled = hf_rollout(target, context[:1, -3:].expand(SAMPLES, -1, -1), actions[0, :3], 1,
+                            SamplingConfig(temperature=0.9, seed=1), progress=False)[:, 0].numpy()
     return dict(greedy=greedy, hf_greedy=hf_greedy, sampled=sampled, hf_sampled=hf_sampled, start_s=start_s,
                 counters={k: after[k] - before.get(k, 0.0) for k in after}, settings=settings,
                 context=context, actions=actions, layout=layout)
