@@ -1,5 +1,8 @@
 """The server as an operator runs it: `python -m terra_nb.serve` in a process of its own, with
 vLLM's default multiprocess engine (an engine-core process and its workers), on the toy model.
+Where a test is about the engine core and the sessions rather than the process tree (capacity, a
+dead engine), the model runs in the engine core's process (the suite's setting), one fewer
+process importing vLLM.
 
 * **Stop signals.** SIGTERM (what systemd, Docker and Kubernetes send) to the server's process
   alone, with sessions open: every session gets its "end" message, and the server's whole process
@@ -57,11 +60,12 @@ def port_is_free(port: int) -> bool:
             return False
 
 
-def server_env() -> dict:
-    """This test run's environment, with vLLM's default engine (a process of its own): the test
-    suite's in-process engine setting is dropped."""
+def server_env(workers: bool) -> dict:
+    """This test run's environment; with `workers`, vLLM's default engine (the model in a worker
+    process beside the engine core): the test suite's in-process setting is dropped."""
     env = dict(os.environ)
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    if workers:
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     return env
 
 
@@ -69,14 +73,14 @@ class ServerProcess:
     """`python -m terra_nb.serve` on the toy model in a new process group (so that a failed test
     can still clean up everything it started); `tree()` is the server and every descendant."""
 
-    def __init__(self, tmp_path, *args: str):
+    def __init__(self, tmp_path, *args: str, workers: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / "server.log"
         cmd = [sys.executable, "-m", "terra_nb.serve", "--model", str(toy_data_dir() / "model"),
                "--port", str(self.port), "--log-level", "warning", *args]
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=server_env(), stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(cmd, env=server_env(workers), stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
 
     def output(self) -> str:
@@ -173,7 +177,7 @@ def stop_and_check(server: ServerProcess, sig: int, sessions: list) -> None:
 
 
 def test_sigterm_at_capacity_refuses_the_extra_session_at_once_then_stops_every_process(tmp_path, toy_start):
-    server = ServerProcess(tmp_path, "--engine-arg", "max_num_seqs=2")
+    server = ServerProcess(tmp_path, "--engine-arg", "max_num_seqs=2", workers=False)
     try:
         health = server.wait_ready()
         assert health["sessions"] == {"open": 0, "running": 0, "refused": 0, "served": 0, "max": 2}, health
@@ -247,7 +251,7 @@ def test_a_dead_engine_tells_every_session_and_the_server_exits_non_zero(tmp_pat
     process of it gone, so that a supervisor starts it again."""
     from websockets.exceptions import ConnectionClosed
 
-    server = ServerProcess(tmp_path, "--engine-arg", "max_num_seqs=2")
+    server = ServerProcess(tmp_path, "--engine-arg", "max_num_seqs=2", workers=False)
     try:
         server.wait_ready()
         ws, first = open_session(server.url, toy_start)

@@ -311,36 +311,80 @@ def greedy_parity(engines: dict, rollouts: int, frames: int, k: int, seed0: int 
 
 
 # ---------------------------------------------------------------------------- the command
-def build(out=None, log=print, progress: bool = True, save: bool = True, **overrides):
-    """Rollouts -> labels -> training -> (drafter, record); saved to `out` (default data/toy/drafter)."""
+def check_settings(overrides: dict, defaults: dict, what: str) -> dict:
+    """`defaults` updated by `overrides`; `ValueError` naming an unknown setting or a bad `held_out`."""
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown {what} setting(s) {unknown}; the settings are {sorted(defaults)}")
+    hp = {**defaults, **overrides}
+    if not 0 < hp["held_out"] < hp["n_rollouts"]:
+        raise ValueError(f"held_out must lie in 1..n_rollouts-1, got {hp['held_out']} of {hp['n_rollouts']}")
+    return hp
+
+
+def target_and_rollouts(hp: dict, progress: bool):
+    """The toy model, its layout and its seeded rollouts (`rollout_sequences`) for a drafter's data."""
     from tqdm.auto import tqdm
 
     from terra_nb.port.layout import FrameLayout
 
     from .score import load_toy_model
-    from .train import cpu_info
 
-    unknown = sorted(set(overrides) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown drafter setting(s) {unknown}; the settings are {sorted(DEFAULTS)}")
-    hp = {**DEFAULTS, **overrides}
-    if not 0 < hp["held_out"] < hp["n_rollouts"]:
-        raise ValueError(f"held_out must lie in 1..n_rollouts-1, got {hp['held_out']} of {hp['n_rollouts']}")
     torch.set_num_threads(int(hp["threads"]))
     torch.manual_seed(hp["seed"])
     target = load_toy_model()
-    layout = FrameLayout.from_config(target.config)
-    t0 = time.time()
     with tqdm(total=hp["n_rollouts"], unit="rollout", desc="target rollouts", disable=not progress) as bar:
         frames, actions = rollout_sequences(target, hp["n_rollouts"], hp["n_context"], hp["temperature"],
                                             hp["rollout_batch"], hp["seed"], bar)
+    return target, FrameLayout.from_config(target.config), frames, actions
+
+
+def held_out_rows(hp: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(held, greedy): the rollouts kept out of training (every n-th, greedy and sampled alike), and
+    which of the held-out ones are greedy (batches alternate greedy and sampled)."""
+    every = hp["n_rollouts"] // hp["held_out"]
+    held = torch.arange(hp["n_rollouts"]) % every == every - 1
+    return held, (torch.arange(hp["n_rollouts"]) // hp["rollout_batch"] % 2 == 0)[held]
+
+
+def training_record(hp: dict, t_data: float, t_train: float, losses: list[float], model, module: str) -> dict:
+    """What every drafter's record holds: settings, loss curve, size, seconds, device, and the
+    command (`python -m module ...`) when `module` runs as the program."""
+    from .train import cpu_info
+
+    return {
+        "settings": hp, "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1),
+        "final_loss": round(float(np.mean(losses[-20:])), 4), "losses": [round(x, 4) for x in losses[::10]],
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, **cpu_info(),
+        "command": " ".join([f"python -m {module}", *sys.argv[1:]]) if sys.modules["__main__"].__spec__ is not None
+        and sys.modules["__main__"].__spec__.name == module else None,
+    }
+
+
+def command_line(build_fn, defaults: dict, doc: str, default_out: str, argv=None):
+    """`python -m ...`: one `--setting` option for each of `defaults`, then `build_fn(out=..., **settings)`."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None, help=f"output folder (default {default_out})")
+    for k, v in defaults.items():
+        ap.add_argument(f"--{k.replace('_', '-')}", dest=k, type=type(v), default=v)
+    a = ap.parse_args(argv)
+    build_fn(out=a.out, **{k: getattr(a, k) for k in defaults})
+
+
+def build(out=None, log=print, progress: bool = True, save: bool = True, **overrides):
+    """Rollouts -> labels -> training -> (drafter, record); saved to `out` (default data/toy/drafter)."""
+    from tqdm.auto import tqdm
+
+    hp = check_settings(overrides, DEFAULTS, "drafter")
+    t0 = time.time()
+    target, layout, frames, actions = target_and_rollouts(hp, progress)
     labels = teacher_labels(target, frames, actions)
     ids = engine_ids(frames, layout)
     t_data = time.time() - t0
     log(f"data: {len(ids)} rollouts x {ids.shape[1]} ids ({t_data:.0f} s)")
 
-    every = hp["n_rollouts"] // hp["held_out"]  # held out: every `every`-th rollout, greedy and sampled alike
-    held = torch.arange(hp["n_rollouts"]) % every == every - 1
+    held, greedy = held_out_rows(hp)
     train = ~held
     drafter = new_drafter(drafter_config(target.config, hp["hidden"], hp["layers"], hp["heads"], hp["intermediate"]),
                           hp["seed"])
@@ -351,18 +395,13 @@ def build(out=None, log=print, progress: bool = True, save: bool = True, **overr
     t_train = time.time() - t0
     drafter = rounded(drafter)  # judged as it is saved
     agree = agreement(drafter, ids[held], labels[held], layout)
-    greedy = (torch.arange(hp["n_rollouts"]) // hp["rollout_batch"] % 2 == 0)[held]
     record = {
-        "settings": hp, "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1),
-        "final_loss": round(float(np.mean(losses[-20:])), 4), "losses": [round(x, 4) for x in losses[::10]],
-        "parameters": sum(p.numel() for p in drafter.parameters()),
+        **training_record(hp, t_data, t_train, losses, drafter, "terra_nb.toyworld.drafter"),
         "held_out_agreement": round(float(agree[:, hp["n_context"]:].float().mean()), 4),
         "simulated_acceptance": {kind: {str(k): round(simulated_acceptance(agree[rows], layout.image_tokens, k,
                                                                            hp["n_context"]), 3) for k in (2, 4, 8)}
                                  for kind, rows in (("greedy", greedy), ("sampled", ~greedy)) if bool(rows.any())},
         "acceptance_by_position": acceptance_by_position(agree, hp["n_context"]),
-        "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, **cpu_info(),
-        "command": " ".join(["python -m terra_nb.toyworld.drafter", *sys.argv[1:]]) if __name__ == "__main__" else None,
     }
     log(f"drafter: loss {record['final_loss']}, held-out agreement {record['held_out_agreement']}, "
         f"simulated codes/step {record['simulated_acceptance']} ({t_train:.0f} s)")
@@ -372,14 +411,5 @@ def build(out=None, log=print, progress: bool = True, save: bool = True, **overr
     return drafter, record
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=None, help="output folder (default data/toy/drafter)")
-    for k, v in DEFAULTS.items():
-        ap.add_argument(f"--{k.replace('_', '-')}", dest=k, type=type(v), default=v)
-    a = ap.parse_args(argv)
-    build(out=a.out, **{k: getattr(a, k) for k in DEFAULTS})
-
-
 if __name__ == "__main__":
-    main()
+    command_line(build, DEFAULTS, __doc__, "data/toy/drafter")

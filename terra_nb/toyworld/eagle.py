@@ -33,10 +33,8 @@ step keeps (`simulated_codes_per_step`, counted as vLLM's spec-decode counters c
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -45,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .drafter import IGNORE, engine_ids, rollout_sequences, teacher_labels
+from .drafter import (IGNORE, check_settings, command_line, engine_ids, held_out_rows,
+                      target_and_rollouts, teacher_labels, training_record)
 from .tokenizer import toy_data_dir
 
 DEFAULTS = dict(
@@ -363,32 +362,15 @@ def build(out=None, log=print, progress: bool = True, save: bool = True, **overr
     (default data/toy/eagle)."""
     from tqdm.auto import tqdm
 
-    from terra_nb.port.layout import FrameLayout
-
-    from .score import load_toy_model
-    from .train import cpu_info
-
-    unknown = sorted(set(overrides) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown EAGLE setting(s) {unknown}; the settings are {sorted(DEFAULTS)}")
-    hp = {**DEFAULTS, **overrides}
-    if not 0 < hp["held_out"] < hp["n_rollouts"]:
-        raise ValueError(f"held_out must lie in 1..n_rollouts-1, got {hp['held_out']} of {hp['n_rollouts']}")
-    torch.set_num_threads(int(hp["threads"]))
-    torch.manual_seed(hp["seed"])
-    target = load_toy_model()
-    layout = FrameLayout.from_config(target.config)
+    hp = check_settings(overrides, DEFAULTS, "EAGLE")
     t0 = time.time()
-    with tqdm(total=hp["n_rollouts"], unit="rollout", desc="target rollouts", disable=not progress) as bar:
-        frames, actions = rollout_sequences(target, hp["n_rollouts"], hp["n_context"], hp["temperature"],
-                                            hp["rollout_batch"], hp["seed"], bar)
+    target, layout, frames, actions = target_and_rollouts(hp, progress)
     ids, labels = engine_ids(frames, layout), teacher_labels(target, frames, actions)
     hidden = target_hidden(target, frames, actions)
     t_data = time.time() - t0
     log(f"data: {len(ids)} rollouts x {ids.shape[1]} positions ({t_data:.0f} s)")
 
-    every = hp["n_rollouts"] // hp["held_out"]   # held out: every `every`-th rollout, greedy and sampled alike
-    held = torch.arange(hp["n_rollouts"]) % every == every - 1
+    held, greedy = held_out_rows(hp)
     tokens, lab = head_inputs(ids, labels, hp["depth"], layout.placeholder_id)
     head = new_head(eagle_config(target.config, hp["heads"], hp["intermediate"]), hp["seed"])
     t0 = time.time()
@@ -398,11 +380,8 @@ def build(out=None, log=print, progress: bool = True, save: bool = True, **overr
     t_train = time.time() - t0
     head = rounded(head)   # judged as it is saved
     agree = draft_agreement(head, target, ids[held], hidden[held], labels[held], 8, layout.placeholder_id)
-    greedy = (torch.arange(hp["n_rollouts"]) // hp["rollout_batch"] % 2 == 0)[held]
     record = {
-        "settings": hp, "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1),
-        "final_loss": round(float(np.mean(losses[-20:])), 4), "losses": [round(x, 4) for x in losses[::10]],
-        "parameters": sum(p.numel() for p in head.parameters()),
+        **training_record(hp, t_data, t_train, losses, head, "terra_nb.toyworld.eagle"),
         "held_out_agreement": round(float(np.mean(first_draft_by_position(agree, layout, hp["n_context"]))), 4),
         "draft_agreement": draft_rates(agree, head_inputs(ids[held], labels[held], 8, layout.placeholder_id)[1],
                                        hp["n_context"] * layout.frame_len - 2),
@@ -410,8 +389,6 @@ def build(out=None, log=print, progress: bool = True, save: bool = True, **overr
                                                                                    hp["n_context"]), 3) for k in (2, 4, 8)}
                                      for kind, rows in (("greedy", greedy), ("sampled", ~greedy)) if bool(rows.any())},
         "first_draft_by_position": first_draft_by_position(agree, layout, hp["n_context"]),
-        "device": "cpu", "threads": torch.get_num_threads(), "torch": torch.__version__, **cpu_info(),
-        "command": " ".join(["python -m terra_nb.toyworld.eagle", *sys.argv[1:]]) if __name__ == "__main__" else None,
     }
     log(f"EAGLE head: loss {record['final_loss']}, held-out first-draft agreement {record['held_out_agreement']}, "
         f"simulated codes/step {record['simulated_codes_per_step']} ({t_train:.0f} s)")
@@ -421,14 +398,5 @@ def build(out=None, log=print, progress: bool = True, save: bool = True, **overr
     return head, record
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=None, help="output folder (default data/toy/eagle)")
-    for k, v in DEFAULTS.items():
-        ap.add_argument(f"--{k.replace('_', '-')}", dest=k, type=type(v), default=v)
-    a = ap.parse_args(argv)
-    build(out=a.out, **{k: getattr(a, k) for k in DEFAULTS})
-
-
 if __name__ == "__main__":
-    main()
+    command_line(build, DEFAULTS, __doc__, "data/toy/eagle")
