@@ -66,28 +66,30 @@ $(STAMP): pyproject.toml
 reproduce: setup
 	$(PY) -m terra_nb.workbook.reproduce $(BACKEND_ARGS) $(REPRODUCE_ARGS)
 
-# The tests run in TEST_WORKERS pytest-xdist processes (2 on the CPU: much of the suite waits on engine
-# starts, notebook kernels and subprocesses rather than computing); `--dist loadfile` keeps each module
-# and each notebook in one worker, in order, and `--no-loadscope-reorder` hands the files out in
-# conftest.py's order (the long kinds first) instead of by number of tests. On a GPU one process
+# The tests run in TEST_WORKERS pytest-xdist processes (3 on the 2-core CPU machine: a worker often waits
+# on a notebook kernel, a server or a side process, and a third keeps both cores busy); `--dist loadfile`
+# keeps each module and each notebook in one worker, in order, and `--no-loadscope-reorder` hands the
+# files out in conftest.py's order (the long kinds first) instead of by number of tests. On a GPU one process
 # (tools/gpu_runner.sh runs a second lane beside it on the one GPU); with more, every worker's engines
 # need room under $$TERRA_NB_GPU_MEMORY_UTILIZATION. TEST_WORKERS=0, or no pytest-xdist (SETUP=none on
 # an interpreter without it): one process.
-TEST_WORKERS ?= $(if $(filter gpu,$(BACKEND)),0,2)
-XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),$$($(PY) -c 'import xdist' 2>/dev/null \
-	&& echo --numprocesses=$(TEST_WORKERS) --dist=loadfile --no-loadscope-reorder || echo "pytest-xdist is not installed: one process" >&2))
+# `make test-fast` has nothing to wait on (no engine, kernel or server): FAST_WORKERS, 2 on the CPU.
+TEST_WORKERS ?= $(if $(filter gpu,$(BACKEND)),0,3)
+FAST_WORKERS ?= $(if $(filter gpu,$(BACKEND)),0,2)
+xdist = $(if $(filter-out 0,$(1)),$$($(PY) -c 'import xdist' 2>/dev/null \
+	&& echo --numprocesses=$(1) --dist=loadfile --no-loadscope-reorder || echo "pytest-xdist is not installed: one process" >&2))
 
 # compileall: this machine sets PYTHONDONTWRITEBYTECODE, so without it every process that imports the
 # workbook (each worker, kernel and engine) compiled the package again (~0.6 s of CPU each).
 test: setup
 	@$(PY) -m compileall -q terra_nb terra_nb_kernel >/dev/null
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest $(call xdist,$(TEST_WORKERS)) $(PYTEST_ARGS)
 
 # The markers are set by conftest.py (notebooks) and by each module that starts an engine.
 FAST_MARKERS := not engine and not notebook and not browser and not gpu
 test-fast: setup
 	@$(PY) -m compileall -q terra_nb terra_nb_kernel >/dev/null
-	$(PY) -m pytest $(XDIST) -m "$(FAST_MARKERS)" tests $(PYTEST_ARGS)
+	$(PY) -m pytest $(call xdist,$(FAST_WORKERS)) -m "$(FAST_MARKERS)" tests $(PYTEST_ARGS)
 
 # JupyterLab with this project's kernel (the venv's python) on notebooks/ (LAB_DIR=outputs: the
 # copies `make reproduce` executed); it prints the URL to open. Root needs --allow-root.
