@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -76,12 +75,18 @@ def drafter_dir() -> Path:
 def speculative_config(k: int = 4, model: str | Path | None = None) -> dict:
     """vLLM's `speculative_config` for a draft model (default: the shipped toy drafter) proposing
     at most `k` codes a step; `ValueError` for a bad `k` or a folder without a drafter."""
+    return checked_speculative_config("draft_model", k, Path(model) if model is not None else drafter_dir(),
+                                      "drafter", "terra_nb.toyworld.drafter")
+
+
+def checked_speculative_config(method: str, k, path: Path, what: str, module: str) -> dict:
+    """`speculative_config` for vLLM's `method` with the drafter in `path`, after checking `k` and
+    that `path` holds a `what` (`module` is the command that makes one)."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be an int >= 1 (draft codes per step), got {k!r}")
-    path = Path(model) if model is not None else drafter_dir()
     if not (path / "config.json").exists():
-        raise ValueError(f"no drafter in {path} (config.json missing): run `python -m terra_nb.toyworld.drafter`")
-    return {"method": "draft_model", "model": str(path), "num_speculative_tokens": int(k)}
+        raise ValueError(f"no {what} in {path} (config.json missing): run `python -m {module}`")
+    return {"method": method, "model": str(path), "num_speculative_tokens": int(k)}
 
 
 # ---------------------------------------------------------------------------- the model
@@ -217,24 +222,32 @@ def crops(ids: torch.Tensor, labels: torch.Tensor, batch: int, window: int, g: t
 def train_drafter(drafter, ids: torch.Tensor, labels: torch.Tensor, steps: int, batch: int, window: int,
                   lr: float, warmup: int, seed: int, bar=None) -> list[float]:
     """Train in place on windows of (engine ids, teacher labels); returns the loss of every step."""
-    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+    return train_in_place(drafter, lambda g: drafter_loss(drafter, *crops(ids, labels, batch, window, g)),
+                          steps, lr, warmup, seed, bar)
+
+
+def train_in_place(model, batch_loss, steps: int, lr: float, warmup: int, seed: int, bar=None) -> list[float]:
+    """`steps` of AdamW on `batch_loss(g)` (one seeded batch's loss, `g` the run's generator),
+    warm-up then cosine, gradients clipped at 1; returns the loss of every step."""
+    from .train import warmup_cosine
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    sched = warmup_cosine(opt, warmup, steps)
     g = torch.Generator().manual_seed(seed)
-    drafter.train()
+    model.train()
     losses = []
     for _ in range(steps):
-        loss = drafter_loss(drafter, *crops(ids, labels, batch, window, g))
+        loss = batch_loss(g)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-    drafter.eval()
+    model.eval()
     return losses
 
 

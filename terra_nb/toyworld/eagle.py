@@ -34,7 +34,6 @@ step keeps (`simulated_codes_per_step`, counted as vLLM's spec-decode counters c
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -43,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .drafter import (IGNORE, check_settings, command_line, engine_ids, held_out_rows,
-                      target_and_rollouts, teacher_labels, training_record)
+from .drafter import (IGNORE, check_settings, checked_speculative_config, command_line, engine_ids, held_out_rows,
+                      target_and_rollouts, teacher_labels, train_in_place, training_record)
 from .tokenizer import toy_data_dir
 
 DEFAULTS = dict(
@@ -78,12 +77,8 @@ def eagle_dir() -> Path:
 def speculative_config(k: int = 4, model: str | Path | None = None) -> dict:
     """vLLM's `speculative_config` for an EAGLE head (default: the shipped toy head) proposing at most
     `k` codes a step; `ValueError` for a bad `k` or a folder without a head."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"k must be an int >= 1 (draft codes per step), got {k!r}")
-    path = Path(model) if model is not None else eagle_dir()
-    if not (path / "config.json").exists():
-        raise ValueError(f"no EAGLE head in {path} (config.json missing): run `python -m terra_nb.toyworld.eagle`")
-    return {"method": "eagle", "model": str(path), "num_speculative_tokens": int(k)}
+    return checked_speculative_config("eagle", k, Path(model) if model is not None else eagle_dir(),
+                                      "EAGLE head", "terra_nb.toyworld.eagle")
 
 
 # ---------------------------------------------------------------------------- the head
@@ -270,26 +265,8 @@ def train_head(head, target, tokens, hidden, labels, steps: int, batch: int, win
     """Train in place on windows of (ids, target hidden states, labels); returns every step's loss."""
     for p in target.parameters():
         p.requires_grad_(False)
-    opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
-    g = torch.Generator().manual_seed(seed)
-    head.train()
-    losses = []
-    for _ in range(steps):
-        tok, hid, lab, pos = windows(tokens, hidden, labels, batch, window, g)
-        loss = head_loss(head, target, tok, hid, lab, pos)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-    head.eval()
-    return losses
+    return train_in_place(head, lambda g: head_loss(head, target, *windows(tokens, hidden, labels, batch, window, g)),
+                          steps, lr, warmup, seed, bar)
 
 
 # ---------------------------------------------------------------------------- how good it is

@@ -109,6 +109,12 @@ def seed_everything(seed: int, device: str) -> None:
     np.random.seed(seed)
 
 
+def warmup_cosine(opt, warmup: int, steps: int):
+    """`opt`'s learning rate: a linear warm-up over `warmup` steps, then a cosine down to 0.1 of it at `steps`."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+
+
 def train(out_dir=None, log=print, device="auto", save=True, **overrides):
     """Train and save; returns (model, training record: losses, seconds, settings, device).
     `device`: "auto" (cuda when torch sees a GPU, else cpu), "cpu" or "cuda"."""
@@ -140,9 +146,8 @@ def train(out_dir=None, log=print, device="auto", save=True, **overrides):
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": hp["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}], lr=hp["lr"], betas=(0.9, 0.95))
-    steps, warm = hp["steps"], hp["warmup"]
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))))
+    steps = hp["steps"]
+    sched = warmup_cosine(opt, hp["warmup"], steps)
     g = torch.Generator().manual_seed(hp["seed"])
     losses = []
     t0 = time.time()
