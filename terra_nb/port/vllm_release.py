@@ -76,13 +76,13 @@ keeps the `hf_overrides` half of `draft_model_kwargs` (both releases need it).
    (`tests/test_vllm_frontdoor.py`, run against 0.26's source where it is at hand).
 9. **The language model's lookup.** The model uses vLLM's default
    `SupportsMultiModal.embed_input_ids` (the same code on both: embed the ids with
-   `get_language_model().embed_input_ids`, scatter the items with `is_multimodal`).
+   `get_language_model().embed_input_ids`, scatter the items with `is_multimodal`). vLLM's default
    `get_language_model()` caches its answer per model: in a `WeakKeyDictionary` on 0.32, in a plain
    `dict` on 0.26, which keeps every model, and its weights, alive after its engine shut down (an
-   in-process engine, as on the GPU machine, frees nothing). `UncachedLanguageModelMixin` answers
-   without the cache on 0.26; `tests/test_vllm_release.py` shows the cache holding a model on 0.26's
-   source and not on 0.32. The port's model answers `get_language_model()` itself on both releases
-   (`vllm_model.TextModel`, made on each call), the shape EAGLE drafters share layers from.
+   in-process engine, as on the GPU machine, frees nothing). The port's model answers
+   `get_language_model()` itself on both releases (`vllm_model.TextModel`, made on each call, the
+   shape EAGLE drafters share layers from), so nothing here; `tests/test_vllm_release.py` shows
+   vLLM's cache holding a model on 0.26's source and not on 0.32, and the port's answer holding none.
 10. **Streaming-input sessions on N ranks.** vLLM's load-balancing client of a data-parallel engine
    (`DPLBAsyncMPClient`: an `AsyncLLM` with `data_parallel_size` > 1) records the rank it sends each
    request to (`reqs_in_flight`: vLLM's request id -> that rank's engine identity, dropped when the
@@ -120,12 +120,10 @@ __all__ = [
     "DP_CLIENT_PINS_SESSIONS",
     "DummyOptions",
     "HAS_PROCESSOR_DUMMY_INPUTS",
-    "LANGUAGE_MODEL_CACHE_HOLDS_MODELS",
     "PROMETHEUS_PREFIX_COUNTERS_EXACT",
     "PROMPT_UPDATES_NEED_TOKENIZER_ARG",
     "TokenIdsDummyInputsMixin",
     "TokenizerFreeProcessorMixin",
-    "UncachedLanguageModelMixin",
     "DRAFT_MODEL_ASYNC_BY_DEFAULT",
     "draft_model_kwargs",
     "dummy_mm_inputs",
@@ -144,9 +142,6 @@ PROMPT_UPDATES_NEED_TOKENIZER_ARG: bool = (
 
 # (5) A behaviour, not an API, so by release: see the module docstring.
 PROMETHEUS_PREFIX_COUNTERS_EXACT: bool = VLLM_VERSION >= (0, 32)
-
-# (9) A behaviour too (a private cache's type), so by release.
-LANGUAGE_MODEL_CACHE_HOLDS_MODELS: bool = VLLM_VERSION < (0, 32)
 
 # (10) A behaviour too (how a method routes), so by release.
 DP_CLIENT_PINS_SESSIONS: bool = VLLM_VERSION >= (0, 32)
@@ -231,19 +226,6 @@ class TokenizerFreeProcessorMixin:
 
         def _find_mm_placeholders(self, new_token_ids, mm_prompt_updates):
             return _processor_mod.find_mm_placeholders(new_token_ids, mm_prompt_updates, None)
-
-
-class UncachedLanguageModelMixin:
-    """Mix into a `SupportsMultiModal` model (before it in the bases) whose language model is the
-    attribute `language_model_attr` (Terra: `model`). On 0.26 `get_language_model()` answers with
-    it, without vLLM's cache, which would keep the model alive (9); on 0.32 vLLM's own answers."""
-
-    language_model_attr = "model"
-
-    if LANGUAGE_MODEL_CACHE_HOLDS_MODELS:
-
-        def get_language_model(self):
-            return getattr(self, self.language_model_attr)
 
 
 def dummy_mm_inputs(processor, mm_counts: Mapping[str, int]):
