@@ -37,17 +37,12 @@ def random_inputs(batch, n_ctx, n_frames, seed):
 
 
 @pytest.fixture(scope="module")
-def hf():
+def hf(single_thread):   # the tiny model on a shared 2-core machine: one thread
     return load_toy_model()
 
 
 def hf_codes(hf, ctx, acts, n_frames):
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model on a shared 2-core machine
-    try:
-        return hf_rollout(hf, ctx, acts, n_frames, GREEDY, progress=False)
-    finally:
-        torch.set_num_threads(n)
+    return hf_rollout(hf, ctx, acts, n_frames, GREEDY, progress=False)
 
 
 def free_port() -> int:
